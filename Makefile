@@ -1,0 +1,37 @@
+# jetrl: `make demo` and `make test` work on a fresh machine with Python 3.11.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench install install-test clean
+
+$(VENV)/.created:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.created pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(PY) experiments/demo.py
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) experiments/bench_precision.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

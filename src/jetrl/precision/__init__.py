@@ -1,0 +1,11 @@
+"""FP8 numerics: formats, tile-wise quantization, the FP8 `linear`, and recipes."""
+
+from jetrl.precision.formats import E4M3, E5M2, FORMATS, fp8_max
+from jetrl.precision.linear import linear, quantize_weight
+from jetrl.precision.quantize import dequantize, quantize, scale_shape
+from jetrl.precision.recipes import RECIPES, Fp8Gemm, Precision, Recipe, get_recipe
+
+__all__ = [
+    "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "dequantize",
+    "quantize", "scale_shape", "RECIPES", "Fp8Gemm", "Precision", "Recipe", "get_recipe",
+]

@@ -1,0 +1,136 @@
+"""Tile-wise FP8 quantization, exactly as DESIGN.md's "FP8 numerics" specifies.
+
+A tile is a block of `block[i]` consecutive entries along each axis i, aligned at index 0;
+a tile at the high end of an axis may be partial. Each tile gets one float32 scale:
+
+  amax  = max |x| over the tile (x cast to float32)
+  scale = amax * float32(1 / FMAX)        (1 for an all-zero tile; the next power of two
+                                            at or above it with `pow2_scale`)
+  q     = cast(clip(x * float32(1 / scale), -FMAX, FMAX))   (round to nearest even)
+
+NaN or Inf anywhere in a tile makes that tile's scale non-finite, so the dequantized tile is
+non-finite too: bad values are never turned into finite garbage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl.precision.formats import E4M3, fp8_max
+
+
+def _check_block(shape: tuple[int, ...], block: Sequence[int]) -> tuple[int, ...]:
+  block = tuple(int(b) for b in block)
+  if len(block) != len(shape):
+    raise ValueError(
+        f"block {block} must have one entry per axis of x (x has shape {shape})")
+  if any(b < 1 for b in block):
+    raise ValueError(f"block entries must be positive integers, got {block}")
+  return block
+
+
+def scale_shape(shape: Sequence[int], block: Sequence[int]) -> tuple[int, ...]:
+  """Shape of the scale array: ceil(shape / block) per axis."""
+  return tuple(-(-int(s) // int(b)) for s, b in zip(shape, block))
+
+
+def _pad_to_tiles(x: jax.Array, block: tuple[int, ...]) -> jax.Array:
+  pads = [(0, (-s) % b) for s, b in zip(x.shape, block)]
+  if any(p[1] for p in pads):
+    # Zeros never raise max|x| (and NaN still propagates), so padding does not take part.
+    x = jnp.pad(x, pads)
+  return x
+
+
+def _tiled(x: jax.Array, block: tuple[int, ...]) -> jax.Array:
+  """[n0*b0, n1*b1, ...] -> [n0, b0, n1, b1, ...]."""
+  new_shape = []
+  for s, b in zip(x.shape, block):
+    new_shape += [s // b, b]
+  return x.reshape(new_shape)
+
+
+def _expand(scale_like: jax.Array, block: tuple[int, ...]) -> jax.Array:
+  """[n0, n1, ...] -> [n0, 1, n1, 1, ...] for broadcasting against a tiled array."""
+  shape = []
+  for n in scale_like.shape:
+    shape += [n, 1]
+  return scale_like.reshape(shape)
+
+
+def _pow2_ceil(v: jax.Array) -> jax.Array:
+  """Smallest power of two >= v, for finite v > 0 (float32)."""
+  mant, expo = jnp.frexp(v)  # v = mant * 2**expo, mant in [0.5, 1)
+  expo = jnp.where(mant == 0.5, expo - 1, expo)
+  return jnp.ldexp(jnp.ones_like(v), expo)
+
+
+def compute_scale(amax: jax.Array, fmax: float, pow2_scale: bool = False) -> jax.Array:
+  """Per-tile float32 scale from a float32 amax (see the module docstring)."""
+  r = jnp.float32(np.float32(1.0) / np.float32(fmax))
+  s = amax.astype(jnp.float32) * r
+  if pow2_scale:
+    finite_pos = jnp.isfinite(s) & (s > 0)
+    s = jnp.where(finite_pos, _pow2_ceil(jnp.where(finite_pos, s, 1.0)), s)
+  return jnp.where(s == 0, jnp.float32(1.0), s)
+
+
+def quantize(x: jax.Array, block: Sequence[int], dtype=E4M3,
+             pow2_scale: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Quantize `x` to FP8 tile by tile.
+
+  Args:
+    x: any float array.
+    block: tile shape, one entry per axis of x (e.g. (1, 128) for per-token groups,
+      (128, 128) for weight blocks, x.shape for one per-tensor scale).
+    dtype: jnp.float8_e4m3fn (E4M3) or jnp.float8_e5m2 (E5M2).
+    pow2_scale: round each scale up to a power of two.
+
+  Returns:
+    (q, scale): q has x's shape and the FP8 dtype; scale is float32 with shape
+    ceil(x.shape / block).
+  """
+  x = jnp.asarray(x)
+  block = _check_block(x.shape, block)
+  fmax = fp8_max(dtype)
+  xf = x.astype(jnp.float32)
+  xt = _tiled(_pad_to_tiles(xf, block), block)
+  tile_axes = tuple(range(1, 2 * x.ndim, 2))
+  amax = jnp.max(jnp.abs(xt), axis=tile_axes) if x.size else jnp.zeros(
+      scale_shape(x.shape, block), jnp.float32)
+  scale = compute_scale(amax, fmax, pow2_scale)
+  inv = jnp.float32(1.0) / scale
+  qt = jnp.clip(xt * _expand(inv, block), -fmax, fmax).astype(dtype)
+  q = qt.reshape(tuple(n * b for n, b in zip(scale.shape, block)))
+  q = q[tuple(slice(0, s) for s in x.shape)]
+  return q, scale
+
+
+def dequantize(q: jax.Array, scale: jax.Array, block: Sequence[int]) -> jax.Array:
+  """float32 values of a quantized array: q * scale, broadcast over each tile."""
+  block = _check_block(q.shape, block)
+  expected = scale_shape(q.shape, block)
+  if tuple(scale.shape) != expected:
+    raise ValueError(
+        f"scale shape {tuple(scale.shape)} does not match q shape {q.shape} with block "
+        f"{block}; expected {expected}")
+  return q.astype(jnp.float32) * expand_scale(scale, block, q.shape)
+
+
+def expand_scale(scale: jax.Array, block: Sequence[int], shape: Sequence[int]) -> jax.Array:
+  """Broadcast a per-tile scale to the full `shape` (float32)."""
+  out = scale.astype(jnp.float32)
+  for axis, (b, s) in enumerate(zip(block, shape)):
+    if b > 1 and out.shape[axis] > 1:
+      out = jnp.repeat(out, b, axis=axis, total_repeat_length=out.shape[axis] * b)
+      out = jax.lax.slice_in_dim(out, 0, s, axis=axis)
+  return out
+
+
+def num_tiles(shape: Sequence[int], block: Sequence[int]) -> int:
+  return math.prod(scale_shape(shape, block))

@@ -1,0 +1,129 @@
+"""Precision settings and the public recipes.
+
+A `Precision` says how one linear layer computes: the compute dtype between operators and,
+for each of the three GEMMs (fprop, dgrad, wgrad), whether it runs in FP8 and how it is scaled.
+A `Recipe` pairs the precision of the training step with that of the rollout. Everything is a
+frozen, hashable dataclass, static under `jit`: there is no FP8 state anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from jetrl.precision.formats import COMPUTE_DTYPES, FORMATS
+
+SCALINGS = ("block", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Gemm:
+  """How the operands of one FP8 GEMM are quantized.
+
+  scaling: "block" (activations and gradients in 1x`block` groups along the contraction
+    axis, or `block`x1 groups over tokens for wgrad; weights in `block`x`block` tiles) or
+    "tensor" (one current scale per operand: batch-dependent, a studied baseline).
+  fmt: format of activations and weights ("e4m3").
+  grad_fmt: format of the incoming gradient dy in dgrad / wgrad ("e4m3" or "e5m2").
+  pow2_scale: round scales up to powers of two.
+  """
+  scaling: str = "block"
+  block: int = 128
+  fmt: str = "e4m3"
+  grad_fmt: str = "e4m3"
+  pow2_scale: bool = False
+
+  def __post_init__(self):
+    if self.scaling not in SCALINGS:
+      raise ValueError(f"unknown FP8 scaling {self.scaling!r}; accepted: {list(SCALINGS)}")
+    for field in ("fmt", "grad_fmt"):
+      if getattr(self, field) not in FORMATS:
+        raise ValueError(
+            f"unknown FP8 format {field}={getattr(self, field)!r}; accepted: {sorted(FORMATS)}")
+    if not isinstance(self.block, int) or self.block < 1:
+      raise ValueError(f"block must be a positive int, got {self.block!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+  """Precision of a linear layer. `None` for a GEMM means: plain matmul in compute_dtype."""
+  compute_dtype: str = "bfloat16"
+  fprop: Optional[Fp8Gemm] = None
+  dgrad: Optional[Fp8Gemm] = None
+  wgrad: Optional[Fp8Gemm] = None
+
+  def __post_init__(self):
+    if self.compute_dtype not in COMPUTE_DTYPES:
+      raise ValueError(
+          f"unknown compute dtype {self.compute_dtype!r}; accepted: {sorted(COMPUTE_DTYPES)}")
+
+  @property
+  def forward(self) -> "Precision":
+    """The forward half of this precision: the same compute dtype and the same fprop object.
+
+    This is what a rollout under the unified flow runs; it shares `fprop` with the training
+    precision by identity, so the two cannot diverge.
+    """
+    return Precision(compute_dtype=self.compute_dtype, fprop=self.fprop)
+
+  @property
+  def is_fp8(self) -> bool:
+    return any(g is not None for g in (self.fprop, self.dgrad, self.wgrad))
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """A named pair of precisions: `.train` for the update, `.rollout` for the sampler.
+
+  When `rollout_override` is None the rollout is `train.forward`, by construction.
+  """
+  name: str
+  train: Precision
+  rollout_override: Optional[Precision] = None
+  description: str = ""
+
+  @property
+  def rollout(self) -> Precision:
+    if self.rollout_override is None:
+      return self.train.forward
+    return self.rollout_override
+
+  @property
+  def unified(self) -> bool:
+    """True when the rollout runs exactly the training forward."""
+    return self.rollout == self.train.forward
+
+
+_BLOCK = Fp8Gemm(scaling="block")
+_TENSOR = Fp8Gemm(scaling="tensor")
+
+
+def _build(name: str, grad_fmt: str = "e4m3") -> Recipe:
+  block = dataclasses.replace(_BLOCK, grad_fmt=grad_fmt)
+  tensor = dataclasses.replace(_TENSOR, grad_fmt=grad_fmt)
+  if name == "fp32":
+    return Recipe(name, Precision("float32"), description="fp32 everywhere (parity tests)")
+  if name == "bf16":
+    return Recipe(name, Precision("bfloat16"), description="bf16 train and rollout")
+  if name == "fp8_rollout":
+    return Recipe(name, Precision("bfloat16"), rollout_override=Precision("bfloat16", fprop=block),
+                  description="bf16 training, FP8 blockwise rollout (off-policy baseline)")
+  if name == "jet":
+    return Recipe(name, Precision("bfloat16", fprop=block, dgrad=block, wgrad=block),
+                  description="FP8 fprop/dgrad/wgrad; rollout = the training fprop")
+  if name == "fp8_tensor":
+    return Recipe(name, Precision("bfloat16", fprop=tensor, dgrad=tensor, wgrad=tensor),
+                  description="FP8 per-tensor current scaling (batch-dependent baseline)")
+  raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
+
+
+RECIPES = ("fp32", "bf16", "fp8_rollout", "jet", "fp8_tensor")
+
+
+def get_recipe(name: str, *, grad_fmt: str = "e4m3") -> Recipe:
+  """The recipe called `name` (one of RECIPES). `grad_fmt` selects E4M3 or E5M2 gradients."""
+  if name not in RECIPES:
+    raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
+  if grad_fmt not in FORMATS:
+    raise ValueError(f"unknown gradient format {grad_fmt!r}; accepted: {sorted(FORMATS)}")
+  return _build(name, grad_fmt)
