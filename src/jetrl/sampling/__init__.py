@@ -1,0 +1,6 @@
+"""The jitted rollout sampler."""
+
+from jetrl.sampling.sampler import (STOP_LENGTH, STOP_TOKEN, Rollout, SamplingConfig, pad_prompts,
+                                    sample)
+
+__all__ = ["STOP_LENGTH", "STOP_TOKEN", "Rollout", "SamplingConfig", "pad_prompts", "sample"]

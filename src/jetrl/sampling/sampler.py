@@ -1,0 +1,220 @@
+"""The rollout sampler: jitted prefill and decode over the shared params and a precision.
+
+`sample(params, model_config, prompts, key, config, precision)` left-pads the prompts to a
+static width P, prefills them once, repeats the prefilled cache for the `n` samples of each
+prompt (the GRPO group), and decodes in a `lax.while_loop` that stops when every row has hit a
+stop token or the budget is spent. The KV cache has static shapes and is donated to the decode.
+
+Recorded log-probs: for temperature T > 0, the log-prob of the sampled token under
+softmax(logits / T) over the *whole* vocabulary: exactly what the update recomputes with
+`token_logprobs(..., temperature=T)`. With top-k / top-p, tokens are drawn from the truncated,
+renormalised distribution, but the recorded log-prob is still the untruncated one, so the
+behaviour policy differs from the recorded one by the truncation (kept tokens have
+p_sample = p_recorded / kept_mass >= p_recorded). Leave top-k / top-p off for on-policy RL.
+Greedy decoding (temperature 0) records log softmax(logits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl.models import ModelConfig, forward_cached, init_cache
+from jetrl.precision import Precision
+
+STOP_TOKEN = 0
+STOP_LENGTH = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to sample. Static under jit (frozen, hashable).
+
+  max_new_tokens: budget of generated tokens per sample.
+  temperature: 0 for greedy, else softmax temperature.
+  top_k: keep the k most likely tokens (0: off). top_p: nucleus mass (1.0: off).
+  n: samples per prompt (the GRPO group), sharing one prefill.
+  stop_ids: token ids that end a sample (the stop token is kept, masked in).
+  pad_id: filler for prompt padding and for positions after a sample stopped.
+  prompt_len: static prompt width P (None: the longest prompt rounded up to a multiple of 16).
+  """
+  max_new_tokens: int = 128
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  n: int = 1
+  stop_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  prompt_len: Optional[int] = None
+
+  def __post_init__(self):
+    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+    if not isinstance(self.top_k, int) or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+    if not isinstance(self.n, int) or self.n < 1:
+      raise ValueError(f"n (samples per prompt) must be a positive int, got {self.n!r}")
+    if self.prompt_len is not None and (not isinstance(self.prompt_len, int) or self.prompt_len < 1):
+      raise ValueError(f"prompt_len must be None or a positive int, got {self.prompt_len!r}")
+    object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+class Rollout(NamedTuple):
+  """Samples, row-major by prompt then sample: row i*n + j is sample j of prompt i."""
+  prompt_tokens: jax.Array   # [R, P] int32, left-padded
+  prompt_mask: jax.Array     # [R, P] bool
+  tokens: jax.Array          # [R, T] int32, pad_id after the sample stopped
+  logprobs: jax.Array        # [R, T] float32, 0 where masked
+  mask: jax.Array            # [R, T] bool: generated tokens (the stop token included)
+  lengths: jax.Array         # [R] int32
+  stop_reason: jax.Array     # [R] int32: STOP_TOKEN or STOP_LENGTH
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], config: SamplingConfig, max_seq_len: int,
+                vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pad token lists to the static width; clear errors for what cannot be sampled."""
+  if len(prompts) == 0:
+    raise ValueError("sample: no prompts given")
+  lens = [len(p) for p in prompts]
+  if min(lens) < 1:
+    raise ValueError(f"sample: prompt {lens.index(0)} is empty; every prompt needs >= 1 token")
+  width = config.prompt_len or -(-max(lens) // 16) * 16
+  if max(lens) > width:
+    i = int(np.argmax(lens))
+    raise ValueError(f"sample: prompt {i} has {lens[i]} tokens, more than prompt_len={width}")
+  if width + config.max_new_tokens > max_seq_len:
+    raise ValueError(
+        f"sample: prompt width {width} + max_new_tokens {config.max_new_tokens} exceeds the "
+        f"model's max_seq_len {max_seq_len}: shorten the prompts or the budget")
+  tokens = np.full((len(prompts), width), config.pad_id, np.int32)
+  mask = np.zeros((len(prompts), width), bool)
+  for i, p in enumerate(prompts):
+    p = np.asarray(p, np.int64)
+    if p.size and (p.min() < 0 or p.max() >= vocab_size):
+      raise ValueError(f"sample: prompt {i} has token ids outside [0, {vocab_size})")
+    tokens[i, width - len(p):] = p
+    mask[i, width - len(p):] = True
+  return tokens, mask
+
+
+def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+  """Temperature-scaled logits with top-k / top-p truncation (float32)."""
+  x = logits.astype(jnp.float32) / (config.temperature if config.temperature > 0 else 1.0)
+  if config.top_k > 0 and config.top_k < x.shape[-1]:
+    kth = jax.lax.top_k(x, config.top_k)[0][..., -1:]
+    x = jnp.where(x < kth, -jnp.inf, x)
+  if config.top_p < 1.0:
+    order = jnp.argsort(-x, axis=-1)
+    sorted_x = jnp.take_along_axis(x, order, axis=-1)
+    probs = jax.nn.softmax(sorted_x, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = mass_before < config.top_p  # always keeps the most likely token
+    keep = jnp.zeros_like(keep_sorted).at[
+        jnp.arange(x.shape[0])[:, None], order].set(keep_sorted)
+    x = jnp.where(keep, x, -jnp.inf)
+  return x
+
+
+def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig):
+  """Next tokens [R] and their recorded log-probs [R]."""
+  logits = logits.astype(jnp.float32)
+  if config.greedy:
+    tok = jnp.argmax(logits, axis=-1)
+    scaled = logits
+  else:
+    scaled = logits / config.temperature
+    tok = jax.random.categorical(key, _process_logits(logits, config), axis=-1)
+  logp = jax.nn.log_softmax(scaled, axis=-1)
+  return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+def _repeat_cache(cache, n: int):
+  if n == 1:
+    return cache
+  return cache._replace(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
+                        mask=jnp.repeat(cache.mask, n, axis=0))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype"))
+def _prefill(params, tokens, mask, *, model_config: ModelConfig, config: SamplingConfig,
+             precision: Optional[Precision], cache_dtype):
+  b, p = tokens.shape
+  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype)
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+  logits, cache = forward_cached(params, model_config, tokens, cache, positions=positions,
+                                 token_mask=mask, precision=precision, last_only=True)
+  return _repeat_cache(cache, config.n), jnp.repeat(logits[:, -1], config.n, axis=0)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision"),
+                   donate_argnames=("cache",))
+def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfig,
+            config: SamplingConfig, precision: Optional[Precision]):
+  r, t_max = logits.shape[0], config.max_new_tokens
+  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+  init = dict(step=jnp.int32(0), cache=cache, logits=logits,
+              tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
+              logprobs=jnp.zeros((r, t_max), jnp.float32), done=jnp.zeros((r,), bool),
+              stopped=jnp.zeros((r,), bool), lengths=jnp.zeros((r,), jnp.int32), key=key)
+
+  def cond(s):
+    return (s["step"] < t_max) & ~jnp.all(s["done"])
+
+  def body(s):
+    key, sub = jax.random.split(s["key"])
+    tok, lp = _choose(s["logits"], sub, config)
+    active = ~s["done"]
+    tok = jnp.where(active, tok, config.pad_id)
+    lp = jnp.where(active, lp, 0.0)
+    hit = active & jnp.isin(tok, stop_ids)
+    step = s["step"]
+    new_logits, new_cache = forward_cached(
+        params, model_config, tok[:, None], s["cache"], positions=(prompt_lens + step)[:, None],
+        token_mask=active[:, None], precision=precision, last_only=True)
+    return dict(step=step + 1, cache=new_cache, logits=new_logits[:, -1],
+                tokens=s["tokens"].at[:, step].set(tok),
+                logprobs=s["logprobs"].at[:, step].set(lp), done=s["done"] | hit,
+                stopped=s["stopped"] | hit, lengths=s["lengths"] + active.astype(jnp.int32),
+                key=key)
+
+  s = jax.lax.while_loop(cond, body, init)
+  mask = jnp.arange(t_max)[None, :] < s["lengths"][:, None]
+  reason = jnp.where(s["stopped"], STOP_TOKEN, STOP_LENGTH).astype(jnp.int32)
+  # The cache comes back (aliasing the donated buffer); callers drop it.
+  return (s["tokens"], s["logprobs"], mask, s["lengths"], reason), s["cache"]
+
+
+def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], key: jax.Array,
+           config: SamplingConfig, precision: Optional[Precision] = None) -> Rollout:
+  """Sample `config.n` completions per prompt with the rollout `precision`.
+
+  params: the one params pytree (the same one the update trains).
+  prompts: token-id lists of any lengths >= 1.
+  key: a PRNG key; the same key, params and prompts give the same samples.
+  precision: a recipe's `.rollout` (None: plain matmuls in the params' dtype).
+  """
+  if precision is not None and not isinstance(precision, Precision):
+    raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
+  tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
+  cache_dtype = (jnp.dtype(precision.compute_dtype) if precision is not None
+                 else jax.tree_util.tree_leaves(params)[0].dtype)
+  cache, logits = _prefill(params, tokens, mask, model_config=model_config, config=config,
+                           precision=precision, cache_dtype=cache_dtype)
+  prompt_lens = jnp.repeat(jnp.asarray(mask.sum(1), jnp.int32), config.n)
+  out, _ = _decode(params, cache, logits, prompt_lens, key, model_config=model_config,
+                config=config, precision=precision)
+  rep = lambda a: jnp.repeat(jnp.asarray(a), config.n, axis=0)
+  return Rollout(rep(tokens), rep(mask), *out)
