@@ -1,0 +1,29 @@
+"""Tasks with verifiable rewards: GSM8K, MATH-500 and synthetic tasks, and their tokenizer.
+
+The RL loop uses `get_task(name, **kwargs) -> Task`; a task gives `problem(split, index) ->
+Problem(prompt, answer, solution)` and `reward(prompts, completions, answers) -> list[float]`.
+See docs/tasks.md.
+"""
+
+from jetrl.data.answer_extraction import canonical_number, extract_boxed, gsm8k_answer
+from jetrl.data.arithmetic import Addition, Multiplication
+from jetrl.data.gsm8k import GSM8K
+from jetrl.data.loading import DatasetTask, load_source_splits
+from jetrl.data.math500 import Math500
+from jetrl.data.math_equivalence import math_equal
+from jetrl.data.math_normalize import normalize_latex
+from jetrl.data.registry import SYNTHETIC_TASKS, TASKS, get_task, task_kwargs
+from jetrl.data.rewards import (gsm8k_format_reward, gsm8k_reward, math_format_reward,
+                                math_reward)
+from jetrl.data.sorting import Sorting
+from jetrl.data.synthetic import SyntheticTask, final_answer
+from jetrl.data.task import SPLITS, Problem, Task
+from jetrl.data.tokenizer import ALPHABET, CharTokenizer, char_tokenizer
+
+__all__ = [
+    "canonical_number", "extract_boxed", "gsm8k_answer", "Addition", "Multiplication", "GSM8K",
+    "DatasetTask", "load_source_splits", "Math500", "math_equal", "normalize_latex",
+    "SYNTHETIC_TASKS", "TASKS", "get_task", "task_kwargs", "gsm8k_format_reward",
+    "gsm8k_reward", "math_format_reward", "math_reward", "Sorting", "SyntheticTask",
+    "final_answer", "SPLITS", "Problem", "Task", "ALPHABET", "CharTokenizer", "char_tokenizer",
+]

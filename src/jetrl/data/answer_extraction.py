@@ -1,0 +1,138 @@
+"""Finding the final answer in a completion: `\\boxed{...}` contents and final numbers.
+
+Pure string functions; none of them raises on any str input (non-str input gives None).
+Digits are ASCII only: a number written with other Unicode digits is not a number here.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_NUMBER_CHARS = 100  # longer "numbers" are not answers (and would be costly to compare)
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_SIGNED = r"(?<![0-9A-Za-z)\]}])[-+]"  # a sign, unless it reads as a minus between two terms
+NUMBER = re.compile(
+    rf"(?:{_SIGNED}[ ]?)?(?:\\?\$[ ]?)?"  # optional sign, optional dollar sign
+    r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+|(?=\.[0-9]))"  # integer part, maybe with thousands commas
+    r"(?:\.[0-9]+)?")  # decimals
+_HASH = re.compile(r"####[ \t]*")
+_CANONICAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+
+
+def extract_boxed(text: str) -> str | None:
+  """Contents of the last `\\boxed{...}` or `\\fbox{...}` (braces balanced), else None.
+
+  `\\boxed 5` (a space and no braces) gives the next token. Escaped braces `\\{`, `\\}` do not
+  count towards the balance. An unbalanced last box (a cut-off completion) gives None.
+  """
+  if not isinstance(text, str):
+    return None
+  last = None
+  for last in _BOX.finditer(text):
+    pass
+  if last is None:
+    return None
+  i = last.end()
+  n = len(text)
+  j = i
+  while j < n and text[j] in " \t":
+    j += 1
+  if j >= n:
+    return None
+  if text[j] != "{":
+    if j == i:  # `\boxedx` is some other command
+      return None
+    k = j
+    while k < n and not text[k].isspace() and text[k] not in "$}":
+      k += 1
+    return text[j:k] or None
+  depth = 0
+  k = j
+  while k < n:
+    c = text[k]
+    if c == "\\":
+      k += 2
+      continue
+    if c == "{":
+      depth += 1
+    elif c == "}":
+      depth -= 1
+      if depth == 0:
+        return text[j + 1:k]
+    k += 1
+  return None
+
+
+def canonical_number(text: str) -> str | None:
+  """A decimal number in canonical form, or None if `text` is not one.
+
+  Drops `$`, `\\$`, spaces, thousands commas and a leading `+`; strips leading zeros of the
+  integer part and trailing zeros of the fraction (so `1,000.50` -> `1000.5`, `+7.0` -> `7`,
+  `-0` -> `0`, `.5` -> `0.5`). Numbers over MAX_NUMBER_CHARS characters give None.
+  """
+  if not isinstance(text, str) or len(text) > 4 * MAX_NUMBER_CHARS:
+    return None
+  s = text.replace("\\$", "").replace("$", "").replace(" ", "").replace(",", "")
+  if s.startswith("+"):
+    s = s[1:]
+  if not _CANONICAL.fullmatch(s) or len(s) > MAX_NUMBER_CHARS:
+    return None
+  neg = s.startswith("-")
+  s = s.lstrip("-")
+  whole, _, frac = s.partition(".")
+  whole = whole.lstrip("0") or "0"
+  frac = frac.rstrip("0")
+  out = whole + ("." + frac if frac else "")
+  return "-" + out if neg and out != "0" else out
+
+
+def last_number(text: str) -> str | None:
+  """The last number in `text`, canonical, or None."""
+  if not isinstance(text, str):
+    return None
+  found = None
+  for found in NUMBER.finditer(text):
+    pass
+  return None if found is None else canonical_number(found.group())
+
+
+def hash_number(text: str) -> str | None:
+  """The number right after the last `####` (GSM8K's answer marker), canonical, or None."""
+  if not isinstance(text, str):
+    return None
+  last = None
+  for last in _HASH.finditer(text):
+    pass
+  if last is None:
+    return None
+  m = NUMBER.match(text, last.end())
+  return None if m is None else canonical_number(m.group())
+
+
+def boxed_number(text: str) -> str | None:
+  """The number in the last `\\boxed{}`, canonical, or None.
+
+  The whole box when it is a number (after unwrapping `\\text{}` and dropping `\\%`), else the
+  last number inside it.
+  """
+  content = extract_boxed(text)
+  if content is None:
+    return None
+  content = _TEXT_WRAPPER.sub(r"\1", content).replace("\\%", "").replace("%", "").strip()
+  whole = canonical_number(content)
+  return whole if whole is not None else last_number(content)
+
+
+GSM8K_EXTRACTORS = {"hash": hash_number, "boxed": boxed_number, "last": last_number}
+DEFAULT_GSM8K_ORDER = ("hash", "boxed", "last")
+
+
+def gsm8k_answer(text: str, order=DEFAULT_GSM8K_ORDER) -> str | None:
+  """The final number of a GSM8K-style completion, trying the extractors in `order`."""
+  for name in order:
+    found = GSM8K_EXTRACTORS[name](text)
+    if found is not None:
+      return found
+  return None

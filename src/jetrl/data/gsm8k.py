@@ -1,0 +1,52 @@
+"""GSM8K (grade-school math word problems) as a task.
+
+Source: the hub's `openai/gsm8k` ("main" config: train 7473 / test 1319 rows, columns
+`question`, `answer`), or local JSON-lines files with the same columns. A row's `answer` is a
+worked solution whose last line is `#### <number>`.
+
+Problem.answer is the final number in canonical form (`1,080` -> `1080`). Problem.solution is
+the worked answer with the `<<48/2=24>>` calculator annotations removed, still ending in
+`#### <number>`. The reward is `jetrl.data.rewards.gsm8k_reward`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from jetrl.data.answer_extraction import DEFAULT_GSM8K_ORDER, canonical_number
+from jetrl.data.loading import DatasetTask
+from jetrl.data.rewards import check_gsm8k_order, gsm8k_reward
+
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def strip_calculator_annotations(text: str) -> str:
+  return _CALCULATOR.sub("", text)
+
+
+class GSM8K(DatasetTask):
+  name = "gsm8k"
+  hub_name = "openai/gsm8k"
+  hub_config = "main"
+  required_columns = ("question", "answer")
+  prompt_kind = "gsm8k"
+
+  def __init__(self, *, order: Sequence[str] = DEFAULT_GSM8K_ORDER, **kwargs):
+    super().__init__(**kwargs)
+    self.order = check_gsm8k_order(order)
+
+  def row_question(self, row: dict) -> str:
+    return row["question"]
+
+  def row_answer(self, row: dict) -> str:
+    final = row["answer"].rsplit("####", 1)[-1].strip()
+    return canonical_number(final) or final
+
+  def row_solution(self, row: dict) -> str:
+    return strip_calculator_annotations(row["answer"]).strip()
+
+  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
+             answers: Sequence[str]) -> list[float]:
+    return gsm8k_reward(prompts, completions, answers, order=self.order,
+                        format_weight=self.format_weight)

@@ -1,0 +1,48 @@
+"""MATH-500 (competition math, the PRM800K subset of the MATH test set) as a task.
+
+Source: the hub's `HuggingFaceH4/MATH-500` (one split, "test", 500 rows, columns `problem`,
+`solution`, `answer`, `subject`, `level`, `unique_id`), or local JSON-lines files with at least
+`problem` and `answer`. With one source split, 20% of it (100 rows) is held out as "test" and
+the rest is "train" (see `jetrl.data.loading`); `split={"train": "test", "test": "test"}` uses
+all 500 rows for both.
+
+Problem.answer is the dataset's `answer`; Problem.solution its `solution` (ending in a
+`\\boxed{}` answer), or '' without that column. The reward is `jetrl.data.rewards.math_reward`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jetrl.data.loading import DatasetTask
+from jetrl.data.math_equivalence import DEFAULT_TIMEOUT
+from jetrl.data.rewards import math_reward
+
+
+class Math500(DatasetTask):
+  name = "math500"
+  hub_name = "HuggingFaceH4/MATH-500"
+  hub_config = None
+  required_columns = ("problem", "answer")
+  prompt_kind = "math"
+
+  def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, symbolic: bool = True, **kwargs):
+    super().__init__(**kwargs)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+      raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    self.timeout = float(timeout)
+    self.symbolic = bool(symbolic)
+
+  def row_question(self, row: dict) -> str:
+    return row["problem"]
+
+  def row_answer(self, row: dict) -> str:
+    return str(row["answer"])
+
+  def row_solution(self, row: dict) -> str:
+    return row.get("solution") or ""
+
+  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
+             answers: Sequence[str]) -> list[float]:
+    return math_reward(prompts, completions, answers, timeout=self.timeout,
+                       symbolic=self.symbolic, format_weight=self.format_weight)

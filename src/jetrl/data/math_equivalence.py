@@ -1,0 +1,292 @@
+"""Whether two MATH-style final answers are equal.
+
+`math_equal(pred, gold)` decides in this order, stopping at the first that applies:
+  1. the normalised strings (`normalize_latex`) are identical -> equal;
+  2. both are plain numbers, fractions (`\\frac{a}{b}`, `a/b`) or mixed numbers
+     (`2\\frac{1}{2}`) -> compared exactly as rationals;
+  3. both are bracketed tuples / intervals / sets / matrices with the same brackets -> equal
+     when they have the same number of items and the items are equal in order; both are
+     unbracketed comma lists (`-2,1`) and sets -> equal when the items match in some order
+     (`a \\pm b` counts as the list `a+b, a-b`);
+  4. otherwise sympy decides (numeric or symbolic equivalence) in a worker process, with a
+     time limit per comparison. A comparison that times out, fails to parse, or errs counts as
+     not equal. The worker is restarted after a timeout.
+
+`math_equal` never raises and never waits longer than about `timeout` seconds per sympy
+comparison (plus the worker's start-up, once per process and after each timeout).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from fractions import Fraction
+
+from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
+
+DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
+STARTUP_TIMEOUT = 60.0
+MAX_ITEMS = 32
+WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sympy_worker.py")
+
+_INT = r"-?[0-9]{1,60}"
+_DECIMAL = re.compile(r"-?(?:[0-9]{1,60}(?:\.[0-9]{1,60})?|\.[0-9]{1,60})")
+_FRAC = re.compile(r"(-?)\\frac\{(%s)\}\{(%s)\}" % (_INT, _INT))
+_SLASH = re.compile(r"(%s)/(%s)" % (_INT, _INT))
+_MIXED = re.compile(r"(-?)([0-9]{1,60})\\frac\{([0-9]{1,60})\}\{([0-9]{1,60})\}")
+_PM = re.compile(r"\\pm(?![A-Za-z])")
+_OPENERS = ("(", "[", "\\{")
+_CLOSERS = (")", "]", "\\}")
+_MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}")
+
+
+def as_fraction(s: str) -> Fraction | None:
+  """The exact value of a plain number, fraction or mixed number, else None."""
+  try:
+    if _DECIMAL.fullmatch(s):
+      return Fraction(s)
+    m = _FRAC.fullmatch(s)
+    if m:
+      value = Fraction(int(m.group(2)), int(m.group(3)))
+      return -value if m.group(1) else value
+    m = _SLASH.fullmatch(s)
+    if m:
+      return Fraction(int(m.group(1)), int(m.group(2)))
+    m = _MIXED.fullmatch(s)
+    if m:
+      value = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
+      return -value if m.group(1) else value
+  except (ValueError, ZeroDivisionError):
+    return None
+  return None
+
+
+def _split_top(s: str, sep: str = ",") -> list[str]:
+  """Splits at `sep` outside any (), [], {} nesting."""
+  items, depth, start, i = [], 0, 0, 0
+  while i < len(s):
+    c = s[i]
+    if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
+      depth += 1 if s[i + 1] == "{" else -1
+      i += 2
+      continue
+    if c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+    elif depth == 0 and s.startswith(sep, i):
+      items.append(s[start:i])
+      start = i + len(sep)
+      i = start
+      continue
+    i += 1
+  items.append(s[start:])
+  return items
+
+
+def _structure(s: str):
+  """(kind, items) for a bracketed or comma-separated answer, else None.
+
+  kind is the bracket pair (e.g. "[)"), "matrix", or "list" (unbracketed, order-free).
+  """
+  m = _MATRIX.fullmatch(s)
+  if m:
+    rows = [r for r in m.group(2).split("\\\\") if r != ""]
+    return "matrix", [tuple(r.split("&")) for r in rows]
+  opener = next((o for o in _OPENERS if s.startswith(o)), None)
+  closer = next((c for c in _CLOSERS if s.endswith(c)), None)
+  if opener and closer and len(s) >= len(opener) + len(closer) and _wrapped(s):
+    items = _split_top(s[len(opener):-len(closer)])
+    if len(items) > 1 or opener != "(":
+      return opener + closer, items
+  items = _split_top(s)
+  if len(items) > 1:
+    return "list", items
+  if len(_PM.findall(s)) == 1:  # a \pm b: the two values a + b and a - b
+    return "list", [_PM.sub("+", s), _PM.sub("-", s)]
+  return None
+
+
+def _wrapped(s: str) -> bool:
+  """Whether the bracket opening s closes exactly at its end (brackets of any kind)."""
+  depth = 0
+  i = 0
+  n = len(s)
+  while i < n:
+    if s[i] == "\\" and i + 1 < n and s[i + 1] in "{}":
+      depth += 1 if s[i + 1] == "{" else -1
+      i += 2
+    else:
+      if s[i] in "([{":
+        depth += 1
+      elif s[i] in ")]}":
+        depth -= 1
+      i += 1
+    if depth == 0:
+      return i == n
+  return False
+
+
+def math_equal(pred: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT,
+               symbolic: bool = True) -> bool:
+  """Whether answer `pred` equals answer `gold` (see the module docstring). Never raises."""
+  try:
+    return _normalized_equal(normalize_latex(pred), normalize_latex(gold), timeout, symbolic, 0)
+  except Exception:  # a reward must never raise on a malformed completion
+    return False
+
+
+def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int) -> bool:
+  if p == g:
+    return True
+  if not p or not g or depth > 3 or len(p) > MAX_ANSWER_CHARS or len(g) > MAX_ANSWER_CHARS:
+    return False
+  fp, fg = as_fraction(p), as_fraction(g)
+  if fp is not None and fg is not None:
+    return fp == fg
+  sp, sg = _structure(p), _structure(g)
+  if sp is not None or sg is not None:
+    if sp is None or sg is None or sp[0] != sg[0] or len(sp[1]) != len(sg[1]):
+      return False
+    if len(sp[1]) > MAX_ITEMS:
+      return False
+    same = lambda a, b: _normalized_equal(a, b, timeout, symbolic, depth + 1)
+    if sp[0] == "matrix":
+      return all(len(rp) == len(rg) and all(same(a.strip(), b.strip()) for a, b in zip(rp, rg))
+                 for rp, rg in zip(sp[1], sg[1]))
+    if sp[0] in ("list", "\\{\\}"):  # unbracketed lists and sets: any order
+      return _match_unordered(sp[1], sg[1], same)
+    return all(same(a, b) for a, b in zip(sp[1], sg[1]))
+  if not symbolic:
+    return False
+  return symbolic_equal(p, g, timeout)
+
+
+def _match_unordered(pred_items, gold_items, same) -> bool:
+  left = list(gold_items)
+  for item in pred_items:
+    for k, other in enumerate(left):
+      if same(item, other):
+        del left[k]
+        break
+    else:
+      return False
+  return True
+
+
+# ---- the sympy worker -------------------------------------------------------------------
+
+class _Worker:
+  """A long-lived `python sympy_worker.py` child process, restarted after a timeout."""
+
+  def __init__(self):
+    self.proc = None
+    self.owner = None
+    self.buffer = b""
+    self.next_id = 0
+    self.failed_starts = 0
+    self.lock = threading.Lock()
+    self.stats = {"requests": 0, "timeouts": 0, "restarts": 0}
+
+  def _start(self) -> bool:
+    if self.failed_starts >= 2:
+      return False
+    try:
+      self.proc = subprocess.Popen(
+          [sys.executable, "-P", WORKER_PATH], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+          stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
+      self.owner = os.getpid()
+      self.buffer = b""
+      line = self._read_line(STARTUP_TIMEOUT)
+      if line is None or not json.loads(line).get("ready"):
+        raise RuntimeError("no ready line")
+      self.stats["restarts"] += 1
+      return True
+    except Exception as e:  # no worker: symbolic comparison is off in this process
+      self._kill()
+      self.failed_starts += 1
+      if self.failed_starts >= 2:
+        warnings.warn(f"jetrl.data: the sympy worker could not start ({e!r}); symbolic answer "
+                      "comparison is off in this process", RuntimeWarning, stacklevel=3)
+      return False
+
+  def _kill(self):
+    proc, self.proc = self.proc, None
+    if proc is not None and self.owner == os.getpid():
+      try:
+        proc.kill()
+        proc.wait(timeout=5)
+      except Exception:
+        pass
+
+  def _read_line(self, timeout: float) -> bytes | None:
+    deadline = time.monotonic() + timeout
+    fd = self.proc.stdout.fileno()
+    while b"\n" not in self.buffer:
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        return None
+      ready, _, _ = select.select([fd], [], [], remaining)
+      if not ready:
+        return None
+      chunk = os.read(fd, 65536)
+      if not chunk:
+        return None
+      self.buffer += chunk
+    line, _, self.buffer = self.buffer.partition(b"\n")
+    return line
+
+  def ask(self, a: str, b: str, timeout: float) -> bool:
+    with self.lock:
+      if self.proc is not None and (self.owner != os.getpid() or self.proc.poll() is not None):
+        self._kill()  # (only kills a worker this process started)
+      if self.proc is None and not self._start():
+        return False
+      self.stats["requests"] += 1
+      self.next_id += 1
+      rid = self.next_id
+      try:
+        self.proc.stdin.write((json.dumps({"id": rid, "a": a, "b": b}) + "\n").encode())
+        line = self._read_line(timeout)
+        if line is None:
+          self.stats["timeouts"] += 1
+          self._kill()
+          return False
+        reply = json.loads(line)
+        return reply.get("id") == rid and reply.get("eq") is True
+      except Exception:
+        self._kill()
+        return False
+
+  def close(self):
+    with self.lock:
+      self._kill()
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.close)
+
+
+@functools.lru_cache(maxsize=65536)
+def symbolic_equal(a: str, b: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
+  """sympy's verdict on normalised answers a and b, within `timeout` seconds (False if not)."""
+  return _WORKER.ask(a, b, float(timeout))
+
+
+def worker_stats() -> dict:
+  """Counts of sympy requests, timeouts and (re)starts in this process."""
+  return dict(_WORKER.stats)
+
+
+def shutdown_worker() -> None:
+  """Stops the sympy worker (a later comparison starts a new one)."""
+  _WORKER.close()

@@ -1,0 +1,180 @@
+"""Normalising LaTeX final answers (MATH style) so that equal answers compare equal as strings.
+
+`normalize_latex` removes what does not change an answer's value: spacing commands and
+spaces, `\\left`/`\\right`/`\\big`, `\\displaystyle`, dollar signs, percent signs, degree marks
+(`^\\circ`, `^{\\circ}`, `°`), `\\text{}`/`\\mbox{}` wrappers (unit words inside them, or after
+a number, are dropped), a trailing period, thousands separators in a plain number, a leading
+`x =` on a one-variable answer, and `\\dfrac`/`\\tfrac` spelling. It also writes shorthand
+arguments out (`\\frac12` -> `\\frac{1}{2}`, `\\sqrt2` -> `\\sqrt{2}`), one-character
+exponents and subscripts without braces (`x^{2}` -> `x^2`), and `.5` as `0.5`.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_ANSWER_CHARS = 1000  # longer answers are compared verbatim only
+
+UNIT_WORDS = frozenset("""
+unit units sq square squared cubic cu cm centimeter centimeters centimetre centimetres mm
+millimeter millimeters m meter meters metre metres km kilometer kilometers in inch inches ft
+foot feet yd yard yards mi mile miles degree degrees deg radian radians cent cents dollar
+dollars s sec second seconds min minute minutes h hr hrs hour hours day days week weeks month
+months year years mph kph pound pounds lb lbs ounce ounces oz gallon gallons liter liters litre
+litres ml g gram grams kg kilogram kilograms ton tons mg per each
+""".split())
+
+_TEXT_CMDS = ("text", "textbf", "textit", "textrm", "textnormal", "mbox", "mathrm", "mathbf",
+              "mathit", "boldsymbol", "operatorname")
+_SPACING = re.compile(
+    r"(\\\\)|\\[,;:! ]|\\(?:qquad|quad|displaystyle|textstyle|scriptstyle)(?![A-Za-z])|~")
+_DELIMS_DOT = re.compile(r"\\(?:left|right)\s*\.")
+_DELIMS = re.compile(r"\\(?:left|right|[Bb]igg?[lr]?)(?![A-Za-z])")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
+_FRAC_SPELLING = re.compile(r"\\[dt]frac(?![A-Za-z])")
+_CMD_THEN_LETTER = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")
+_ONE_CHAR_SCRIPT = re.compile(r"([\^_])\{([A-Za-z0-9])\}")
+_LEADING_POINT = re.compile(r"(?<![0-9])\.([0-9])")
+_THOUSANDS = re.compile(r"-?[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?")
+_VAR_PREFIX = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_[A-Za-z0-9]+)?(?:=|\\in(?![A-Za-z]))")
+_CHOICE = re.compile(r"\(([A-Z])\)")
+_NUMBER_THEN_UNITS = re.compile(r"([0-9}])\s+([A-Za-z. ]+?)(?:\^\{?[23]\}?)?\s*$")
+_RENAMES = (
+    (re.compile(r"\\(?:leqslant|leq)(?![A-Za-z])"), r"\\le"),
+    (re.compile(r"\\(?:geqslant|geq)(?![A-Za-z])"), r"\\ge"),
+    (re.compile(r"\\neq(?![A-Za-z])"), r"\\ne"),
+    (re.compile(r"\\varnothing(?![A-Za-z])"), r"\\emptyset"),
+    (re.compile(r"\\lbrace(?![A-Za-z])"), r"\\{"),
+    (re.compile(r"\\rbrace(?![A-Za-z])"), r"\\}"),
+    (re.compile(r"\\[lr]?vert(?![A-Za-z])"), "|"),
+    (re.compile(r"\\(?:dots|ldots|cdots)(?![A-Za-z])"), r"\\dots"),
+)
+
+
+def match_brace(s: str, i: int) -> int:
+  """Index of the `}` closing the `{` at s[i] (escaped braces skipped), or -1."""
+  depth = 0
+  k = i
+  n = len(s)
+  while k < n:
+    c = s[k]
+    if c == "\\":
+      k += 2
+      continue
+    if c == "{":
+      depth += 1
+    elif c == "}":
+      depth -= 1
+      if depth == 0:
+        return k
+    k += 1
+  return -1
+
+
+def _is_units(words: str) -> bool:
+  parts = [w.strip(".").lower() for w in re.split(r"[\s~]+", words.strip())]
+  parts = [w for w in parts if w]
+  return bool(parts) and all(w in UNIT_WORDS for w in parts)
+
+
+def _unwrap_text(s: str) -> str:
+  """Replaces `\\text{X}` and friends by X, or by nothing when X is unit words after content."""
+  pattern = re.compile(r"\\(?:%s)(?![A-Za-z])\s*\{" % "|".join(_TEXT_CMDS))
+  out = []
+  pos = 0
+  while True:
+    m = pattern.search(s, pos)
+    if m is None:
+      break
+    close = match_brace(s, m.end() - 1)
+    if close < 0:
+      break
+    inner = s[m.end():close]
+    before = "".join(out) + s[pos:m.start()]
+    out.append(s[pos:m.start()])
+    if before.strip() and _is_units(inner):
+      # Drop the units, and a ^2 / ^3 right after them.
+      tail = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", s[close + 1:])
+      pos = close + 1 + (tail.end() if tail else 0)
+    else:
+      out.append(" " + inner + " " if inner.strip() else "")
+      pos = close + 1
+  out.append(s[pos:])
+  return "".join(out)
+
+
+def _fill_args(s: str, cmd: str, nargs: int) -> str:
+  """Writes shorthand arguments out: `\\frac12` -> `\\frac{1}{2}`, `\\sqrt2` -> `\\sqrt{2}`."""
+  pattern = re.compile(r"\\%s(?![A-Za-z])" % cmd)
+  out = []
+  pos = 0
+  for m in pattern.finditer(s):
+    if m.start() < pos:
+      continue
+    out.append(s[pos:m.end()])
+    k = m.end()
+    if cmd == "sqrt" and k < len(s) and s[k] == "[":
+      close = s.find("]", k)
+      if close < 0:
+        break
+      out.append(s[k:close + 1])
+      k = close + 1
+    for _ in range(nargs):
+      if k >= len(s):
+        break
+      if s[k] == "{":
+        close = match_brace(s, k)
+        if close < 0:
+          break
+        out.append(s[k:close + 1])
+        k = close + 1
+      elif s[k] == "\\":
+        name = re.match(r"\\[A-Za-z]+|\\.", s[k:]).group()
+        out.append("{" + name + "}")
+        k += len(name)
+      else:
+        out.append("{" + s[k] + "}")
+        k += 1
+    pos = k
+  out.append(s[pos:])
+  return "".join(out)
+
+
+def normalize_latex(answer: str) -> str:
+  """A canonical string form of a LaTeX answer (see the module docstring)."""
+  if not isinstance(answer, str):
+    return ""
+  s = answer.strip()
+  if len(s) > MAX_ANSWER_CHARS:
+    return s
+  s = s.replace("\n", " ").replace("\r", " ").replace("\t", " ")
+  s = _SPACING.sub(lambda m: m.group(1) or " ", s)  # keeps `\\` (a line break)
+  s = _FRAC_SPELLING.sub(r"\\frac", s)
+  s = _DELIMS_DOT.sub("", s)
+  s = _DELIMS.sub("", s)
+  s = _DEGREES.sub("", s)
+  s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+  s = s.replace("{,}", ",")
+  for pattern, new in _RENAMES:
+    s = pattern.sub(new, s)
+  s = _unwrap_text(s)
+  m = _NUMBER_THEN_UNITS.search(s)
+  if m and _is_units(m.group(2)):
+    s = s[:m.start()] + m.group(1)
+  s = s.strip().rstrip(".").strip()
+  # Spaces carry no meaning, except between a command and a letter (`\pi r`).
+  s = _CMD_THEN_LETTER.sub("\\1\0", s)
+  s = re.sub(r"\s+", "", s).replace("\0", " ")
+  s = _fill_args(s, "frac", 2)
+  s = _fill_args(s, "sqrt", 1)
+  s = _ONE_CHAR_SCRIPT.sub(r"\1\2", s)
+  s = _LEADING_POINT.sub(r"0.\1", s)
+  if _THOUSANDS.fullmatch(s):
+    s = s.replace(",", "")
+  m = _VAR_PREFIX.match(s)
+  if m and s.count("=") <= 1 and m.end() < len(s) and "," not in s[:m.end()]:
+    s = s[m.end():]
+  m = _CHOICE.fullmatch(s)
+  if m:
+    s = m.group(1)
+  return s.rstrip(".")

@@ -1,0 +1,122 @@
+"""Reward functions for GSM8K and MATH, in the TRL shape.
+
+Each takes (prompts, completions, answers) and returns one float per completion. A completion is
+a str, or a TRL-style conversation (a list of {"role", "content"} messages: the last message's
+content is scored). Prompts are accepted for the shape and not used; they may be None. The
+functions are pure Python, deterministic, and never raise on a malformed completion: no answer,
+unbalanced braces, a huge number, other Unicode digits, or a non-string all score 0.
+
+GSM8K (`gsm8k_reward`): the completion's final number is the number after the last `####`, else
+the number in the last `\\boxed{}`, else the last number in the text (this order is the
+`order` argument). Numbers are compared exactly after `canonical_number` (thousands commas,
+`$`, a leading `+`, trailing zeros of decimals and a trailing `.` dropped). The reference
+answer may be the bare number ("1,080") or a whole GSM8K worked answer ending in `#### 1,080`.
+
+MATH (`math_reward`): the completion's answer is the contents of its last `\\boxed{}` or
+`\\fbox{}`; it is compared with the reference by `math_equal` (normalised strings, exact
+rationals, tuples, then sympy with a time limit per answer).
+
+Format term: with `format_weight=w`, a completion also gets w when its answer is in the asked
+form (`####` or `\\boxed{}` holding a number for GSM8K; a balanced `\\boxed{}` for MATH), so a
+right answer in the right form scores 1 + w. It is off (w = 0) by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jetrl.data.answer_extraction import (DEFAULT_GSM8K_ORDER, GSM8K_EXTRACTORS,
+                                          boxed_number, canonical_number, extract_boxed,
+                                          gsm8k_answer, hash_number)
+from jetrl.data.math_equivalence import DEFAULT_TIMEOUT, math_equal
+from jetrl.data.task import check_reward_args, completion_text
+
+
+def check_gsm8k_order(order: Sequence[str]) -> tuple[str, ...]:
+  order = tuple(order) if not isinstance(order, str) else (order,)
+  if not order or any(o not in GSM8K_EXTRACTORS for o in order) or len(set(order)) != len(order):
+    raise ValueError(f"order must be distinct names from {list(GSM8K_EXTRACTORS)}, got {order!r}")
+  return order
+
+
+def gsm8k_reference(answer: Any) -> str | None:
+  """The canonical reference number from a bare answer or a worked answer with `####`."""
+  if not isinstance(answer, str):
+    answer = str(answer) if isinstance(answer, (int, float)) else None
+  if answer is None:
+    return None
+  return canonical_number(answer.strip()) or hash_number(answer)
+
+
+def gsm8k_format_ok(completion: Any) -> bool:
+  text = completion_text(completion)
+  return text is not None and (hash_number(text) is not None or boxed_number(text) is not None)
+
+
+def math_format_ok(completion: Any) -> bool:
+  text = completion_text(completion)
+  return text is not None and extract_boxed(text) is not None
+
+
+def gsm8k_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
+                 answers: Sequence[Any], *, order: Sequence[str] = DEFAULT_GSM8K_ORDER,
+                 format_weight: float = 0.0) -> list[float]:
+  """1.0 per completion whose final number equals the reference (+ the format term)."""
+  check_reward_args(prompts, completions, answers)
+  order = check_gsm8k_order(order)
+  out = []
+  for completion, answer in zip(completions, answers):
+    try:
+      text = completion_text(completion)
+      gold = gsm8k_reference(answer)
+      found = None if text is None else gsm8k_answer(text, order)
+      score = 1.0 if found is not None and gold is not None and found == gold else 0.0
+      if format_weight:
+        score += format_weight * gsm8k_format_ok(text)
+    except Exception:  # never raise on a malformed completion
+      score = 0.0
+    out.append(score)
+  return out
+
+
+def math_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
+                answers: Sequence[Any], *, timeout: float = DEFAULT_TIMEOUT,
+                symbolic: bool = True, format_weight: float = 0.0) -> list[float]:
+  """1.0 per completion whose last `\\boxed{}` equals the reference answer (+ format term)."""
+  check_reward_args(prompts, completions, answers)
+  out = []
+  for completion, answer in zip(completions, answers):
+    try:
+      text = completion_text(completion)
+      found = None if text is None else extract_boxed(text)
+      gold = answer if isinstance(answer, str) else str(answer)
+      boxed_gold = extract_boxed(gold)
+      if boxed_gold is not None:
+        gold = boxed_gold
+      ok = found is not None and math_equal(found, gold, timeout=timeout, symbolic=symbolic)
+      score = 1.0 if ok else 0.0
+      if format_weight:
+        score += format_weight * (found is not None)
+    except Exception:  # never raise on a malformed completion
+      score = 0.0
+    out.append(score)
+  return out
+
+
+def gsm8k_format_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
+                        answers: Sequence[Any] | None = None) -> list[float]:
+  """1.0 per completion whose final number is marked (`#### n` or `\\boxed{n}`)."""
+  return [1.0 if _safe(gsm8k_format_ok, c) else 0.0 for c in completions]
+
+
+def math_format_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
+                       answers: Sequence[Any] | None = None) -> list[float]:
+  """1.0 per completion with a balanced `\\boxed{}`."""
+  return [1.0 if _safe(math_format_ok, c) else 0.0 for c in completions]
+
+
+def _safe(fn, completion) -> bool:
+  try:
+    return bool(fn(completion))
+  except Exception:
+    return False

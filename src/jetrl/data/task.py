@@ -1,0 +1,111 @@
+"""The task interface the RL loop consumes: `Problem` and `Task`.
+
+A task hands out problems by (split, index) and scores completions. Everything is
+deterministic: the same task settings, seed, split and index always give the same problem, so
+a run resumes by asking for the next index.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import numbers
+from typing import Any, Iterator, Sequence
+
+SPLITS = ("train", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One problem.
+
+  prompt: the text the policy continues.
+  answer: the reference final answer that `Task.reward` compares against.
+  solution: a gold completion (a worked solution ending with the final answer in the format
+    the reward parses), for a supervised warm start; '' when the source has none.
+  """
+  prompt: str
+  answer: str
+  solution: str
+
+
+def check_split(split: str) -> str:
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; accepted: {list(SPLITS)}")
+  return split
+
+
+def check_index(index: int) -> int:
+  if isinstance(index, bool) or not isinstance(index, numbers.Integral) or index < 0:
+    raise ValueError(f"index must be a non-negative int, got {index!r}")
+  return int(index)
+
+
+def completion_text(completion: Any) -> str | None:
+  """The text of a completion: a str, or a TRL-style conversation (the last message's content).
+
+  Returns None for anything else; rewards score that 0.
+  """
+  if isinstance(completion, str):
+    return completion
+  if isinstance(completion, dict):
+    content = completion.get("content")
+    return content if isinstance(content, str) else None
+  if isinstance(completion, (list, tuple)) and completion:
+    return completion_text(completion[-1])
+  return None
+
+
+def check_reward_args(prompts: Sequence, completions: Sequence, answers: Sequence) -> None:
+  n = len(completions)
+  if len(answers) != n or (prompts is not None and len(prompts) != n):
+    raise ValueError(
+        f"prompts, completions and answers must have the same length; got "
+        f"{None if prompts is None else len(prompts)}, {n}, {len(answers)}")
+
+
+class Task(abc.ABC):
+  """A source of problems with a verifiable reward.
+
+  name: the registry name.
+  problem(split, index): the problem at that position; deterministic in (seed, split, index).
+  reward(prompts, completions, answers): one float per completion.
+  max_completion_chars: a hint for the longest gold completion at these settings (None when
+    unknown).
+  num_problems(split): the number of distinct problems (None: unbounded, generated).
+  """
+
+  name: str = ""
+  seed: int = 0
+
+  @abc.abstractmethod
+  def problem(self, split: str, index: int) -> Problem:
+    ...
+
+  @abc.abstractmethod
+  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
+             answers: Sequence[str]) -> list[float]:
+    ...
+
+  @property
+  def max_completion_chars(self) -> int | None:
+    return None
+
+  def num_problems(self, split: str) -> int | None:
+    check_split(split)
+    return None
+
+  def problems(self, split: str, start: int = 0, count: int | None = None) -> Iterator[Problem]:
+    """Problems `start, start + 1, ...` of a split (`count` of them, or without end)."""
+    check_split(split)
+    i = check_index(start)
+    while count is None or i < start + count:
+      yield self.problem(split, i)
+      i += 1
+
+  def batch(self, split: str, start: int, size: int) -> list[Problem]:
+    """Problems `start .. start + size - 1` of a split."""
+    return list(self.problems(split, start, size))
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(name={self.name!r}, seed={self.seed})"
