@@ -1,0 +1,16 @@
+"""The policy model: config and presets, the decoder, KV cache, checkpoint and tokenizer I/O."""
+
+from jetrl.models.cache import KVCache, init_cache, positions_from_mask
+from jetrl.models.config import FAMILIES, PRESETS, ModelConfig, RopeScaling, get_config
+from jetrl.models.decoder import forward, forward_cached, hidden_states
+from jetrl.models.hf_io import ARCHITECTURES, load_pretrained, save_pretrained
+from jetrl.models.logprobs import logprobs_from_hidden, token_logprobs
+from jetrl.models.params import check_params, init_params, param_shapes
+from jetrl.models.tokenizer import Tokenizer, check_vocab, load_tokenizer
+
+__all__ = [
+    "ModelConfig", "RopeScaling", "FAMILIES", "PRESETS", "get_config", "init_params",
+    "param_shapes", "check_params", "forward", "hidden_states", "token_logprobs",
+    "logprobs_from_hidden", "KVCache", "init_cache", "positions_from_mask", "forward_cached", "ARCHITECTURES",
+    "load_pretrained", "save_pretrained", "Tokenizer", "load_tokenizer", "check_vocab",
+]

@@ -1,0 +1,75 @@
+"""Grouped-query attention: projections, qk-norm, RoPE, masked softmax in float32.
+
+Queries of kv-group g (heads g*G .. g*G+G-1, G = n_heads // n_kv_heads) share kv head g,
+as in the Hugging Face checkpoints. Scores QK^T and the PV product run in the compute dtype
+with float32 accumulation; the softmax is float32. Masked scores are set to a large negative
+finite value (not -inf), so a query with nothing to attend to (a pad token) gets a finite,
+ignored output instead of NaN; NaN / Inf in the inputs still propagate.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jetrl.models.config import ModelConfig
+from jetrl.models.layers import HIGHEST, apply_rope, project, rms_norm
+from jetrl.precision import Precision
+
+MASK_VALUE = -1e30
+
+
+def qkv(x: jax.Array, layer, config: ModelConfig, precision: Optional[Precision], cd,
+        cos: jax.Array, sin: jax.Array):
+  """q [B, T, H, Dh], k and v [B, T, Hkv, Dh] for x [B, T, D], with RoPE applied to q and k."""
+  b, t, _ = x.shape
+  q = project(x, layer["wq"], precision, cd, layer.get("bq"))
+  k = project(x, layer["wk"], precision, cd, layer.get("bk"))
+  v = project(x, layer["wv"], precision, cd, layer.get("bv"))
+  q = q.reshape(b, t, config.n_heads, config.head_dim)
+  k = k.reshape(b, t, config.n_kv_heads, config.head_dim)
+  v = v.reshape(b, t, config.n_kv_heads, config.head_dim)
+  if config.qk_norm:
+    q = rms_norm(q, layer["q_norm"], config.rms_eps, cd)
+    k = rms_norm(k, layer["k_norm"], config.rms_eps, cd)
+  return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd) -> jax.Array:
+  """Masked GQA attention.
+
+  q [B, T, H, Dh]; k, v [B, S, Hkv, Dh]; allowed [B, T, S] bool (query t may see key s).
+  Returns [B, T, H * Dh] in cd.
+  """
+  b, t, h, dh = q.shape
+  s, hkv = k.shape[1], k.shape[2]
+  chex.assert_shape(k, (b, s, hkv, dh))
+  chex.assert_shape(v, (b, s, hkv, dh))
+  chex.assert_shape(allowed, (b, t, s))
+  g = h // hkv
+  qg = q.reshape(b, t, hkv, g, dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg.astype(cd), k.astype(cd), precision=HIGHEST,
+                      preferred_element_type=jnp.float32)
+  scores = scores * jnp.float32(dh ** -0.5)
+  scores = jnp.where(allowed[:, None, None, :, :], scores, jnp.float32(MASK_VALUE))
+  probs = jax.nn.softmax(scores, axis=-1).astype(cd)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(cd), precision=HIGHEST,
+                   preferred_element_type=jnp.float32)
+  return out.astype(cd).reshape(b, t, h * dh)
+
+
+def output(attn: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array:
+  """The o projection."""
+  return project(attn, layer["wo"], precision, cd)
+
+
+def causal_mask(attention_mask: Optional[jax.Array], b: int, t: int) -> jax.Array:
+  """allowed [B, T, T]: key s <= query t, and key s is a real token when a mask is given."""
+  causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+  if attention_mask is None:
+    return jnp.broadcast_to(causal, (b, t, t))
+  chex.assert_shape(attention_mask, (b, t))
+  return causal & attention_mask.astype(bool)[:, None, :]

@@ -1,0 +1,306 @@
+"""Hugging Face checkpoints: config.json <-> ModelConfig, safetensors <-> the params pytree.
+
+Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM (Qwen2 / Qwen2.5) and
+Qwen3ForCausalLM. Weights are read with `safetensors` (numpy), converted to [in, out] and
+stacked along the layer axis on the host, then moved to the device in the requested dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from jetrl.models.config import ModelConfig, RopeScaling
+from jetrl.models.params import check_params, param_shapes
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3"}
+_ARCH_OF = {family: arch for arch, family in ARCHITECTURES.items()}
+
+# params["layers"] name -> (suffix after "model.layers.{i}.", stored transposed by torch)
+_LAYER_TENSORS = {
+    "attn_norm": ("input_layernorm.weight", False),
+    "wq": ("self_attn.q_proj.weight", True),
+    "wk": ("self_attn.k_proj.weight", True),
+    "wv": ("self_attn.v_proj.weight", True),
+    "wo": ("self_attn.o_proj.weight", True),
+    "bq": ("self_attn.q_proj.bias", False),
+    "bk": ("self_attn.k_proj.bias", False),
+    "bv": ("self_attn.v_proj.bias", False),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+    "mlp_norm": ("post_attention_layernorm.weight", False),
+    "w_gate": ("mlp.gate_proj.weight", True),
+    "w_up": ("mlp.up_proj.weight", True),
+    "w_down": ("mlp.down_proj.weight", True),
+}
+_TOP_TENSORS = {"embed": ("model.embed_tokens.weight", False),
+                "final_norm": ("model.norm.weight", False),
+                "lm_head": ("lm_head.weight", True)}
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "generation_config.json",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+
+
+# ---------------------------------------------------------------------------- config.json
+
+
+def _rope_from_hf(cfg: dict):
+  """(rope_theta, RopeScaling or None) from legacy (rope_theta / rope_scaling) or
+  transformers-5 style (rope_parameters) fields."""
+  params = cfg.get("rope_parameters") or {}
+  scaling = cfg.get("rope_scaling") or {}
+  if params and all(isinstance(v, dict) for v in params.values()):
+    raise ValueError("config.json: per-layer rope_parameters are not supported")
+  theta = params.get("rope_theta", cfg.get("rope_theta", scaling.get("rope_theta", 10000.0)))
+  spec = scaling or params
+  kind = spec.get("rope_type", spec.get("type", "default"))
+  if spec.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+    raise ValueError("config.json: partial_rotary_factor != 1 is not supported")
+  if kind == "default":
+    return float(theta), None
+  if kind != "llama3":
+    raise ValueError(f"config.json: rope type {kind!r} is not supported; accepted: "
+                     "'default', 'llama3'")
+  try:
+    rs = RopeScaling(factor=float(spec["factor"]),
+                     low_freq_factor=float(spec["low_freq_factor"]),
+                     high_freq_factor=float(spec["high_freq_factor"]),
+                     original_max_position_embeddings=int(
+                         spec.get("original_max_position_embeddings",
+                                  cfg.get("max_position_embeddings"))))
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"config.json: llama3 rope scaling is missing field {e}") from None
+  return float(theta), rs
+
+
+def config_from_hf(cfg: dict) -> ModelConfig:
+  """ModelConfig from a parsed Hugging Face config.json; ValueError on what is unsupported."""
+  archs = cfg.get("architectures") or []
+  arch = archs[0] if archs else None
+  if arch is None:
+    by_type = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}
+    arch = by_type.get(cfg.get("model_type"), cfg.get("model_type"))
+  if arch not in ARCHITECTURES:
+    raise ValueError(f"config.json: unsupported architecture {arch!r}; supported: "
+                     f"{sorted(ARCHITECTURES)}")
+  family = ARCHITECTURES[arch]
+  act = cfg.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"config.json: hidden_act {act!r} is not supported; accepted: 'silu'")
+  if family in ("llama", "qwen3") and cfg.get("attention_bias", False):
+    raise ValueError(f"config.json: attention_bias=true is not supported for {arch}")
+  if cfg.get("mlp_bias", False):
+    raise ValueError("config.json: mlp_bias=true is not supported")
+  if cfg.get("use_sliding_window", False):
+    raise ValueError("config.json: use_sliding_window=true is not supported")
+  for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads"):
+    if key not in cfg:
+      raise ValueError(f"config.json: missing field {key!r}")
+  n_heads = int(cfg["num_attention_heads"])
+  theta, scaling = _rope_from_hf(cfg)
+  return ModelConfig(
+      family=family, vocab_size=int(cfg["vocab_size"]), d_model=int(cfg["hidden_size"]),
+      n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
+      n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+      head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads),
+      d_ff=int(cfg["intermediate_size"]), rope_theta=theta, rope_scaling=scaling,
+      rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+      tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+      qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
+      max_seq_len=int(cfg.get("max_position_embeddings", 2048)))
+
+
+def config_to_hf(config: ModelConfig, dtype) -> dict:
+  """A Hugging Face config.json dict for `config`; ValueError if the architecture cannot
+  express it (qwen2 needs qkv biases, qwen3 needs qk-norm, llama has neither)."""
+  wanted = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
+  if (config.qkv_bias, config.qk_norm) != wanted[config.family]:
+    raise ValueError(
+        f"ModelConfig(family={config.family!r}, qkv_bias={config.qkv_bias}, "
+        f"qk_norm={config.qk_norm}) has no Hugging Face equivalent; {config.family} needs "
+        f"qkv_bias={wanted[config.family][0]}, qk_norm={wanted[config.family][1]}")
+  rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+  legacy_scaling = None
+  if config.rope_scaling is not None:
+    rs = config.rope_scaling
+    legacy_scaling = {"rope_type": "llama3", "factor": rs.factor,
+                      "low_freq_factor": rs.low_freq_factor,
+                      "high_freq_factor": rs.high_freq_factor,
+                      "original_max_position_embeddings": rs.original_max_position_embeddings}
+    rope = dict(legacy_scaling, rope_theta=config.rope_theta)
+  dtype_name = jnp.dtype(dtype).name
+  out = {
+      "architectures": [_ARCH_OF[config.family]], "model_type": config.family,
+      "vocab_size": config.vocab_size, "hidden_size": config.d_model,
+      "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
+      "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+      "head_dim": config.head_dim, "hidden_act": "silu",
+      "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.rms_eps,
+      "rope_theta": config.rope_theta, "rope_scaling": legacy_scaling, "rope_parameters": rope,
+      "tie_word_embeddings": config.tie_embeddings, "attention_dropout": 0.0,
+      "initializer_range": 0.02, "use_cache": True, "torch_dtype": dtype_name,
+      "dtype": dtype_name,
+  }
+  if config.family in ("llama", "qwen3"):
+    out["attention_bias"] = False
+  if config.family == "llama":
+    out["mlp_bias"] = False
+  if config.family in ("qwen2", "qwen3"):
+    out.update(use_sliding_window=False, sliding_window=None)
+  return out
+
+
+# ---------------------------------------------------------------------------- tensors
+
+
+def _hf_names(config: ModelConfig) -> dict:
+  """{our path (top name, layer name or None): (hf name template, transposed)}."""
+  names = {}
+  shapes = param_shapes(config)
+  for name in shapes:
+    if name != "layers":
+      names[(name, None)] = _TOP_TENSORS[name]
+  for name in shapes["layers"]:
+    suffix, transposed = _LAYER_TENSORS[name]
+    names[("layers", name)] = ("model.layers.{i}." + suffix, transposed)
+  return names
+
+
+def _target_np_dtype(dtype):
+  dtype = jnp.dtype(dtype)
+  return ml_dtypes.bfloat16 if dtype == jnp.bfloat16 else np.dtype(dtype)
+
+
+def resolve_path(path: str) -> str:
+  """A local directory as is; otherwise a hub name, downloaded (lazily imported hub)."""
+  path = os.path.expanduser(str(path))
+  if os.path.isdir(path):
+    return path
+  if not _HUB_NAME.match(path):
+    raise ValueError(f"checkpoint directory {path!r} does not exist (and is not a hub name "
+                     "such as 'Qwen/Qwen2.5-0.5B')")
+  try:
+    from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
+    return snapshot_download(repo_id=path, allow_patterns=HUB_PATTERNS)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path!r} is not a local directory and could not be downloaded from "
+                     f"the Hugging Face hub: {type(e).__name__}: {e}") from e
+
+
+def _weight_files(path: str) -> dict:
+  """{tensor name: file} for model.safetensors or a sharded model.safetensors.index.json."""
+  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+  index = os.path.join(path, "model.safetensors.index.json")
+  single = os.path.join(path, "model.safetensors")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"{index}: no 'weight_map'")
+    return {name: os.path.join(path, file) for name, file in weight_map.items()}
+  if os.path.exists(single):
+    with safe_open(single, framework="np") as f:
+      return {name: single for name in f.keys()}
+  raise ValueError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
+
+
+def load_pretrained(path: str, *, dtype=jnp.float32):
+  """(ModelConfig, params) from a Hugging Face checkpoint directory or hub name.
+
+  Weights are converted on the host to `dtype` (float32 by default, or bfloat16).
+  """
+  path = resolve_path(path)
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise ValueError(f"{path}: config.json not found")
+  with open(cfg_path) as f:
+    config = config_from_hf(json.load(f))
+  files = _weight_files(path)
+  with contextlib.ExitStack() as stack:
+    return config, _read_params(config, path, files, stack, dtype)
+
+
+def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> dict:
+  """The params pytree from the checkpoint tensors named in `files`."""
+  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+  handles = {}
+
+  def get(name: str, shape: tuple, transposed: bool) -> np.ndarray:
+    if name not in files:
+      raise ValueError(f"checkpoint {path}: missing tensor {name!r}")
+    file = files[name]
+    if file not in handles:
+      handles[file] = stack.enter_context(safe_open(file, framework="np"))
+    arr = handles[file].get_tensor(name)
+    want = shape[::-1] if transposed else shape
+    if tuple(arr.shape) != tuple(want):
+      raise ValueError(f"checkpoint {path}: tensor {name!r} has shape {tuple(arr.shape)}, "
+                       f"expected {tuple(want)} from config.json")
+    return arr.T if transposed else arr
+
+  target = _target_np_dtype(dtype)
+  shapes = param_shapes(config)
+  params, used = {"layers": {}}, set()
+  for (top, sub), (template, transposed) in _hf_names(config).items():
+    if top != "layers":
+      name = template
+      params[top] = jnp.asarray(get(name, shapes[top], transposed).astype(target))
+      used.add(name)
+      continue
+    per_layer = shapes["layers"][sub][1:]
+    stacked = np.empty(shapes["layers"][sub], target)
+    for i in range(config.n_layers):
+      name = template.format(i=i)
+      stacked[i] = get(name, per_layer, transposed).astype(target)
+      used.add(name)
+    params["layers"][sub] = jnp.asarray(stacked)
+  extra = sorted(n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
+                 and not (config.tie_embeddings and n == "lm_head.weight"))
+  if extra:
+    raise ValueError(f"checkpoint {path}: unexpected tensors {extra[:8]}"
+                     f"{' ...' if len(extra) > 8 else ''} for {_ARCH_OF[config.family]}")
+  return params
+
+
+def save_pretrained(params, config: ModelConfig, path: str, *,
+                    tokenizer_from: Optional[str] = None) -> str:
+  """Write config.json and model.safetensors (in the params' dtype) that `transformers`
+  loads; optionally copy the tokenizer files found in directory `tokenizer_from`."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  check_params(params, config)
+  dtype = params["embed"].dtype
+  os.makedirs(path, exist_ok=True)
+  tensors = {}
+  for (top, sub), (template, transposed) in _hf_names(config).items():
+    if top != "layers":
+      arr = np.asarray(jax.device_get(params[top]))
+      tensors[template] = np.ascontiguousarray(arr.T if transposed else arr)
+      continue
+    stacked = np.asarray(jax.device_get(params["layers"][sub]))
+    for i in range(config.n_layers):
+      arr = stacked[i]
+      tensors[template.format(i=i)] = np.ascontiguousarray(arr.T if transposed else arr)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config_to_hf(config, dtype), f, indent=2)
+  if tokenizer_from is not None:
+    for name in TOKENIZER_FILES:
+      src = os.path.join(tokenizer_from, name)
+      if os.path.exists(src):
+        shutil.copy(src, os.path.join(path, name))
+  return path

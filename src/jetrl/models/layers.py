@@ -1,0 +1,97 @@
+"""Building blocks of the decoder: RMSNorm, RoPE (with Llama-3 scaling), projections, SwiGLU.
+
+Numerics: everything except the projections runs in the compute dtype `cd` (the precision's,
+or the params' dtype when precision is None); reductions that need range (the RMS statistic,
+RoPE angles) are taken in float32 and cast back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl.models.config import ModelConfig, RopeScaling
+from jetrl.precision import Precision, linear
+from jetrl.precision.formats import compute_dtype as _dtype_of
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def compute_dtype(precision: Optional[Precision], params) -> jnp.dtype:
+  """The dtype activations live in: the precision's compute dtype, else the params' dtype."""
+  if precision is None:
+    return jnp.dtype(params["embed"].dtype)
+  return jnp.dtype(_dtype_of(precision.compute_dtype))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd) -> jax.Array:
+  """x / rms(x) * weight over the last axis; the statistic in float32, the output in cd."""
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  y = (x32 * jax.lax.rsqrt(var + eps)).astype(cd)
+  return y * weight.astype(cd)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -> np.ndarray:
+  """Inverse frequencies [head_dim // 2] (float32), with Llama-3 scaling when given."""
+  exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+  inv = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+  if scaling is None:
+    return inv
+  old = float(scaling.original_max_position_embeddings)
+  low_wavelen = old / scaling.low_freq_factor
+  high_wavelen = old / scaling.high_freq_factor
+  wavelen = (2 * math.pi / inv).astype(np.float32)
+  scaled = np.where(wavelen > low_wavelen, inv / np.float32(scaling.factor), inv)
+  smooth = (old / wavelen - scaling.low_freq_factor) / (
+      scaling.high_freq_factor - scaling.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / np.float32(scaling.factor) + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(config: ModelConfig, positions: jax.Array, cd):
+  """cos, sin [B, T, head_dim] in cd for integer positions [B, T] (angles in float32)."""
+  inv = jnp.asarray(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling))
+  angles = positions.astype(jnp.float32)[..., None] * inv  # [B, T, Dh/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles).astype(cd), jnp.sin(angles).astype(cd)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotate x [B, T, H, Dh] (halves convention) by cos / sin [B, T, Dh]."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def project(x: jax.Array, w: jax.Array, precision: Optional[Precision], cd,
+            bias: Optional[jax.Array] = None) -> jax.Array:
+  """x @ w through `jetrl.precision.linear`, plus an optional bias, in cd."""
+  y = linear(x, w, precision).astype(cd)
+  if bias is not None:
+    y = y + bias.astype(cd)
+  return y
+
+
+def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array:
+  """down(silu(gate(x)) * up(x))."""
+  gate = project(x, layer["w_gate"], precision, cd)
+  up = project(x, layer["w_up"], precision, cd)
+  return project(jax.nn.silu(gate) * up, layer["w_down"], precision, cd)
+
+
+def lm_head(h: jax.Array, params, config: ModelConfig, cd) -> jax.Array:
+  """float32 logits [..., V] from hidden states [..., D]: not quantized, f32 accumulation."""
+  chex.assert_axis_dimension(h, -1, config.d_model)
+  if config.tie_embeddings:
+    w, dims = params["embed"], (((h.ndim - 1,), (1,)), ((), ()))
+  else:
+    w, dims = params["lm_head"], (((h.ndim - 1,), (0,)), ((), ()))
+  return jax.lax.dot_general(h.astype(cd), w.astype(cd), dims, precision=HIGHEST,
+                             preferred_element_type=jnp.float32)

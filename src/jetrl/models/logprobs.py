@@ -1,0 +1,82 @@
+"""Per-token log-probabilities and entropies without a float32 [B, T, V] logits array.
+
+The sequence is cut into chunks of `chunk_size` positions; each chunk's logits [B, C, V]
+(float32) are made, reduced to (log p(target), entropy) and dropped, under `jax.checkpoint`
+so that the backward pass recomputes them chunk by chunk instead of storing them. Peak extra
+memory is about 4 * B * chunk_size * V bytes (plus the same again in the backward pass).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jetrl.models.config import ModelConfig
+from jetrl.models.decoder import hidden_states
+from jetrl.models.layers import compute_dtype, lm_head
+from jetrl.precision import Precision
+
+DEFAULT_CHUNK = 128
+
+
+def _chunk_stats(h, targets, params, config, cd, temperature):
+  """(logp [B, C], entropy [B, C]) from hidden states [B, C, D]."""
+  z = lm_head(h, params, config, cd) / temperature  # float32 [B, C, V]
+  lse = jax.nn.logsumexp(z, axis=-1)
+  z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+  p = jnp.exp(z - lse[..., None])
+  entropy = lse - jnp.sum(p * z, axis=-1)
+  return z_target - lse, entropy
+
+
+def logprobs_from_hidden(params, config: ModelConfig, h: jax.Array, targets: jax.Array, *,
+                         precision: Optional[Precision] = None, temperature=1.0,
+                         chunk_size: int = DEFAULT_CHUNK):
+  """token_logprobs from final-normed hidden states h [B, T, D] (see `token_logprobs`)."""
+  if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  if isinstance(temperature, numbers.Real) and not temperature > 0:
+    raise ValueError(f"temperature must be > 0, got {temperature!r}")
+  b, t, d = h.shape
+  if tuple(targets.shape) != (b, t):
+    raise ValueError(f"targets must have shape {(b, t)} (like tokens), got "
+                     f"{tuple(targets.shape)}")
+  cd = compute_dtype(precision, params)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  targets = targets.astype(jnp.int32)
+  stats = jax.checkpoint(
+      lambda hc, tc: _chunk_stats(hc, tc, params, config, cd, temperature))
+  if t <= chunk_size:
+    logp, ent = stats(h, targets)
+  else:
+    n = -(-t // chunk_size)
+    pad = n * chunk_size - t
+    hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    tp = jnp.pad(targets, ((0, 0), (0, pad)))
+    hc = hp.reshape(b, n, chunk_size, d).swapaxes(0, 1)
+    tc = tp.reshape(b, n, chunk_size).swapaxes(0, 1)
+    logp, ent = jax.lax.map(lambda args: stats(*args), (hc, tc))
+    logp = logp.swapaxes(0, 1).reshape(b, n * chunk_size)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * chunk_size)[:, :t]
+  chex.assert_shape((logp, ent), (b, t))
+  return logp, ent
+
+
+def token_logprobs(params, config: ModelConfig, tokens: jax.Array, targets: jax.Array, *,
+                   precision: Optional[Precision] = None, positions: Optional[jax.Array] = None,
+                   attention_mask: Optional[jax.Array] = None, temperature=1.0,
+                   chunk_size: int = DEFAULT_CHUNK, remat: bool = False):
+  """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params.
+
+  logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]], and entropy[b, t] is
+  the entropy of that same distribution. chunk_size (static) is the number of sequence
+  positions whose logits exist at once; T <= chunk_size runs as one chunk.
+  """
+  h = hidden_states(params, config, tokens, precision=precision, positions=positions,
+                    attention_mask=attention_mask, remat=remat)
+  return logprobs_from_hidden(params, config, h, targets, precision=precision,
+                              temperature=temperature, chunk_size=chunk_size)

@@ -1,0 +1,89 @@
+"""The parameter pytree: layout, initialisation and shape checks.
+
+params = {
+  "embed":      [V, D],
+  "layers": {                       # stacked along a leading layer axis L
+    "attn_norm": [L, D],
+    "wq": [L, D, H*Dh], "wk": [L, D, Hkv*Dh], "wv": [L, D, Hkv*Dh], "wo": [L, H*Dh, D],
+    "bq": [L, H*Dh], "bk": [L, Hkv*Dh], "bv": [L, Hkv*Dh],       # qkv_bias only
+    "q_norm": [L, Dh], "k_norm": [L, Dh],                          # qk_norm only
+    "mlp_norm": [L, D],
+    "w_gate": [L, D, F], "w_up": [L, D, F], "w_down": [L, F, D],
+  },
+  "final_norm": [D],
+  "lm_head":    [D, V],             # untied embeddings only
+}
+Matrices are stored [in, out] (y = x @ w), i.e. transposed relative to torch nn.Linear.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jetrl.models.config import ModelConfig
+
+INIT_STD = 0.02
+MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def param_shapes(config: ModelConfig) -> dict:
+  """The nested dict of parameter shapes for `config` (same structure as the params)."""
+  c = config
+  L, D, F, V = c.n_layers, c.d_model, c.d_ff, c.vocab_size
+  layers = {
+      "attn_norm": (L, D),
+      "wq": (L, D, c.q_dim), "wk": (L, D, c.kv_dim), "wv": (L, D, c.kv_dim),
+      "wo": (L, c.q_dim, D),
+      "mlp_norm": (L, D),
+      "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
+  }
+  if c.qkv_bias:
+    layers.update(bq=(L, c.q_dim), bk=(L, c.kv_dim), bv=(L, c.kv_dim))
+  if c.qk_norm:
+    layers.update(q_norm=(L, c.head_dim), k_norm=(L, c.head_dim))
+  shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+  if not c.tie_embeddings:
+    shapes["lm_head"] = (D, V)
+  return shapes
+
+
+def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+  """Random params: N(0, 0.02) matrices and embeddings, unit norms, zero biases."""
+  shapes = param_shapes(config)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      shapes, is_leaf=lambda s: isinstance(s, tuple))
+  keys = jax.random.split(key, len(flat))
+  leaves = []
+  for (path, shape), k in zip(flat, keys):
+    name = path[-1].key
+    if name.endswith("norm"):
+      leaves.append(jnp.ones(shape, dtype))
+    elif name in ("bq", "bk", "bv"):
+      leaves.append(jnp.zeros(shape, dtype))
+    else:
+      leaves.append((INIT_STD * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def check_params(params, config: ModelConfig) -> None:
+  """ValueError naming the first parameter that is missing, unexpected or mis-shaped."""
+  expected = param_shapes(config)
+
+  def walk(exp, got, prefix):
+    if not isinstance(got, dict):
+      raise ValueError(f"params{prefix} must be a dict, got {type(got).__name__}")
+    missing = sorted(set(exp) - set(got))
+    extra = sorted(set(got) - set(exp))
+    if missing:
+      raise ValueError(f"params{prefix} is missing {missing} (expected for this ModelConfig)")
+    if extra:
+      raise ValueError(f"params{prefix} has unexpected entries {extra} for this ModelConfig")
+    for name, shape in exp.items():
+      if isinstance(shape, dict):
+        walk(shape, got[name], f"{prefix}[{name!r}]")
+      elif tuple(got[name].shape) != shape:
+        raise ValueError(f"params{prefix}[{name!r}] has shape {tuple(got[name].shape)}, "
+                         f"expected {shape} for this ModelConfig")
+
+  walk(expected, params, "")

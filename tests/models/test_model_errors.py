@@ -1,0 +1,161 @@
+"""Bad input gives a ValueError that names the tensor or field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from jetrl import models as M
+
+CONFIG = M.ModelConfig(family="qwen3", vocab_size=32, d_model=32, n_layers=2, n_heads=2,
+                       n_kv_heads=1, head_dim=16, d_ff=48, qk_norm=True)
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+  M.save_pretrained(M.init_params(CONFIG, jax.random.PRNGKey(0)), CONFIG, str(tmp_path))
+  return tmp_path
+
+
+def _edit_json(path, **changes):
+  cfg = json.loads(path.read_text())
+  cfg.update(changes)
+  path.write_text(json.dumps(cfg))
+
+
+def _edit_tensors(path, fn):
+  tensors = load_file(str(path / "model.safetensors"))
+  fn(tensors)
+  save_file(tensors, str(path / "model.safetensors"))
+
+
+def test_round_trip_is_ok(ckpt):
+  config, _ = M.load_pretrained(str(ckpt))
+  assert config == CONFIG
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(architectures=["GPT2LMHeadModel"]), "GPT2LMHeadModel"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "yarn"),
+    (dict(use_sliding_window=True), "use_sliding_window"),
+    (dict(attention_bias=True), "attention_bias"),
+])
+def test_unsupported_config(ckpt, changes, match):
+  _edit_json(ckpt / "config.json", **changes)
+  with pytest.raises(ValueError, match=match):
+    M.load_pretrained(str(ckpt))
+
+
+def test_missing_tensor(ckpt):
+  _edit_tensors(ckpt, lambda t: t.pop("model.layers.1.self_attn.k_norm.weight"))
+  with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_norm\.weight"):
+    M.load_pretrained(str(ckpt))
+
+
+def test_misshaped_tensor(ckpt):
+  def cut(t):
+    t["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"][:-1]
+  _edit_tensors(ckpt, cut)
+  with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*\(47, 32\)"):
+    M.load_pretrained(str(ckpt))
+
+
+def test_unexpected_tensor(ckpt):
+  _edit_tensors(ckpt, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias":
+                                          np.zeros(32, np.float32)}))
+  with pytest.raises(ValueError, match=r"o_proj\.bias"):
+    M.load_pretrained(str(ckpt))
+
+
+def test_vocab_disagrees_with_config(ckpt):
+  _edit_json(ckpt / "config.json", vocab_size=33)
+  with pytest.raises(ValueError, match="embed_tokens"):
+    M.load_pretrained(str(ckpt))
+
+
+def test_missing_directory_or_files(tmp_path):
+  with pytest.raises(ValueError, match="does not exist"):
+    M.load_pretrained(str(tmp_path / "nope"))
+  with pytest.raises(ValueError, match="config.json"):
+    M.load_pretrained(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 8, "hidden_size": 8,
+       "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}))
+  with pytest.raises(ValueError, match="model.safetensors"):
+    M.load_pretrained(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+  with pytest.raises(ValueError, match="vocab_size"):
+    M.load_pretrained(str(tmp_path))
+
+
+def test_export_needs_a_hf_equivalent(tmp_path):
+  bad = M.ModelConfig(family="llama", vocab_size=32, d_model=32, n_layers=1, n_heads=2,
+                      n_kv_heads=1, head_dim=16, d_ff=48, qkv_bias=True)
+  with pytest.raises(ValueError, match="qkv_bias"):
+    M.save_pretrained(M.init_params(bad, jax.random.PRNGKey(0)), bad, str(tmp_path))
+
+
+def test_params_that_do_not_fit_the_config():
+  params = M.init_params(CONFIG, jax.random.PRNGKey(0))
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  other = M.ModelConfig(family="qwen3", vocab_size=32, d_model=32, n_layers=2, n_heads=2,
+                        n_kv_heads=1, head_dim=16, d_ff=64, qk_norm=True)
+  with pytest.raises(ValueError, match=r"w_gate"):
+    M.forward(params, other, tokens)
+  with pytest.raises(ValueError, match="q_norm"):
+    M.forward(params, dataclasses.replace(CONFIG, qk_norm=False), tokens)
+
+
+def test_bad_call_arguments():
+  params = M.init_params(CONFIG, jax.random.PRNGKey(0))
+  tokens = jnp.zeros((2, 4), jnp.int32)
+  with pytest.raises(ValueError, match="tokens"):
+    M.forward(params, CONFIG, jnp.zeros((4,), jnp.int32))
+  with pytest.raises(ValueError, match="positions"):
+    M.forward(params, CONFIG, tokens, positions=jnp.zeros((2, 5), jnp.int32))
+  with pytest.raises(ValueError, match="attention_mask"):
+    M.forward(params, CONFIG, tokens, attention_mask=jnp.ones((1, 4)))
+  with pytest.raises(ValueError, match="chunk_size"):
+    M.token_logprobs(params, CONFIG, tokens, tokens, chunk_size=0)
+  with pytest.raises(ValueError, match="targets"):
+    M.token_logprobs(params, CONFIG, tokens, tokens[:, :3])
+  with pytest.raises(ValueError, match="temperature"):
+    M.token_logprobs(params, CONFIG, tokens, tokens, temperature=0.0)
+  cache = M.init_cache(CONFIG, 3, 8, jnp.float32)
+  kw = dict(positions=jnp.zeros((2, 4), jnp.int32), token_mask=jnp.ones((2, 4), bool))
+  with pytest.raises(ValueError, match="cache"):
+    M.forward_cached(params, CONFIG, tokens, cache, **kw)
+  with pytest.raises(ValueError, match="do not fit"):
+    M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 3, jnp.float32), **kw)
+  with pytest.raises(ValueError, match="token_mask"):
+    M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 8, jnp.float32),
+                     positions=kw["positions"], token_mask=jnp.ones((2, 3), bool))
+  with pytest.raises(ValueError, match="max_len"):
+    M.init_cache(CONFIG, 2, 0)
+
+
+def test_hub_name_goes_through_snapshot_download(ckpt, monkeypatch):
+  huggingface_hub = pytest.importorskip("huggingface_hub")
+  seen = {}
+
+  def fake(repo_id, **kwargs):
+    seen["repo_id"] = repo_id
+    return str(ckpt)
+
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+  config, _ = M.load_pretrained("Org/tiny-model")
+  assert seen["repo_id"] == "Org/tiny-model" and config == CONFIG
+
+  def offline(repo_id, **kwargs):
+    raise OSError("hub unreachable")
+
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+  with pytest.raises(ValueError, match="hub unreachable"):
+    M.load_pretrained("Org/tiny-model")

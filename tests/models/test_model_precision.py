@@ -1,0 +1,129 @@
+"""The model under the precision recipes: every projection through `linear`, dtypes, jet vs bf16."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jetrl import models as M
+from jetrl.models import layers
+from jetrl.precision import get_recipe
+
+# d_model, q/kv dims and d_ff are multiples of 128 with >= 2 blocks: real FP8 block tiling.
+CONFIG = M.ModelConfig(family="qwen3", vocab_size=256, d_model=256, n_layers=2, n_heads=4,
+                       n_kv_heads=2, head_dim=64, d_ff=512, rope_theta=1e6, qk_norm=True)
+B, T = 2, 16
+
+
+@pytest.fixture(scope="module")
+def params():
+  return M.init_params(CONFIG, jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def tokens():
+  return jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, CONFIG.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def fwd():
+  return jax.jit(M.forward, static_argnames=("config", "precision"))
+
+
+def test_every_projection_calls_linear_with_the_precision(params, tokens, monkeypatch):
+  calls = []
+  real = layers.linear
+
+  def spy(x, w, precision):
+    calls.append((tuple(w.shape), w.dtype, precision))
+    return real(x, w, precision)
+
+  monkeypatch.setattr(layers, "linear", spy)
+  precision = get_recipe("jet").train
+  jax.make_jaxpr(lambda p: M.forward(p, CONFIG, tokens, precision=precision))(params)
+  per_layer = {name: shape[1:] for name, shape in M.param_shapes(CONFIG)["layers"].items()
+               if name.startswith("w")}
+  assert sorted(c[0] for c in calls) == sorted(per_layer.values())
+  assert all(c[2] is precision for c in calls)
+  # The stored weights themselves (float32 here), never a bf16 copy, reach the quantizer.
+  assert all(c[1] == jnp.float32 for c in calls)
+
+
+@pytest.mark.parametrize("recipe,dtype", [("fp32", jnp.float32), ("bf16", jnp.bfloat16),
+                                          ("fp8_rollout", jnp.bfloat16),
+                                          ("jet", jnp.bfloat16), ("fp8_tensor", jnp.bfloat16)])
+def test_compute_dtypes(params, tokens, recipe, dtype):
+  prec = get_recipe(recipe).train
+  h = jax.eval_shape(lambda p: M.hidden_states(p, CONFIG, tokens, precision=prec), params)
+  assert h.dtype == dtype and h.shape == (B, T, CONFIG.d_model)
+  out = jax.eval_shape(lambda p: M.forward(p, CONFIG, tokens, precision=prec), params)
+  assert out.dtype == jnp.float32 and out.shape == (B, T, CONFIG.vocab_size)
+  cache = M.init_cache(CONFIG, B, T, dtype)
+  logits, new = jax.eval_shape(
+      lambda p, c: M.forward_cached(p, CONFIG, tokens, c, positions=tokens, token_mask=tokens > 0,
+                                    precision=prec, last_only=True), params, cache)
+  assert logits.shape == (B, 1, CONFIG.vocab_size) and logits.dtype == jnp.float32
+  assert new.k.dtype == dtype
+
+
+def test_precision_none_runs_in_params_dtype(tokens):
+  bf = M.init_params(CONFIG, jax.random.PRNGKey(2), dtype=jnp.bfloat16)
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda x: x.dtype == jnp.bfloat16, bf))
+  h = jax.eval_shape(lambda p: M.hidden_states(p, CONFIG, tokens), bf)
+  assert h.dtype == jnp.bfloat16
+  assert jax.eval_shape(lambda p: M.forward(p, CONFIG, tokens), bf).dtype == jnp.float32
+
+
+def _gap(a, b):
+  """Relative RMS gap ||a - b|| / ||b||."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_jet_logits_close_to_bf16(params, tokens, fwd):
+  f32 = fwd(params, config=CONFIG, tokens=tokens, precision=get_recipe("fp32").train)
+  bf16 = fwd(params, config=CONFIG, tokens=tokens, precision=get_recipe("bf16").train)
+  jet = get_recipe("jet")
+  jet_train = fwd(params, config=CONFIG, tokens=tokens, precision=jet.train)
+  jet_rollout = fwd(params, config=CONFIG, tokens=tokens, precision=jet.rollout)
+  # Unified flow: the rollout is the training forward, bit for bit.
+  np.testing.assert_array_equal(np.asarray(jet_rollout), np.asarray(jet_train))
+  bf16_gap, jet_gap = _gap(bf16, f32), _gap(jet_train, bf16)
+  max_gap = float(jnp.max(jnp.abs(jet_train - bf16)) / jnp.max(jnp.abs(bf16)))
+  p_jet, p_bf16 = jax.nn.log_softmax(jet_train), jax.nn.log_softmax(bf16)
+  kl = float(jnp.mean(jnp.sum(jnp.exp(p_bf16) * (p_bf16 - p_jet), axis=-1)))
+  msg = (f"||jet - bf16|| / ||bf16|| = {jet_gap:.3e} (max-abs / max-abs {max_gap:.3e}); "
+         f"||bf16 - fp32|| / ||fp32|| = {bf16_gap:.3e}; mean KL(bf16 || jet) = {kl:.3e} nats")
+  print(msg)
+  assert jet_gap < 0.15, msg
+  assert jet_gap > 2 * bf16_gap, "FP8 should add error over bf16: " + msg
+  assert kl < 5e-3, msg
+
+
+def test_fp8_rollout_differs_from_its_training_forward(params, tokens, fwd):
+  r = get_recipe("fp8_rollout")
+  train = fwd(params, config=CONFIG, tokens=tokens, precision=r.train)
+  rollout = fwd(params, config=CONFIG, tokens=tokens, precision=r.rollout)
+  assert _gap(rollout, train) > 0
+
+
+def test_jet_gradient_close_to_bf16(params, tokens):
+  targets = jnp.roll(tokens, -1, axis=1)
+
+  def grads(recipe):
+    prec = get_recipe(recipe).train
+
+    def loss(p):
+      logp, _ = M.token_logprobs(p, CONFIG, tokens, targets, precision=prec, chunk_size=T)
+      return -jnp.mean(logp)
+
+    g = jax.jit(jax.grad(loss))(params)
+    return np.concatenate([np.ravel(np.asarray(x, np.float64))
+                           for x in jax.tree_util.tree_leaves(g)])
+
+  g_bf16, g_jet = grads("bf16"), grads("jet")
+  assert np.all(np.isfinite(g_jet))
+  cos = float(g_jet @ g_bf16 / (np.linalg.norm(g_jet) * np.linalg.norm(g_bf16)))
+  assert cos > 0.95, f"cosine(jet grad, bf16 grad) = {cos:.4f}"

@@ -1,0 +1,104 @@
+"""load_tokenizer: special tokens and chat template, checked against `transformers`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jetrl import models as M
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = ["[UNK]", "user", "assistant", "system", "hello", "world", "you", "are", "kind", "!",
+         "2", "+", "=", "4"]
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nyou are kind<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+MESSAGES = [{"role": "user", "content": "hello world !"},
+            {"role": "assistant", "content": "2 + 2 = 4"},
+            {"role": "user", "content": "hello"}]
+
+
+def _write(path, template_in_file=False):
+  backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+  backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  backend.add_special_tokens(SPECIALS)
+  backend.save(str(path / "tokenizer.json"))
+  cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+         "pad_token": "<|endoftext|>", "bos_token": None}
+  if template_in_file:
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+  else:
+    cfg["chat_template"] = TEMPLATE
+  (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+  return len(WORDS) + len(SPECIALS)
+
+
+@pytest.mark.parametrize("template_in_file", [False, True])
+def test_matches_transformers(tmp_path, template_in_file):
+  n = _write(tmp_path, template_in_file)
+  ours = M.load_tokenizer(str(tmp_path))
+  ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert len(ours) == len(ref) == n
+  assert ours.eos_token_id == ref.eos_token_id == len(WORDS) + 1
+  assert ours.pad_token_id == ref.pad_token_id
+  assert ours.bos_token_id is None
+  for gen in (True, False):
+    text = ours.apply_chat_template(MESSAGES, add_generation_prompt=gen)
+    assert text == ref.apply_chat_template(MESSAGES, add_generation_prompt=gen, tokenize=False)
+  ids = ours.encode_chat(MESSAGES)
+  ref_ids = ref.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+  if hasattr(ref_ids, "keys"):  # a BatchEncoding in recent transformers
+    ref_ids = ref_ids["input_ids"]
+  assert ids == list(ref_ids)
+  assert ours.decode(ours.encode("hello world")) == ref.decode(ref.encode("hello world"))
+
+
+def test_special_tokens_as_dicts(tmp_path):
+  _write(tmp_path)
+  cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+  cfg["eos_token"] = {"content": "<|endoftext|>", "special": True}
+  del cfg["pad_token"]
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+  (tmp_path / "special_tokens_map.json").write_text(json.dumps(
+      {"pad_token": {"content": "<|im_start|>"}}))
+  (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 16]}))
+  tok = M.load_tokenizer(str(tmp_path))
+  assert tok.eos_token_id == len(WORDS) + 2
+  assert tok.pad_token_id == len(WORDS)
+  assert tok.eos_token_ids == (16, 3)
+
+
+def test_vocab_must_fit_the_model(tmp_path):
+  n = _write(tmp_path)
+  config = M.ModelConfig(vocab_size=n - 1, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                         head_dim=16, d_ff=32)
+  with pytest.raises(ValueError, match="vocab"):
+    M.load_tokenizer(str(tmp_path), config=config)
+  bigger = M.ModelConfig(vocab_size=n + 10, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                         head_dim=16, d_ff=32)
+  assert len(M.load_tokenizer(str(tmp_path), config=bigger)) == n  # padded embeddings are fine
+
+
+def test_missing_tokenizer_file(tmp_path):
+  with pytest.raises(ValueError, match="tokenizer.json"):
+    M.load_tokenizer(str(tmp_path))
+
+
+def test_no_chat_template(tmp_path):
+  _write(tmp_path)
+  cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+  del cfg["chat_template"]
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+  tok = M.load_tokenizer(str(tmp_path))
+  assert tok.chat_template is None
+  with pytest.raises(ValueError, match="chat template"):
+    tok.apply_chat_template(MESSAGES)
