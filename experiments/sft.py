@@ -1,0 +1,27 @@
+"""Supervised warm start on a task's gold solutions.
+
+  python experiments/sft.py --workdir=runs/sft --task=addition --steps=300
+  python experiments/train.py --workdir=runs/rl --init_from=runs/sft ...
+"""
+
+from absl import app, flags
+
+from jetrl.train import SFTConfig, run_sft
+from jetrl.train.flags import config_from_flags, define_flags
+
+define_flags(SFTConfig)
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    cfg = config_from_flags(SFTConfig).validate()
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  run_sft(cfg)
+
+
+if __name__ == "__main__":
+  app.run(main)

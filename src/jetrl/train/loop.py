@@ -1,0 +1,180 @@
+"""The RL loop: prompts -> sampler (recipe.rollout) -> rewards -> advantages -> update
+(recipe.train) -> metrics -> periodic greedy evaluation -> checkpoint.
+
+`run(config)` is what `experiments/train.py` calls; it is importable from notebooks.
+Rerunning the same config on the same workdir resumes from the latest checkpoint; PRNG keys
+are derived from (seed, step), so a resumed run reproduces an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl.precision import get_recipe
+from jetrl.rl import (DEFAULT_EDGES, UpdateConfig, dynamic_sampling_mask, group_advantages,
+                      init_train_state, make_train_batch, overlong_penalty, truncation_mask,
+                      update_step)
+from jetrl.rl.update import TrainState
+from jetrl.sampling import STOP_LENGTH, SamplingConfig, sample
+from jetrl.train import setup
+from jetrl.train.checkpoint import Checkpointer, check_compatible, load_params_from
+from jetrl.train.config import TrainConfig
+from jetrl.train.writers import MetricWriter, Progress, read_jsonl
+
+
+def update_config(cfg: TrainConfig) -> UpdateConfig:
+  return UpdateConfig(
+      loss=cfg.loss, clip_low=cfg.clip_low,
+      clip_high=None if cfg.clip_high == -1.0 else cfg.clip_high,
+      max_tokens=cfg.max_new_tokens, kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef,
+      is_method=cfg.is_correction, is_cap=cfg.is_cap, old_logp=cfg.old_logp,
+      ppo_epochs=cfg.ppo_epochs, minibatches=cfg.minibatches, micro_batches=cfg.micro_batches,
+      lr=cfg.lr, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+      weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+      temperature=cfg.temperature, master_dtype=cfg.master_dtype)
+
+
+def _state_tree(state: TrainState) -> dict:
+  return {k: v for k, v in state._asdict().items() if v is not None}
+
+
+def _bin_edges(max_new_tokens: int) -> tuple[int, ...]:
+  return tuple(e for e in DEFAULT_EDGES if e < max_new_tokens) or (0,)
+
+
+def run(cfg: TrainConfig, *, log=print) -> dict:
+  """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json)."""
+  cfg = cfg.validate()
+  recipe = get_recipe(cfg.recipe, grad_fmt=cfg.grad_fmt)
+  os.makedirs(cfg.workdir, exist_ok=True)
+  task = setup.make_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
+                         data_path=cfg.data_path, seed=cfg.seed)
+  tok = setup.make_tokenizer(cfg.model, cfg.task)
+  ids = setup.token_ids(tok)
+  # Width of prompts seen in training: fixed from a sample of the task's prompts.
+  probe = [setup.encode_prompt(tok, p.prompt) for p in task.batch("train", 0, 64)]
+  width = setup.prompt_width(probe) + 16
+  mcfg, params = setup.make_model(cfg.model, cfg.n_layers, tok, cfg.seed,
+                                  width + cfg.max_new_tokens)
+  if cfg.init_from:
+    params = load_params_from(cfg.init_from, params)
+  ucfg = update_config(cfg)
+  state = init_train_state(params, ucfg)
+  del params
+
+  ckpt = Checkpointer(cfg.workdir, cfg.keep_ckpts)
+  writer = MetricWriter(cfg.workdir, "metrics", cfg.tensorboard)
+  eval_writer = MetricWriter(cfg.workdir, "eval", tensorboard=False)
+  start, data_pos = 0, 0
+  latest = ckpt.latest_step()
+  if latest is not None:
+    meta = ckpt.restore_meta(latest)
+    check_compatible(meta, cfg, ckpt.directory)
+    restored, meta = ckpt.restore(latest, _state_tree(state))
+    state = TrainState(**restored)
+    start, data_pos = int(meta["step"]), int(meta["data_pos"])
+    writer.truncate_after(start)
+    eval_writer.truncate_after(start)
+    log(f"resumed from {ckpt.directory}/{latest} (step {start}, data position {data_pos})")
+  with open(os.path.join(cfg.workdir, "config.json"), "w") as f:
+    json.dump(cfg.to_dict(), f, indent=1)
+  log(f"jetrl RL: recipe={cfg.recipe} model={cfg.model} ({mcfg.n_layers} layers, d_model "
+      f"{mcfg.d_model}) task={cfg.task} steps={cfg.steps} rows/step="
+      f"{cfg.prompts_per_step * cfg.group_size} on {jax.devices()[0].platform}")
+
+  def do_eval(step):
+    t0 = time.time()
+    res = setup.evaluate(state.params, mcfg, task, tok, recipe.rollout, size=cfg.eval_size,
+                         max_new_tokens=cfg.max_new_tokens)
+    eval_writer.write(step, res)
+    log(f"  eval @ step {step}: greedy accuracy {res['eval_accuracy']:.3f} on {cfg.eval_size} "
+        f"held-out problems ({time.time() - t0:.1f}s)")
+    return res
+
+  if start == 0:
+    do_eval(0)
+  sc = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                      n=cfg.group_size, stop_ids=(ids.eos,), pad_id=ids.pad, prompt_len=width)
+  base_key = jax.random.PRNGKey(cfg.seed)
+  edges = _bin_edges(cfg.max_new_tokens)
+  progress = Progress(cfg.steps, start)
+  for step in range(start, cfg.steps):
+    k_sample, k_update = jax.random.split(jax.random.fold_in(base_key, step))
+    problems = task.batch("train", data_pos, cfg.prompts_per_step)
+    data_pos += cfg.prompts_per_step
+    prompts = [setup.encode_prompt(tok, p.prompt) for p in problems]
+
+    t0 = time.time()
+    out = sample(state.params, mcfg, prompts, k_sample, sc, recipe.rollout)
+    jax.block_until_ready(out.tokens)
+    t_roll = time.time() - t0
+
+    _, rewards = setup.completions_and_rewards(task, tok, problems, out, cfg.group_size)
+    shaped = jnp.asarray(rewards)
+    if cfg.overlong_buffer:
+      shaped = shaped + overlong_penalty(out.lengths, cfg.max_new_tokens, cfg.overlong_buffer)
+    adv = group_advantages(shaped, cfg.group_size, normalize_std=ucfg.normalize_std)
+    mask = out.mask
+    n_dropped = 0
+    if cfg.dynamic_sampling:
+      keep, n_dropped = dynamic_sampling_mask(shaped, cfg.group_size)
+      mask = mask & jnp.repeat(keep, cfg.group_size)[:, None]
+    if cfg.mask_truncated:
+      mask = truncation_mask(out.stop_reason == STOP_LENGTH, mask)
+    batch = make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs,
+                             adv)
+    t_reward = time.time() - t0 - t_roll
+
+    t1 = time.time()
+    state, m = update_step(state, batch, k_update, model_config=mcfg, cfg=ucfg,
+                           precision=recipe.train, bin_edges=edges)
+    jax.block_until_ready(state.params)
+    t_update = time.time() - t1
+
+    gen_tokens = int(np.asarray(out.lengths).sum())
+    metrics = dict(
+        reward_mean=float(shaped.mean()), accuracy=float((rewards >= 1.0).mean()),
+        response_length=float(np.asarray(out.lengths).mean()),
+        truncated_frac=float((np.asarray(out.stop_reason) == STOP_LENGTH).mean()),
+        groups_dropped=float(n_dropped), **{k: v for k, v in m.items()},
+        **{"time/rollout": t_roll, "time/reward": t_reward, "time/update": t_update,
+           "tokens_per_s/rollout": gen_tokens / max(t_roll, 1e-9),
+           "tokens_per_s/update": float(np.asarray(mask).sum()) / max(t_update, 1e-9)})
+    metrics["agree/bin_edges"] = list(edges)
+    writer.write(step + 1, metrics)
+    progress.update(step + 1, {"reward": metrics["reward_mean"], "acc": metrics["accuracy"],
+                               "len": metrics["response_length"],
+                               "|dlogp|": float(m["agree/abs_diff_mean"])},
+                    extra=f"{t_roll:.1f}s rollout {t_update:.1f}s update")
+
+    done = step + 1 == cfg.steps
+    if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not done:
+      do_eval(step + 1)
+    if (step + 1) % cfg.ckpt_every == 0 or done:
+      ckpt.save(step + 1, _state_tree(state),
+                {"step": step + 1, "data_pos": data_pos, "seed": cfg.seed, "kind": "rl",
+                 "config": cfg.to_dict()})
+
+  if start < cfg.steps:
+    do_eval(cfg.steps)
+  writer.close()
+  ckpt.close()
+  evals = read_jsonl(eval_writer.path)
+  summary = dict(workdir=cfg.workdir, steps=cfg.steps, recipe=cfg.recipe,
+                 eval_before=evals[0]["eval_accuracy"] if evals else None,
+                 eval_after=evals[-1]["eval_accuracy"] if evals else None,
+                 skipped_updates=int(state.skipped))
+  if cfg.plots:
+    from jetrl.train.plots import write_plots
+    summary["plots"] = write_plots(cfg.workdir)
+  with open(os.path.join(cfg.workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  return summary

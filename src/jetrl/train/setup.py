@@ -1,0 +1,127 @@
+"""Building a run's pieces from its config: task, tokenizer, model, prompts, evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from jetrl.data import SYNTHETIC_TASKS, char_tokenizer, get_task
+from jetrl.models import PRESETS, get_config, init_params, load_pretrained, load_tokenizer
+from jetrl.sampling import SamplingConfig, sample
+
+
+class TokenIds(NamedTuple):
+  bos: Any
+  eos: int
+  pad: int
+
+
+def token_ids(tok) -> TokenIds:
+  """bos / eos / pad ids of the project's char tokenizer or a checkpoint's tokenizer."""
+  if hasattr(tok, "eos_id"):
+    return TokenIds(tok.bos_id, tok.eos_id, tok.pad_id)
+  eos = tok.eos_token_id
+  if eos is None:
+    raise ValueError("the checkpoint's tokenizer has no eos token: cannot stop generation")
+  pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+  return TokenIds(tok.bos_token_id, eos, pad)
+
+
+def make_task(name: str, *, difficulty: int, length: int, data_path: str, seed: int):
+  if name in SYNTHETIC_TASKS:
+    return get_task(name, difficulty=difficulty, length=length, seed=seed)
+  kw = dict(seed=seed)
+  if data_path:
+    kw["path"] = data_path
+  return get_task(name, **kw)
+
+
+def make_tokenizer(model: str, task_name: str):
+  if os.path.isdir(model):
+    return load_tokenizer(model)
+  if task_name not in SYNTHETIC_TASKS:
+    raise ValueError(f"--model: task {task_name!r} needs a checkpoint directory with its own "
+                     f"tokenizer; the preset {model!r} only fits the synthetic tasks "
+                     f"{list(SYNTHETIC_TASKS)}")
+  return char_tokenizer()
+
+
+def make_model(model: str, n_layers: int, tok, seed: int, max_seq_len: int):
+  """(model_config, float32 params): a preset sized to the tokenizer, or a checkpoint."""
+  if os.path.isdir(model):
+    mcfg, params = load_pretrained(model)
+  else:
+    mcfg = dataclasses.replace(get_config(model), vocab_size=_vocab(tok))
+    params = None
+  if n_layers:
+    mcfg = dataclasses.replace(mcfg, n_layers=n_layers)
+    if params is not None:
+      params = dict(params, layers=jax.tree_util.tree_map(lambda a: a[:n_layers],
+                                                          params["layers"]))
+  if max_seq_len > mcfg.max_seq_len:
+    mcfg = dataclasses.replace(mcfg, max_seq_len=max_seq_len)
+  if params is None:
+    params = init_params(mcfg, jax.random.PRNGKey(seed))
+  return mcfg, params
+
+
+def _vocab(tok) -> int:
+  size = tok.vocab_size
+  return int(size() if callable(size) else size)
+
+
+def encode_prompt(tok, text: str) -> list[int]:
+  ids = token_ids(tok)
+  if hasattr(tok, "eos_id"):
+    return ([ids.bos] if ids.bos is not None else []) + tok.encode(text)
+  return tok.encode(text)
+
+
+def encode_completion(tok, text: str) -> list[int]:
+  body = tok.encode(text) if hasattr(tok, "eos_id") else tok.encode(text, add_special_tokens=False)
+  return body + [token_ids(tok).eos]
+
+
+def decode(tok, ids: Sequence[int]) -> str:
+  return tok.decode([int(i) for i in ids])
+
+
+def prompt_width(prompts: Sequence[Sequence[int]]) -> int:
+  """Static prompt width: the longest prompt rounded up to a multiple of 16."""
+  return -(-max(len(p) for p in prompts) // 16) * 16
+
+
+def completions_and_rewards(task, tok, problems, rollout, group: int):
+  """Decode a rollout's completions and score them; rows are prompt-major."""
+  toks, lens = np.asarray(rollout.tokens), np.asarray(rollout.lengths)
+  eos = token_ids(tok).eos
+  texts = []
+  for row, n in zip(toks, lens):
+    row = row[:n]
+    texts.append(decode(tok, row[:-1] if n and row[-1] == eos else row))
+  prompts = [p.prompt for p in problems for _ in range(group)]
+  answers = [p.answer for p in problems for _ in range(group)]
+  return texts, np.asarray(task.reward(prompts, texts, answers), np.float32)
+
+
+def evaluate(params, mcfg, task, tok, precision, *, size: int, max_new_tokens: int,
+             batch: int = 64, split: str = "test") -> dict:
+  """Greedy accuracy on the first `size` problems of a held-out split."""
+  problems = task.batch(split, 0, size)
+  ids = token_ids(tok)
+  correct, lengths = [], []
+  for i in range(0, size, batch):
+    chunk = problems[i:i + batch]
+    prompts = [encode_prompt(tok, p.prompt) for p in chunk]
+    sc = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0, n=1, stop_ids=(ids.eos,),
+                        pad_id=ids.pad, prompt_len=prompt_width(prompts))
+    out = sample(params, mcfg, prompts, jax.random.PRNGKey(0), sc, precision)
+    _, rewards = completions_and_rewards(task, tok, chunk, out, 1)
+    correct += list(rewards)
+    lengths += list(np.asarray(out.lengths))
+  return {"eval_accuracy": float(np.mean(np.asarray(correct) >= 1.0)),
+          "eval_reward": float(np.mean(correct)), "eval_length": float(np.mean(lengths))}
