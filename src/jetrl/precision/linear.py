@@ -10,6 +10,10 @@ On this XLA path the scaled GEMM is written as dequantize-then-matmul in float32
   sum_kb sx[:, kb] sw[kb, :] (xq[:, kb] @ wq[kb, :]) == deq(xq) @ deq(wq)
 in exact arithmetic; in float32 the two agree to float32 rounding. The FP8 values and scales,
 which is what the unified flow and batch invariance are about, are bit-exact by construction.
+
+Each FP8 GEMM runs where its `Fp8Gemm.gemm_backend` says (jetrl.precision.backend): on an
+FP8-capable GPU by default the blockwise FP8 Pallas kernel (jetrl.precision.gemm_pallas), which
+takes the same FP8 values and scales and feeds them to the tensor cores as FP8.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from jetrl.precision import backend as _backend
+from jetrl.precision import gemm_pallas as _gp
 from jetrl.precision.formats import compute_dtype as _compute_dtype
 from jetrl.precision.formats import format_dtype
 from jetrl.precision.quantize import dequantize, quantize
@@ -62,6 +68,12 @@ def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
   return (a.scaling, a.block, a.fmt, a.pow2_scale) == (b.scaling, b.block, b.fmt, b.pow2_scale)
 
 
+def _kernel(g: Fp8Gemm):
+  """None for the XLA path, else {"interpret": bool} for the Pallas kernel."""
+  name = _backend.resolve(g)
+  return None if name == "xla" else {"interpret": name == "pallas_interpret"}
+
+
 def _check(x: jax.Array, w: jax.Array):
   if w.ndim != 2:
     raise ValueError(f"linear: w must be 2-D [K, N], got shape {w.shape}")
@@ -78,7 +90,7 @@ def linear(x: jax.Array, w: jax.Array, precision: Optional[Precision] = None) ->
   """
   _check(x, w)
   if precision is None:
-    return jnp.matmul(x, w)
+    return jnp.matmul(x, w, precision=_HI)  # no TF32: an exact float32 model on GPUs too
   if not isinstance(precision, Precision):
     raise TypeError(
         f"linear: precision must be a jetrl.precision.Precision or None, got {type(precision)}")
@@ -107,8 +119,12 @@ def _fwd(x, w, precision: Precision):
   else:
     q, s, block = quantize_weight(w, g)
     wq = (q, s)
-    xd = _fake(x2, g, "row", g.fmt)
-    y = _matmul_f32(xd, dequantize(q, s, block))
+    kern = _kernel(g)
+    if kern is not None:
+      y = _gp.fprop(x2, q, s, g, cd, **kern)
+    else:
+      xd = _fake(x2, g, "row", g.fmt)
+      y = _matmul_f32(xd, dequantize(q, s, block))
   y = y.astype(cd).reshape(*lead, n)
   return y, (x2, w, wq)
 
@@ -123,18 +139,24 @@ def _bwd(precision: Precision, res, dy):
   if g is None:
     dx = _matmul_f32(dy2, w.astype(cd), transpose_b=True)
   else:
-    if wq is not None and _same_weight_quant(g, precision.fprop):
-      wd = dequantize(*wq, _blocks(g, w.shape, "weight"))
+    if wq is None or not _same_weight_quant(g, precision.fprop):
+      wq = quantize_weight(w, g)[:2]
+    kern = _kernel(g)
+    if kern is not None:
+      dx = _gp.dgrad(dy2, *wq, g, cd, **kern)
     else:
-      wd = dequantize(*quantize_weight(w, g))
-    dyd = _fake(dy2, g, "row", g.grad_fmt)
-    dx = _matmul_f32(dyd, wd, transpose_b=True)
+      wd = dequantize(*wq, _blocks(g, w.shape, "weight"))
+      dyd = _fake(dy2, g, "row", g.grad_fmt)
+      dx = _matmul_f32(dyd, wd, transpose_b=True)
   # The compute dtype (bf16) between operators.
   dx = dx.astype(cd).reshape(x_shape)
 
   g = precision.wgrad
+  kern = None if g is None else _kernel(g)
   if g is None:
     dw = _matmul_f32(x2, dy2, transpose_a=True)
+  elif kern is not None:
+    dw = _gp.wgrad(x2, dy2, g, w.dtype, **kern)
   else:
     xd = _fake(x2, g, "col", g.fmt)
     dyd = _fake(dy2, g, "col", g.grad_fmt)

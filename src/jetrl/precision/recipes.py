@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from jetrl.precision.backend import check_backend
 from jetrl.precision.formats import COMPUTE_DTYPES, FORMATS
 
 SCALINGS = ("block", "tensor")
@@ -26,14 +27,19 @@ class Fp8Gemm:
   fmt: format of activations and weights ("e4m3").
   grad_fmt: format of the incoming gradient dy in dgrad / wgrad ("e4m3" or "e5m2").
   pow2_scale: round scales up to powers of two.
+  gemm_backend: which implementation runs the GEMM: "auto" (the FP8 Pallas kernel on an
+    FP8-capable GPU, XLA elsewhere), "xla", "pallas" or "pallas_interpret"; see
+    jetrl.precision.backend. The FP8 values and scales are the same on every backend.
   """
   scaling: str = "block"
   block: int = 128
   fmt: str = "e4m3"
   grad_fmt: str = "e4m3"
   pow2_scale: bool = False
+  gemm_backend: str = "auto"
 
   def __post_init__(self):
+    check_backend(self.gemm_backend)
     if self.scaling not in SCALINGS:
       raise ValueError(f"unknown FP8 scaling {self.scaling!r}; accepted: {list(SCALINGS)}")
     for field in ("fmt", "grad_fmt"):

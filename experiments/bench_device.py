@@ -1,0 +1,511 @@
+"""Device benchmark: FP8 GEMMs, rollout and training against bf16, on one GPU (H100 / H200).
+
+  python experiments/bench_device.py --json_out=bench_device.json
+  python experiments/bench_device.py --allow_cpu --json_out=/tmp/smoke.json   # CPU smoke test
+
+It measures, in under five minutes on one H100 / H200:
+  (a) GEMM throughput on the linear layers of Qwen2.5-1.5B and Llama-3.1-8B, for prefill /
+      training token counts (M = 4096, 16384) and decode batches (M = 8, 256):
+        bf16         XLA bf16 dot (cuBLAS), bf16 out
+        fp8_block    the blockwise FP8 Pallas kernel (1x128 activation groups, 128x128 weight
+                     blocks), operands already quantized
+        fp8_block+q  `linear` under the jet rollout precision: quantize x and w, then the kernel
+        fp8_tensor   XLA's native FP8 dot on float8 operands (cuBLASLt), one scale per tensor
+                     applied outside the dot
+      in TFLOP/s, as a fraction of the bf16 dense peak (--peak_tflops) and as a speed-up over bf16;
+      plus the kernel's agreement with the XLA path and the FP8-in-the-compiled-program check;
+  (b) the sampler's tokens per second under bf16, fp8_rollout and jet on a ~1.5B model;
+  (c) the time of one update step under bf16 and jet.
+A part whose dependency is missing prints "skipped: <reason>" and the rest runs on.
+
+Without a GPU it exits with code 2 unless --allow_cpu is given; then it runs tiny shapes with the
+kernel in Pallas interpret mode, as a smoke test whose timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("allow_cpu", False, "Run without a GPU: tiny shapes, interpret mode (smoke test).")
+flags.DEFINE_list("sections", ["gemm", "rollout", "update"], "Parts to run: gemm, rollout, update.")
+flags.DEFINE_list("gemm_models", ["qwen2.5-1.5b", "llama-3.1-8b"], "Presets whose GEMMs to time.")
+flags.DEFINE_list("prefill_m", ["4096", "16384"], "Token counts M of prefill / training GEMMs.")
+flags.DEFINE_list("decode_m", ["8", "256"], "Token counts M of decode GEMMs.")
+flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak of the GPU in TFLOP/s (H100 / H200 SXM: "
+                   "~989; H100 PCIe: ~756). FP8 peak is twice this.")
+flags.DEFINE_string("tiles", "", "Kernel tiles to try, 'bm x bn x warps x stages' joined by ','"
+                    " (e.g. 128x128x8x3,64x128x4x4; a trailing 'p' turns fast accumulation off: "
+                    "128x128x8x3p); each is reported as fp8_block@i and the fastest as "
+                    "fp8_block. Empty: the defaults.")
+flags.DEFINE_string("model", "qwen2.5-1.5b", "Preset for the rollout and update parts.")
+flags.DEFINE_string("param_dtype", "bfloat16", "Stored dtype of the params for the rollout.")
+flags.DEFINE_integer("rollout_batch", 64, "Prompts sampled at once.")
+flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row (rollout and update).")
+flags.DEFINE_integer("new_tokens", 256, "Generated tokens per row (and completion length).")
+flags.DEFINE_integer("update_rows", 16, "Rows of the update batch.")
+flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
+flags.DEFINE_float("time_budget_s", 240.0, "Stop starting new measurements after this long.")
+flags.DEFINE_string("xla_extra_flags", "--xla_gpu_enable_triton_gemm=false",
+                    "XLA flags for the run (default: XLA dots go to cuBLAS / cuBLASLt, which also "
+                    "keeps compile times short); dropped if this XLA rejects them.")
+flags.DEFINE_bool("ptx_check", True, "Dump the PTX of a probe program and count FP8 MMA lines.")
+flags.DEFINE_string("json_out", None, "Path for the results as JSON.")
+
+_T0 = time.perf_counter()
+
+
+def elapsed() -> float:
+  return time.perf_counter() - _T0
+
+
+def over_budget(fraction: float = 1.0) -> bool:
+  return elapsed() > FLAGS.time_budget_s * fraction
+
+
+def _probe_backend(xla_flags: str) -> tuple[int, str]:
+  """Start JAX in a child process with these XLA flags: (exit code, 'platform cc' or error)."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  code = ("import jax; d = jax.devices()[0]; "
+          "print(jax.default_backend(), getattr(d, 'compute_capability', ''), d.device_kind)")
+  try:
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=180)
+  except subprocess.TimeoutExpired:
+    return 1, "timeout"
+  return r.returncode, (r.stdout.strip().splitlines() or [r.stderr.strip()[-300:]])[-1]
+
+
+def setup_xla_flags() -> dict:
+  """Choose XLA flags before JAX starts: the extra ones if this XLA takes them, and a PTX dump."""
+  base = os.environ.get("XLA_FLAGS", "")
+  info = {"extra_flags": "", "dump_dir": None, "notes": []}
+  candidate = (base + " " + FLAGS.xla_extra_flags).strip()
+  rc, out = _probe_backend(candidate)
+  if rc != 0 and FLAGS.xla_extra_flags:
+    info["notes"].append(f"XLA rejected {FLAGS.xla_extra_flags!r}: {out}")
+    candidate = base
+    rc, out = _probe_backend(candidate)
+  else:
+    info["extra_flags"] = FLAGS.xla_extra_flags
+  info["probe"] = out
+  if FLAGS.ptx_check and out.startswith("gpu"):
+    info["dump_dir"] = tempfile.mkdtemp(prefix="jetrl_xla_dump_")
+    candidate += (f" --xla_dump_to={info['dump_dir']}"
+                  " --xla_dump_hlo_module_re=.*fp8_ptx_probe.*")
+  os.environ["XLA_FLAGS"] = candidate.strip()
+  return info
+
+
+# Imported after the flags are set up (importing does not start the backend; be explicit anyway).
+def _imports():
+  global jax, jnp, np, lax, precision, gp, backend  # pylint: disable=global-variable-undefined
+  import jax  # pylint: disable=redefined-outer-name
+  import jax.numpy as jnp  # pylint: disable=redefined-outer-name
+  import numpy as np  # pylint: disable=redefined-outer-name
+  from jax import lax  # pylint: disable=redefined-outer-name
+  import jetrl.precision as precision  # pylint: disable=redefined-outer-name
+  from jetrl.precision import backend  # pylint: disable=redefined-outer-name
+  from jetrl.precision import gemm_pallas as gp  # pylint: disable=redefined-outer-name
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+def loop_time(fn, args, est_s: float, repeats: int) -> float:
+  """Seconds per call of fn(*args), from a jitted loop of calls (no per-call dispatch cost).
+
+  Each iteration passes its inputs through an optimization barrier, so XLA can neither hoist
+  the work out of the loop nor drop it.
+  """
+  iters = int(min(200, max(3, math.ceil(0.03 / max(est_s, 1e-7)))))
+  out_shape = jax.eval_shape(fn, *args)
+
+  def run(*a):
+    def body(_, carry):
+      a_, y = lax.optimization_barrier(carry)
+      return a_, fn(*a_)
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+    return lax.fori_loop(0, iters, body, (tuple(a), zeros))[1]
+
+  run = jax.jit(run)
+  jax.block_until_ready(run(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(*args))
+    times.append((time.perf_counter() - t0) / iters)
+  return float(np.median(times))
+
+
+def call_time(fn, repeats: int) -> float:
+  """Median seconds of fn() (already compiled by one warm-up call)."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+# --- (a) GEMMs ------------------------------------------------------------------------------
+
+def gemm_shapes(model: str) -> list[tuple[str, int, int]]:
+  """(name, K, N) of a preset's distinct linear layers."""
+  from jetrl.models import get_config  # pylint: disable=import-outside-toplevel
+  c = get_config(model)
+  q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+  out, seen = [], set()
+  for name, k, n in (("q", c.d_model, q), ("k/v", c.d_model, kv), ("o", q, c.d_model),
+                     ("gate/up", c.d_model, c.d_ff), ("down", c.d_ff, c.d_model)):
+    if (k, n) not in seen:
+      seen.add((k, n))
+      out.append((name, k, n))
+  return out
+
+
+def parse_tiles(text: str):
+  if not text:
+    return [None]
+  tiles = []
+  for item in text.lower().split(","):
+    precise = item.endswith("p")
+    bm, bn, warps, stages = (int(v) for v in item.rstrip("p").split("x"))
+    tiles.append(gp.Tiles(bm=bm, bn=bn, num_warps=warps, num_stages=stages,
+                          fast_accum=not precise))
+  return tiles
+
+
+def gemm_variants(m, k, n, interpret: bool, tiles_list):
+  """{variant: (fn, args)} for an [m, k] x [k, n] GEMM."""
+  key = jax.random.PRNGKey(0)
+  x = jax.random.normal(key, (m, k), jnp.bfloat16)
+  w = (0.02 * jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)).astype(jnp.bfloat16)
+  # Blockwise operands in the kernel's layout (both contiguous along K).
+  xq, xs = precision.quantize(x, (1, 128))
+  wq, ws = precision.quantize(w.T, (128, 128))                      # [N, K] blocks
+  ws_rows = jnp.repeat(ws, 128, axis=0)[:n]                          # [N, nK]
+  # Per-tensor operands for XLA's FP8 dot.
+  tq, ts = precision.quantize(x, x.shape)
+  uq, us = precision.quantize(w.T, (n, k))
+  rollout = precision.with_gemm_backend(precision.get_recipe("jet").rollout,
+                                        "pallas_interpret" if interpret else "pallas")
+  out = {
+      "bf16": (lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                                            preferred_element_type=jnp.bfloat16), (x, w)),
+      "fp8_tensor": (lambda a, b, s: (lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                                                      preferred_element_type=jnp.float32)
+                                      * s).astype(jnp.bfloat16), (tq, uq, ts[0, 0] * us[0, 0])),
+      "fp8_block+q": (lambda a, b: precision.linear(a, b, rollout), (x, w)),
+  }
+  for i, t in enumerate(tiles_list):
+    name = "fp8_block" if len(tiles_list) == 1 else f"fp8_block@{i}"
+    out[name] = (lambda a, sa, b, sb, t=t: gp.scaled_matmul_nt(
+        a, sa, b, sb, out_dtype=jnp.bfloat16, interpret=interpret, tiles=t), (xq, xs, wq, ws_rows))
+  return out
+
+
+def run_gemms(ms, models, interpret: bool, repeats: int):
+  rows, tiles_list = [], parse_tiles(FLAGS.tiles)
+  peak = FLAGS.peak_tflops * 1e12
+  # M outermost: when time runs short, the last token counts are dropped, not a whole model.
+  for m in ms:
+    for model in models:
+      for name, k, n in gemm_shapes(model):
+        if over_budget(0.4):
+          rows.append(dict(model=model, layer=name, m=m, k=k, n=n, skipped="time budget"))
+          continue
+        flops = 2.0 * m * k * n
+        est = max(flops / (0.6 * peak), (m * k + k * n + m * n) * 2 / 3e12)
+        row = dict(model=model, layer=name, m=m, k=k, n=n)
+        for var, (fn, args) in gemm_variants(m, k, n, interpret, tiles_list).items():
+          try:
+            t = loop_time(fn, args, est, repeats)
+            row[var] = dict(us=1e6 * t, tflops=flops / t / 1e12, frac_peak=flops / t / peak)
+          except Exception as e:  # pylint: disable=broad-except
+            row[var] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
+        blocks = [v for key, v in row.items() if key.startswith("fp8_block") and key != "fp8_block+q"
+                  and isinstance(v, dict) and "us" in v]
+        if len(tiles_list) > 1 and blocks:
+          row["fp8_block"] = min(blocks, key=lambda v: v["us"])
+        base = row.get("bf16", {}).get("us")
+        for var in ("fp8_block", "fp8_block+q", "fp8_tensor"):
+          if base and "us" in row.get(var, {}):
+            row[var]["speedup_vs_bf16"] = base / row[var]["us"]
+        rows.append(row)
+        print(gemm_line(row), flush=True)
+  return rows
+
+
+_VARS = ("bf16", "fp8_block", "fp8_block+q", "fp8_tensor")
+
+
+def gemm_line(r) -> str:
+  shape = f"{r['m']}x{r['k']}x{r['n']}"
+  head = f"  {r['model']:<14} {r['layer']:<8} {shape:<18}"
+  if "skipped" in r:
+    return head + f" skipped: {r['skipped']}"
+
+  def cell(var):
+    v = r.get(var, {})
+    if "us" not in v:
+      return f"{'error' if 'error' in v else '-':<22}"
+    sp = v.get("speedup_vs_bf16")
+    return f"{v['tflops']:7.1f} {100 * v['frac_peak']:5.1f}%" + (f" {sp:5.2f}x" if sp else " " * 7)
+  return head + "".join(f" | {cell(v)}" for v in _VARS)
+
+
+def gemm_header() -> str:
+  return (f"  {'model':<14} {'layer':<8} {'M x K x N':<18}"
+          + "".join(f" | {v + ' TF/s %pk x':<22}" for v in _VARS))
+
+
+def kernel_agreement(interpret: bool, m: int, k: int, n: int) -> dict:
+  """Max relative difference of fprop / dgrad / wgrad between the kernel and the XLA path.
+
+  The jet GEMMs with float32 between operators, so only float32 rounding separates the two.
+  """
+  g = precision.Fp8Gemm()
+  p32 = precision.Precision("float32", fprop=g, dgrad=g, wgrad=g)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((k, n)) * 0.02, jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+  outs = {}
+  for be in ("xla", "pallas_interpret" if interpret else "pallas"):
+    p = precision.with_gemm_backend(p32, be)
+    f = jax.jit(lambda a, b, d, p=p: (lambda y, vjp: (y,) + vjp(d))(
+        *jax.vjp(lambda a_, b_: precision.linear(a_, b_, p), a, b)))
+    outs[be] = [np.asarray(v, np.float64) for v in f(x, w, dy)]
+  ref, got = outs["xla"], outs[[b for b in outs if b != "xla"][0]]
+  rel = lambda a, b: float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+  return {f"{name}_max_rel_diff": rel(g_, r) for name, g_, r in zip(("fprop", "dgrad", "wgrad"), got, ref)}
+
+
+def fp8_checks(interpret: bool, dump_dir) -> dict:
+  """The FP8 check (compiled HLO on a GPU; Triton lowering for 'cuda' otherwise), and PTX."""
+  x = jnp.ones((256, 1536), jnp.bfloat16)
+  w = jnp.ones((1536, 1024), jnp.float32)
+  plat = None if not interpret else "cuda"
+  jet = precision.with_gemm_backend(precision.get_recipe("jet").train, "pallas")
+  res = {}
+
+  def fp8_ptx_probe(a, b):
+    return precision.linear(a, b, jet)
+
+  def train(a, b):
+    return jax.grad(lambda a_, b_: precision.linear(a_, b_, jet).astype(jnp.float32).sum(),
+                    argnums=(0, 1))(a, b)
+
+  xq, wq = x.astype(jnp.float8_e4m3fn), w.T.astype(jnp.float8_e4m3fn)
+  def xla_fp8_dot(a, b):
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
+
+  for name, fn, args, req in (("kernel_fprop", fp8_ptx_probe, (x, w), True),
+                              ("kernel_train_fprop_dgrad_wgrad", train, (x, w), True),
+                              ("xla_native_fp8_dot", xla_fp8_dot, (xq, wq), True)):
+    try:
+      c = precision.check_fp8_in_compiled(fn, *args, platform=plat, require_all=req)
+      res[name] = dict(ok=c.ok, stage=c.stage, summary=c.summary())
+    except Exception as e:  # pylint: disable=broad-except
+      res[name] = dict(ok=False, summary=f"error: {type(e).__name__}: {str(e)[:300]}")
+  if interpret:
+    res["compiled_gpu"] = "skipped: no GPU (the Triton lowering for 'cuda' was checked instead)"
+  if dump_dir:
+    try:
+      jax.block_until_ready(jax.jit(fp8_ptx_probe)(x, w))
+      counts = gp.ptx_fp8_mma_lines(dump_dir)
+      n_files = sum(len([f for f in fs if f.endswith(".ptx")]) for _, _, fs in os.walk(dump_dir))
+      res["ptx_fp8_mma_lines"] = counts or f"no FP8 MMA line in {n_files} dumped PTX file(s)"
+    except Exception as e:  # pylint: disable=broad-except
+      res["ptx_fp8_mma_lines"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+  return res
+
+
+# --- (b) rollout and (c) update ------------------------------------------------------------
+
+def _model(name: str, dtype):
+  from jetrl.models import get_config, init_params  # pylint: disable=import-outside-toplevel
+  cfg = get_config(name)
+  return cfg, init_params(cfg, jax.random.PRNGKey(0), dtype=dtype)
+
+
+def run_rollout(model: str, batch: int, prompt_len: int, new_tokens: int, interpret: bool):
+  try:
+    from jetrl.sampling import SamplingConfig, sample  # pylint: disable=import-outside-toplevel
+    cfg, params = _model(model, jnp.dtype(FLAGS.param_dtype))
+  except Exception as e:  # pylint: disable=broad-except
+    return [dict(skipped=f"{type(e).__name__}: {e}")]
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(1, cfg.vocab_size, prompt_len)) for _ in range(batch)]
+  scfg = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, prompt_len=prompt_len)
+  rows = []
+  for name in ("bf16", "fp8_rollout", "jet"):
+    if over_budget(0.65):
+      rows.append(dict(recipe=name, skipped="time budget"))
+      continue
+    rec = precision.get_recipe(name)
+    if interpret:
+      rec = precision.with_gemm_backend(rec, "pallas_interpret")
+    try:
+      t0 = time.perf_counter()
+      run = lambda: sample(params, cfg, prompts, jax.random.PRNGKey(1), scfg, rec.rollout).tokens
+      jax.block_until_ready(run())
+      first = time.perf_counter() - t0
+      t = call_time(run, max(1, FLAGS.repeats - 1))
+      rows.append(dict(recipe=name, seconds=t, tokens_per_s=batch * new_tokens / t,
+                       first_call_s=first))
+    except Exception as e:  # pylint: disable=broad-except
+      rows.append(dict(recipe=name, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
+    print(f"  ... {name} done at {elapsed():.0f} s", flush=True)
+  return rows
+
+
+def rollout_line(r) -> str:
+  if "skipped" in r:
+    return f"{r.get('recipe', 'rollout'):<12} skipped: {r['skipped']}"
+  sp = f"  {r['speedup_vs_bf16']:.2f}x bf16" if "speedup_vs_bf16" in r else ""
+  return f"{r['recipe']:<12} {r['tokens_per_s']:10.0f} tok/s  ({r['seconds']:.2f} s){sp}"
+
+
+def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, interpret: bool):
+  try:
+    from jetrl.rl import UpdateConfig, init_train_state, make_train_batch, update_step  # pylint: disable=import-outside-toplevel
+    cfg, params = _model(model, jnp.float32)
+  except Exception as e:  # pylint: disable=broad-except
+    return [dict(skipped=f"{type(e).__name__}: {e}")]
+  rng = np.random.default_rng(0)
+  prompt = jnp.asarray(rng.integers(1, cfg.vocab_size, (rows_n, prompt_len)), jnp.int32)
+  tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (rows_n, completion_len)), jnp.int32)
+  ones = lambda shape: jnp.ones(shape, bool)
+  try:
+    batch = make_train_batch(prompt, ones(prompt.shape), tokens, ones(tokens.shape),
+                             jnp.asarray(-rng.random((rows_n, completion_len)) * 3, jnp.float32),
+                             jnp.asarray(rng.standard_normal(rows_n), jnp.float32))
+    ucfg = UpdateConfig()
+  except Exception as e:  # pylint: disable=broad-except
+    return [dict(skipped=f"{type(e).__name__}: {e}")]
+  rows = []
+  for name in ("bf16", "jet"):
+    if over_budget(0.9):
+      rows.append(dict(recipe=name, skipped="time budget"))
+      continue
+    rec = precision.get_recipe(name)
+    if interpret:
+      rec = precision.with_gemm_backend(rec, "pallas_interpret")
+    try:
+      state = init_train_state(params, ucfg)
+      times = []
+      for i in range(max(2, FLAGS.repeats)):
+        t0 = time.perf_counter()
+        state, metrics = update_step(state, batch, jax.random.PRNGKey(i), model_config=cfg,
+                                     cfg=ucfg, precision=rec.train)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t0)
+      t = float(np.median(times[1:]))
+      rows.append(dict(recipe=name, seconds=t, first_call_s=times[0],
+                       tokens_per_s=rows_n * (prompt_len + completion_len) / t))
+      del state
+    except Exception as e:  # pylint: disable=broad-except
+      rows.append(dict(recipe=name, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
+    print(f"  ... {name} done at {elapsed():.0f} s", flush=True)
+  return rows
+
+
+def update_line(r) -> str:
+  if "skipped" in r:
+    return f"{r.get('recipe', 'update'):<12} skipped: {r['skipped']}"
+  sp = f"  {r['speedup_vs_bf16']:.2f}x bf16" if "speedup_vs_bf16" in r else ""
+  return f"{r['recipe']:<12} {1e3 * r['seconds']:10.1f} ms/step ({r['tokens_per_s']:.0f} tok/s){sp}"
+
+
+def add_speedups(rows, key: str, larger_is_better: bool):
+  base = next((r for r in rows if r.get("recipe") == "bf16" and key in r), None)
+  for r in rows:
+    if base and key in r:
+      r["speedup_vs_bf16"] = (r[key] / base[key]) if larger_is_better else (base[key] / r[key])
+
+
+# --- main ----------------------------------------------------------------------------------
+
+def main(argv):
+  del argv
+  xla_info = setup_xla_flags()
+  _imports()
+  on_gpu = jax.default_backend() == "gpu"
+  if not on_gpu and not FLAGS.allow_cpu:
+    print("bench_device: no GPU found (JAX backend: %s). This benchmark measures FP8 on a GPU; "
+          "pass --allow_cpu for a CPU smoke test with tiny shapes." % jax.default_backend(),
+          file=sys.stderr)
+    return 2
+  dev = jax.devices()[0]
+  cc = getattr(dev, "compute_capability", "")
+  fp8_ok = on_gpu and backend.fp8_gpu_available()
+  interpret = not on_gpu
+  smoke = not on_gpu
+  result = dict(meta=dict(device=f"{dev.device_kind} ({jax.default_backend()}, cc {cc})",
+                          jax=jax.__version__, smoke_test=smoke, xla=xla_info,
+                          peak_tflops=FLAGS.peak_tflops))
+  print(f"device: {result['meta']['device']}   jax {jax.__version__}   "
+        f"XLA extra flags: {xla_info['extra_flags'] or '(none)'}")
+  if smoke:
+    print("SMOKE TEST on CPU: tiny shapes, kernel in Pallas interpret mode; timings mean nothing.")
+  for note in xla_info["notes"]:
+    print("note:", note)
+  if on_gpu and not fp8_ok:
+    print(f"skipped: FP8 parts need compute capability >= 8.9; this GPU has {cc}")
+
+  sections = set(FLAGS.sections)
+  if "gemm" in sections and (fp8_ok or smoke):
+    models = ["tiny"] if smoke else FLAGS.gemm_models
+    ms = [64, 8] if smoke else [int(v) for v in FLAGS.prefill_m + FLAGS.decode_m]
+    print("\n(a) FP8 check")
+    result["fp8_check"] = fp8_checks(interpret, None if smoke else xla_info["dump_dir"])
+    for k, v in result["fp8_check"].items():
+      print(f"  {k:<32} {v.get('summary', v) if isinstance(v, dict) else v}")
+    try:
+      result["kernel_agreement"] = kernel_agreement(interpret, *((130, 300, 200) if smoke else (512, 1536, 8960)))
+    except Exception as e:  # pylint: disable=broad-except
+      result["kernel_agreement"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    print(f"  kernel vs XLA path (jet GEMMs, float32 between operators): "
+          f"{result['kernel_agreement']}")
+    print(f"\n(a) GEMMs: TFLOP/s, % of {FLAGS.peak_tflops:.0f} TFLOP/s bf16 peak, speed-up over bf16")
+    print(gemm_header())
+    result["gemm"] = run_gemms(ms, models, interpret, 1 if smoke else FLAGS.repeats)
+  if "rollout" in sections and (fp8_ok or smoke):
+    print(f"\n(b) rollout: {FLAGS.model if not smoke else 'tiny'}")
+    rows = (run_rollout("tiny", 2, 16, 8, interpret) if smoke else
+            run_rollout(FLAGS.model, FLAGS.rollout_batch, FLAGS.prompt_len, FLAGS.new_tokens,
+                        interpret))
+    add_speedups(rows, "tokens_per_s", True)
+    result["rollout"] = rows
+    for r in rows:
+      print("  " + rollout_line(r))
+  if "update" in sections and (fp8_ok or smoke):
+    print(f"\n(c) update step: {FLAGS.model if not smoke else 'tiny'}")
+    rows = (run_update("tiny", 2, 16, 16, interpret) if smoke else
+            run_update(FLAGS.model, FLAGS.update_rows, FLAGS.prompt_len, FLAGS.new_tokens,
+                       interpret))
+    add_speedups(rows, "seconds", False)
+    result["update"] = rows
+    for r in rows:
+      print("  " + update_line(r))
+  result["meta"]["total_s"] = elapsed()
+  print(f"\ntotal {elapsed():.0f} s")
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1, default=str)
+    print(f"wrote {FLAGS.json_out}")
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
