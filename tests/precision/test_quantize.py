@@ -143,3 +143,25 @@ def test_bad_block_is_a_clear_error():
     quantize(np.ones((2, 3), np.float32), (0, 1))
   with pytest.raises(ValueError, match="FP8 dtype"):
     quantize(np.ones((2, 3), np.float32), (1, 3), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fast_fp8_cast_matches_ml_dtypes_around_every_fp8_value(fmt):
+  from jetrl.precision.quantize import cast_to_fp8
+  dt = F8[fmt]
+  fmax = float(ml_dtypes.finfo(dt).max)
+  grid = np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
+  grid = np.unique(grid[np.isfinite(grid) & (np.abs(grid) <= fmax)])
+  mids = (grid[1:].astype(np.float64) + grid[:-1]) / 2  # exact ties: rounding to even
+  pts = np.concatenate([grid, mids.astype(np.float32)])
+  near = np.concatenate([np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf)), pts])
+  rng = np.random.default_rng(0)
+  rand = (rng.standard_normal(20000) * np.exp(rng.standard_normal(20000) * 5)).astype(np.float32)
+  x = np.clip(np.concatenate([near, rand, [np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-40]]),
+              -fmax, fmax).astype(np.float32)
+  got = np.asarray(jax.jit(lambda a: cast_to_fp8(a, FMT_DTYPE[fmt]))(x))
+  assert got.dtype == dt
+  ref = x.astype(dt)
+  nan = np.isnan(x)
+  np.testing.assert_array_equal(got.view(np.uint8)[~nan], ref.view(np.uint8)[~nan])
+  assert np.isnan(got[nan].astype(np.float32)).all()

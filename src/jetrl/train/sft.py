@@ -124,8 +124,9 @@ def run_sft(cfg: SFTConfig, *, log=print) -> dict:
     if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
       writer.write(step + 1, {"loss": loss, "grad_norm": gnorm})
       progress.update(step + 1, {"loss": float(loss)})
-  meta = {"step": cfg.steps, "kind": "sft", "config": dataclasses.asdict(cfg)}
-  ckpt.save(cfg.steps, {"params": params, "opt_state": opt_state}, meta)
+  if start < cfg.steps:
+    meta = {"step": cfg.steps, "kind": "sft", "config": dataclasses.asdict(cfg)}
+    ckpt.save(cfg.steps, {"params": params, "opt_state": opt_state}, meta)
   ckpt.close()
   t0 = time.time()
   res = setup.evaluate(params, mcfg, task, tok, recipe.rollout, size=cfg.eval_size,
