@@ -167,3 +167,19 @@ def test_shape_errors():
     linear(jnp.ones((2, 3)), jnp.ones((3, 4, 5)), None)
   with pytest.raises(TypeError, match="Precision"):
     linear(jnp.ones((2, 3)), jnp.ones((3, 4)), "jet")
+
+
+def test_prequantized_weight_gives_identical_forward(xwd):
+  from jetrl.precision import QuantizedWeight, prequantize_weight
+  x, w, _ = xwd
+  for name in ("jet", "fp8_rollout", "fp8_tensor"):
+    prec = get_recipe(name).rollout
+    qw = prequantize_weight(w, prec.fprop)
+    assert isinstance(qw, QuantizedWeight) and qw.q.dtype == jnp.float8_e4m3fn
+    a = np.asarray(jax.jit(lambda x_, w_: linear(x_, w_, prec))(x, w))
+    b = np.asarray(jax.jit(lambda x_, q_: linear(x_, q_, prec))(x, qw))
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+  stacked = prequantize_weight(np.stack([w, 2 * w]), get_recipe("jet").rollout.fprop)
+  assert stacked.q.shape == (2, K, N) and stacked.scale.shape == (2, 3, 2)
+  with pytest.raises(ValueError, match="FP8 fprop"):
+    linear(x, qw, get_recipe("bf16").rollout)

@@ -3,12 +3,12 @@
 from jetrl.precision.backend import GEMM_BACKENDS, with_gemm_backend
 from jetrl.precision.formats import E4M3, E5M2, FORMATS, fp8_max
 from jetrl.precision.gemm_pallas import Fp8Check, check_fp8_in_compiled, scaled_matmul_nt
-from jetrl.precision.linear import linear, quantize_weight
+from jetrl.precision.linear import QuantizedWeight, linear, prequantize_weight, quantize_weight
 from jetrl.precision.quantize import dequantize, quantize, scale_shape
 from jetrl.precision.recipes import RECIPES, Fp8Gemm, Precision, Recipe, get_recipe
 
 __all__ = [
-    "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "dequantize",
+    "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "QuantizedWeight", "prequantize_weight", "dequantize",
     "quantize", "scale_shape", "RECIPES", "Fp8Gemm", "Precision", "Recipe", "get_recipe",
     "GEMM_BACKENDS", "with_gemm_backend", "Fp8Check", "check_fp8_in_compiled", "scaled_matmul_nt",
 ]

@@ -19,7 +19,7 @@ takes the same FP8 values and scales and feeds them to the tensor cores as FP8.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +68,43 @@ def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
   return (a.scaling, a.block, a.fmt, a.pow2_scale) == (b.scaling, b.block, b.fmt, b.pow2_scale)
 
 
+class QuantizedWeight(NamedTuple):
+  """A weight already quantized with an fprop's own quantizer (`quantize_weight`).
+
+  `linear` accepts it in place of the weight for forward-only use (the rollout): the sampler
+  quantizes each weight once per rollout instead of once per decode step. The FP8 values and
+  scales are those the training fprop computes from the same stored weights, so outputs are
+  bit-identical. Leading axes (e.g. stacked layers) slice like the weight's.
+  """
+  q: jax.Array       # FP8 values, the weight's shape
+  scale: jax.Array   # float32 block scales
+
+  @property
+  def shape(self):
+    return self.q.shape
+
+  @property
+  def ndim(self):
+    return self.q.ndim
+
+
+def prequantize_weight(w: jax.Array, g: Fp8Gemm) -> QuantizedWeight:
+  """QuantizedWeight of `w` [..., K, N] (leading axes are mapped over)."""
+  fn = lambda a: QuantizedWeight(*quantize_weight(a, g)[:2])
+  for _ in range(w.ndim - 2):
+    fn = jax.vmap(fn)
+  return fn(w)
+
+
+def _fprop(x2, q, s, g: Fp8Gemm, cd, w_shape):
+  """The FP8 forward GEMM from quantized weights: one function for training and rollout."""
+  kern = _kernel(g)
+  if kern is not None:
+    return _gp.fprop(x2, q, s, g, cd, **kern)
+  xd = _fake(x2, g, "row", g.fmt)
+  return _matmul_f32(xd, dequantize(q, s, _blocks(g, w_shape, "weight")))
+
+
 def _kernel(g: Fp8Gemm):
   """None for the XLA path, else {"interpret": bool} for the Pallas kernel."""
   name = _backend.resolve(g)
@@ -89,6 +126,8 @@ def linear(x: jax.Array, w: jax.Array, precision: Optional[Precision] = None) ->
   precision=None: a plain matmul in the operands' own dtypes.
   """
   _check(x, w)
+  if isinstance(w, QuantizedWeight):
+    return _linear_prequantized(x, w, precision)
   if precision is None:
     return jnp.matmul(x, w, precision=_HI)  # no TF32: an exact float32 model on GPUs too
   if not isinstance(precision, Precision):
@@ -101,6 +140,20 @@ def linear(x: jax.Array, w: jax.Array, precision: Optional[Precision] = None) ->
     return y.astype(cd).reshape(*lead, w.shape[1])
   # The cast's own VJP returns dx in x's dtype; inside, activations are in the compute dtype.
   return _fp8_linear(x.astype(cd), w, precision)
+
+
+def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
+  if not isinstance(precision, Precision) or precision.fprop is None:
+    raise ValueError("linear: a QuantizedWeight needs a precision with an FP8 fprop (the one "
+                     f"it was quantized with), got {precision!r}")
+  g = precision.fprop
+  if w.q.dtype != format_dtype(g.fmt):
+    raise ValueError(f"linear: QuantizedWeight has dtype {w.q.dtype}, but the precision's fprop "
+                     f"quantizes weights to {g.fmt}")
+  cd = _compute_dtype(precision.compute_dtype)
+  lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
+  y = _fprop(x.reshape(-1, k).astype(cd), w.q, w.scale, g, cd, w.shape)
+  return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -117,14 +170,9 @@ def _fwd(x, w, precision: Precision):
     y = _matmul_f32(x2, w.astype(cd))
     wq = None
   else:
-    q, s, block = quantize_weight(w, g)
+    q, s, _ = quantize_weight(w, g)
     wq = (q, s)
-    kern = _kernel(g)
-    if kern is not None:
-      y = _gp.fprop(x2, q, s, g, cd, **kern)
-    else:
-      xd = _fake(x2, g, "row", g.fmt)
-      y = _matmul_f32(xd, dequantize(q, s, block))
+    y = _fprop(x2, q, s, g, cd, w.shape)
   y = y.astype(cd).reshape(*lead, n)
   return y, (x2, w, wq)
 
