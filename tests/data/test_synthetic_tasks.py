@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jetrl.data import Problem, get_task
-from jetrl.data.synthetic import final_answer
 
 SETTINGS = settings(max_examples=200, deadline=None)
 splits = st.sampled_from(["train", "test"])

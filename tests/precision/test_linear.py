@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8_reference import ref_fake, ref_quantize, to_bf16
+from fp8_reference import ref_fake, to_bf16
 from jetrl.precision import Fp8Gemm, Precision, get_recipe, linear, quantize
 
 BLOCK = Fp8Gemm()

@@ -9,7 +9,7 @@ import pytest
 
 from jetrl.models import get_config, init_params
 from jetrl.precision import get_recipe
-from jetrl.rl import (TrainBatch, UpdateConfig, init_train_state, make_train_batch,
+from jetrl.rl import (UpdateConfig, init_train_state, make_train_batch,
                       policy_logprobs, update_step)
 from jetrl.sampling import SamplingConfig, sample
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from jetrl.data import SYNTHETIC_TASKS, char_tokenizer, get_task
-from jetrl.models import PRESETS, get_config, init_params, load_pretrained, load_tokenizer
+from jetrl.models import get_config, init_params, load_pretrained, load_tokenizer
 from jetrl.sampling import SamplingConfig, sample
 
 

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
