@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import ModelConfig, forward_cached, init_cache
+from jetrl.models import ModelConfig, forward_cached, init_cache, prequantize_linear_weights
 from jetrl.precision import Precision
 
 STOP_TOKEN = 0
@@ -148,22 +148,33 @@ def _repeat_cache(cache, n: int):
                         mask=jnp.repeat(cache.mask, n, axis=0))
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype"))
+def _constrain(cache, cache_sharding):
+  """Pin the cache to a KVCache of shardings (a mesh layout's), if one is given."""
+  if cache_sharding is None:
+    return cache
+  return jax.lax.with_sharding_constraint(cache, cache_sharding)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype",
+                                             "cache_sharding"))
 def _prefill(params, tokens, mask, *, model_config: ModelConfig, config: SamplingConfig,
-             precision: Optional[Precision], cache_dtype):
+             precision: Optional[Precision], cache_dtype, cache_sharding=None):
   b, p = tokens.shape
   cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype)
   positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
   logits, cache = forward_cached(params, model_config, tokens, cache, positions=positions,
                                  token_mask=mask, precision=precision, last_only=True)
-  return _repeat_cache(cache, config.n), jnp.repeat(logits[:, -1], config.n, axis=0)
+  cache = _constrain(_repeat_cache(cache, config.n), cache_sharding)
+  return cache, jnp.repeat(logits[:, -1], config.n, axis=0)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision"),
+@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision",
+                                             "cache_sharding"),
                    donate_argnames=("cache",))
 def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfig,
-            config: SamplingConfig, precision: Optional[Precision]):
+            config: SamplingConfig, precision: Optional[Precision], cache_sharding=None):
   r, t_max = logits.shape[0], config.max_new_tokens
+  cache = _constrain(cache, cache_sharding)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
   init = dict(step=jnp.int32(0), cache=cache, logits=logits,
               tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
@@ -184,7 +195,8 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
     new_logits, new_cache = forward_cached(
         params, model_config, tok[:, None], s["cache"], positions=(prompt_lens + step)[:, None],
         token_mask=active[:, None], precision=precision, last_only=True)
-    return dict(step=step + 1, cache=new_cache, logits=new_logits[:, -1],
+    return dict(step=step + 1, cache=_constrain(new_cache, cache_sharding),
+                logits=new_logits[:, -1],
                 tokens=s["tokens"].at[:, step].set(tok),
                 logprobs=s["logprobs"].at[:, step].set(lp), done=s["done"] | hit,
                 stopped=s["stopped"] | hit, lengths=s["lengths"] + active.astype(jnp.int32),
@@ -197,24 +209,40 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
   return (s["tokens"], s["logprobs"], mask, s["lengths"], reason), s["cache"]
 
 
+_prequantize = jax.jit(prequantize_linear_weights, static_argnames=("precision",))
+
+
 def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], key: jax.Array,
-           config: SamplingConfig, precision: Optional[Precision] = None) -> Rollout:
+           config: SamplingConfig, precision: Optional[Precision] = None, *,
+           layout=None) -> Rollout:
   """Sample `config.n` completions per prompt with the rollout `precision`.
 
   params: the one params pytree (the same one the update trains).
   prompts: token-id lists of any lengths >= 1.
   key: a PRNG key; the same key, params and prompts give the same samples.
   precision: a recipe's `.rollout` (None: plain matmuls in the params' dtype).
+  layout: a `jetrl.parallel.Layout` (params placed on it): prompt rows go over its batch
+    axes and the KV cache is pinned to its cache sharding (batch over the batch axes, kv
+    heads over `tensor`). None: whatever `jit` propagates from the params (one device).
   """
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
   tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
   cache_dtype = (jnp.dtype(precision.compute_dtype) if precision is not None
                  else jax.tree_util.tree_leaves(params)[0].dtype)
-  cache, logits = _prefill(params, tokens, mask, model_config=model_config, config=config,
-                           precision=precision, cache_dtype=cache_dtype)
+  tokens_in, mask_in, cache_sharding = tokens, mask, None
+  if layout is not None:
+    rows = layout.rows_sharding(len(tokens))
+    tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
+    cache_sharding = layout.cache_sharding(len(tokens) * config.n)
+  # Each projection weight quantized once per rollout by the fprop's own quantizer (the
+  # FP8 values the training forward computes from the same params), not once per step.
+  params = _prequantize(params, precision=precision)
+  cache, logits = _prefill(params, tokens_in, mask_in, model_config=model_config, config=config,
+                           precision=precision, cache_dtype=cache_dtype,
+                           cache_sharding=cache_sharding)
   prompt_lens = jnp.repeat(jnp.asarray(mask.sum(1), jnp.int32), config.n)
   out, _ = _decode(params, cache, logits, prompt_lens, key, model_config=model_config,
-                config=config, precision=precision)
+                config=config, precision=precision, cache_sharding=cache_sharding)
   rep = lambda a: jnp.repeat(jnp.asarray(a), config.n, axis=0)
   return Rollout(rep(tokens), rep(mask), *out)

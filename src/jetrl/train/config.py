@@ -61,6 +61,9 @@ class TrainConfig:
   minibatches: int = _f(1, "Optimizer steps per epoch.")
   micro_batches: int = _f(1, "Gradient-accumulation micro-batches per minibatch.")
   master_dtype: str = _f("float32", f"Master weights dtype: {list(MASTER_DTYPES)}.")
+  # Devices.
+  mesh: str = _f("", "Device mesh, e.g. 'data:2,fsdp:2,tensor:2' (axes data, fsdp, tensor; "
+                 "empty: every device on data). See docs/scaling.md.")
   # Run.
   seed: int = _f(0, "Random seed (sampling, shuffling, synthetic problems).")
   workdir: str = _f("", "Output directory: metrics.jsonl, checkpoints, plots, TensorBoard.", required=True)
@@ -129,6 +132,11 @@ class TrainConfig:
     if rows % (self.minibatches * self.micro_batches):
       bad("minibatches", f"prompts_per_step x group_size = {rows} rows do not split into "
           f"minibatches={self.minibatches} x micro_batches={self.micro_batches}")
+    from jetrl.parallel.mesh import parse_mesh
+    try:
+      parse_mesh(self.mesh)  # axis names and sizes; the device count is checked at start-up
+    except ValueError as e:
+      bad("mesh", str(e))
     if self.overlong_buffer >= self.max_new_tokens:
       bad("overlong_buffer", f"must be < --max_new_tokens ({self.max_new_tokens})")
     return self
@@ -136,7 +144,7 @@ class TrainConfig:
 
 # Fields that may change when a run resumes; all others must match the checkpoint.
 RESUMABLE_FIELDS = ("steps", "workdir", "eval_every", "ckpt_every", "keep_ckpts", "tensorboard",
-                    "plots")
+                    "plots", "mesh")
 
 
 def incompatible_fields(saved: dict, current) -> list[str]:

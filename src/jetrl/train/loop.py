@@ -8,16 +8,15 @@ are derived from (seed, step), so a resumed run reproduces an uninterrupted one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl import parallel
 from jetrl.precision import get_recipe
 from jetrl.rl import (DEFAULT_EDGES, UpdateConfig, dynamic_sampling_mask, group_advantages,
                       init_train_state, make_train_batch, overlong_penalty, truncation_mask,
@@ -53,6 +52,7 @@ def _bin_edges(max_new_tokens: int) -> tuple[int, ...]:
 def run(cfg: TrainConfig, *, log=print) -> dict:
   """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json)."""
   cfg = cfg.validate()
+  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
   recipe = get_recipe(cfg.recipe, grad_fmt=cfg.grad_fmt)
   os.makedirs(cfg.workdir, exist_ok=True)
   task = setup.make_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
@@ -67,7 +67,23 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
   if cfg.init_from:
     params = load_params_from(cfg.init_from, params)
   ucfg = update_config(cfg)
+  # Device mesh: the train state in the training layout; the sampler gets the params in the
+  # sampling layout (no FSDP) by a device-to-device copy each step when the two differ.
+  layout = sample_layout = None
+  step_fn = update_step
+  if cfg.mesh or jax.device_count() > 1:
+    mesh = parallel.make_mesh(cfg.mesh)
+    layout = parallel.make_layout(mesh, mcfg, "train", recipe)
+    sample_layout = parallel.make_layout(mesh, mcfg, "sample", recipe)
+    layout.rows_sharding(cfg.prompts_per_step * cfg.group_size, strict=True,
+                         what="--prompts_per_step x --group_size")
+    params = layout.shard_params(params)  # the optimizer state is then built sharded
+    step_fn = parallel.sharded_update_step(layout)
+    log(f"mesh {parallel.mesh_str(mesh)} over {jax.device_count()} devices "
+        f"({jax.process_count()} processes)")
   state = init_train_state(params, ucfg)
+  if layout is not None:
+    state = layout.shard_state(state)
   del params
 
   ckpt = Checkpointer(cfg.workdir, cfg.keep_ckpts)
@@ -112,9 +128,17 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
     data_pos += cfg.prompts_per_step
     prompts = [setup.encode_prompt(tok, p.prompt) for p in problems]
 
+    t_reshard, rollout_params = 0.0, state.params
+    if layout is not None:
+      rollout_params, t_reshard = parallel.switch_layout(state.params, layout, sample_layout,
+                                                         log if step == start else None)
     t0 = time.time()
-    out = sample(state.params, mcfg, prompts, k_sample, sc, recipe.rollout)
+    out = sample(rollout_params, mcfg, prompts, k_sample, sc, recipe.rollout,
+                 layout=sample_layout)
     jax.block_until_ready(out.tokens)
+    del rollout_params
+    if jax.process_count() > 1:
+      out = parallel.to_host(out)  # the host-side reward code needs the global rows
     t_roll = time.time() - t0
 
     _, rewards = setup.completions_and_rewards(task, tok, problems, out, cfg.group_size)
@@ -134,8 +158,10 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
     t_reward = time.time() - t0 - t_roll
 
     t1 = time.time()
-    state, m = update_step(state, batch, k_update, model_config=mcfg, cfg=ucfg,
-                           precision=recipe.train, bin_edges=edges)
+    if layout is not None:
+      batch = layout.shard_batch(batch)
+    state, m = step_fn(state, batch, k_update, model_config=mcfg, cfg=ucfg,
+                       precision=recipe.train, bin_edges=edges)
     jax.block_until_ready(state.params)
     t_update = time.time() - t1
 
@@ -146,6 +172,7 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
         truncated_frac=float((np.asarray(out.stop_reason) == STOP_LENGTH).mean()),
         groups_dropped=float(n_dropped), **{k: v for k, v in m.items()},
         **{"time/rollout": t_roll, "time/reward": t_reward, "time/update": t_update,
+           "time/reshard": t_reshard,
            "tokens_per_s/rollout": gen_tokens / max(t_roll, 1e-9),
            "tokens_per_s/update": float(np.asarray(mask).sum()) / max(t_update, 1e-9)})
     metrics["agree/bin_edges"] = list(edges)

@@ -1,0 +1,227 @@
+"""Multi-device cases, run on 8 simulated CPU devices by test_multi_device.py in a subprocess
+(XLA_FLAGS=--xla_force_host_platform_device_count=8 must be set before JAX starts).
+
+Each case compares a sharded run with one device, under the jet recipe (FP8 fprop / dgrad /
+wgrad, bf16 between operators). Tolerances, measured on the CPU backend:
+  forward logits   all meshes within FWD_TOL of one device running the 8 rows (max 0.033
+                   measured, logits of magnitude ~1): the CPU GEMM's summation order depends on
+                   the matrix shapes, a flipped bf16 rounding can move an E4M3 value by one
+                   step, and row-parallel / vocab-parallel splits sum float32 partials in
+                   another order. data:8 is bit-identical to one device running each row
+                   alone (the same program per device). The FP8 scales themselves never
+                   straddle devices (no group crosses a shard).
+  greedy sampling  tokens identical; a row may diverge only where the one-device top-2 logit
+                   margin is below FWD_TOL (a near-tie). Recorded log-probs within LP_TOL.
+  one update step  data:8: new params bit-identical. Other meshes: params within PARAM_TOL
+                   (AdamW's first step is ~lr * sign(g): a gradient entry that is ~0 and
+                   changes sign with the summation order moves its param by ~2 lr = 2e-6),
+                   loss within LOSS_TOL (3e-4 measured).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jetrl import parallel
+from jetrl.models import forward, get_config, init_params
+from jetrl.precision import get_recipe
+from jetrl.rl import UpdateConfig, init_train_state, make_train_batch, update_step
+from jetrl.sampling import SamplingConfig, sample
+
+assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+
+MESHES = ["data:8", "data:2,fsdp:2,tensor:2", "fsdp:4,tensor:2"]
+FWD_TOL = 1e-1      # float32 logits (|logit| <~ 1.5) of an FP8 model: one flipped E4M3 value
+LP_TOL = 1e-1
+PARAM_TOL = 2.5e-6  # lr = 1e-6 below: a sign flip of a ~0 gradient entry moves it by ~2 lr
+LOSS_TOL = 5e-3
+# d_model 512, kv_dim 256, q_dim 512, d_ff 512: every FP8 shard stays a multiple of 128 on
+# all three meshes (fsdp up to 4, tensor 2).
+CFG = dataclasses.replace(get_config("tiny"), d_model=512, n_heads=8, n_kv_heads=4,
+                          head_dim=64, d_ff=512, n_layers=1, vocab_size=128, max_seq_len=128)
+RECIPE = get_recipe("jet")
+ROWS, T = 8, 16
+
+
+def _tokens(seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.integers(1, CFG.vocab_size, (ROWS, T)).astype(np.int32)
+
+
+_REF = {}
+
+
+def _params():
+  if "params" not in _REF:
+    _REF["params"] = init_params(CFG, jax.random.PRNGKey(0))
+  return _REF["params"]
+
+
+def _fwd(params, tokens):
+  return jax.jit(lambda p, t: forward(p, CFG, t, precision=RECIPE.train))(params, tokens)
+
+
+def _ref_logits():
+  if "logits" not in _REF:
+    _REF["logits"] = np.asarray(_fwd(_params(), _tokens()))
+  return _REF["logits"]
+
+
+@pytest.mark.parametrize("mesh_spec", MESHES)
+def test_forward_matches_one_device(mesh_spec):
+  mesh = parallel.make_mesh(mesh_spec)
+  lay = parallel.make_layout(mesh, CFG, "train", RECIPE)
+  params = lay.shard_params(_params())
+  assert params["layers"]["wq"].sharding.spec == lay.specs["layers"]["wq"]
+  tokens = parallel.put(_tokens(), lay.rows_sharding(ROWS, strict=True))
+  got = np.asarray(_fwd(params, tokens))
+  ref = _ref_logits()
+  diff = float(np.max(np.abs(got - ref)))
+  print(f"forward {mesh_spec}: max |diff| {diff:.3g}")
+  assert diff <= FWD_TOL, diff
+  if mesh_spec == "data:8":
+    # Each device runs one row: the same program as one device on that row alone, bit for
+    # bit. (One device on 8 rows differs from 8 single-row runs within FWD_TOL: the CPU GEMM's
+    # summation order depends on the row count, and a flipped bf16 rounding can move an FP8
+    # value; that is the backend, not the sharding.)
+    per_row = np.concatenate([np.asarray(_fwd(_params(), _tokens()[r:r + 1]))
+                              for r in range(ROWS)])
+    np.testing.assert_array_equal(got, per_row)
+
+
+def _greedy(params, layout=None):
+  sc = SamplingConfig(max_new_tokens=6, temperature=0.0, n=2, prompt_len=16)
+  prompts = [list(range(1 + i, 6 + 2 * i)) for i in range(4)]
+  return sample(params, CFG, prompts, jax.random.PRNGKey(1), sc, RECIPE.rollout, layout=layout)
+
+
+@pytest.mark.parametrize("mesh_spec", MESHES)
+def test_greedy_sampling_matches_one_device(mesh_spec):
+  if "greedy" not in _REF:
+    _REF["greedy"] = jax.tree_util.tree_map(np.asarray, _greedy(_params()))
+  ref = _REF["greedy"]
+  mesh = parallel.make_mesh(mesh_spec)
+  train = parallel.make_layout(mesh, CFG, "train", RECIPE)
+  samp = parallel.make_layout(mesh, CFG, "sample", RECIPE)
+  params, _ = parallel.switch_layout(train.shard_params(_params()), train, samp)
+  assert all("fsdp" not in str(s) for s in jax.tree_util.tree_leaves(
+      samp.specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+  out = jax.tree_util.tree_map(np.asarray, _greedy(params, samp))
+  for r in range(ref.tokens.shape[0]):
+    same = out.tokens[r] == ref.tokens[r]
+    if same.all():
+      np.testing.assert_allclose(out.logprobs[r], ref.logprobs[r], atol=LP_TOL)
+      continue
+    first = int(np.argmin(same))
+    # A divergence is allowed only at a near-tie of the one-device model.
+    seq = np.concatenate([ref.prompt_tokens[r], ref.tokens[r][:first]])[None]
+    logits = np.asarray(_fwd(_params(), jnp.asarray(seq)))[0, -1]
+    top2 = np.sort(logits)[-2:]
+    assert top2[1] - top2[0] <= FWD_TOL, (mesh_spec, r, first, top2)
+  print(f"greedy {mesh_spec}: tokens equal {np.mean(out.tokens == ref.tokens):.3f}")
+
+
+def _batch():
+  rng = np.random.default_rng(3)
+  p, t = 8, 16
+  prompt = rng.integers(1, CFG.vocab_size, (ROWS, p)).astype(np.int32)
+  pmask = np.ones((ROWS, p), bool)
+  pmask[:, :2] = False
+  toks = rng.integers(1, CFG.vocab_size, (ROWS, t)).astype(np.int32)
+  mask = np.arange(t)[None] < rng.integers(4, t + 1, (ROWS, 1))
+  lp = -rng.uniform(1, 6, (ROWS, t)).astype(np.float32) * mask
+  adv = rng.normal(size=(ROWS,)).astype(np.float32)
+  return make_train_batch(prompt, pmask, toks, mask, lp, adv)
+
+
+UCFG = UpdateConfig(lr=1e-6, micro_batches=1, minibatches=1)
+
+
+@pytest.mark.parametrize("mesh_spec", MESHES)
+def test_update_step_matches_one_device(mesh_spec):
+  key = jax.random.PRNGKey(7)
+  kw = dict(model_config=CFG, cfg=UCFG, precision=RECIPE.train)
+  if "update" not in _REF:
+    st, m = update_step(init_train_state(_params(), UCFG), _batch(), key, **kw)
+    _REF["update"] = (jax.tree_util.tree_map(np.asarray, st.params), float(m["loss"]))
+  ref_params, ref_loss = _REF["update"]
+  mesh = parallel.make_mesh(mesh_spec)
+  lay = parallel.make_layout(mesh, CFG, "train", RECIPE)
+  state = lay.shard_state(init_train_state(_params(), UCFG))
+  shardings = jax.tree_util.tree_map(lambda a: a.sharding, state)
+  batch = lay.shard_batch(_batch())
+  st, m = parallel.sharded_update_step(lay)(state, batch, key, **kw)
+  # Explicit out shardings: the state keeps its layout.
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+      lambda a, s: a.sharding.is_equivalent_to(s, a.ndim), st, shardings))
+  diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))),
+                                 st.params, ref_params)
+  worst = max(jax.tree_util.tree_leaves(diffs))
+  print(f"update {mesh_spec}: max |param diff| {worst:.3g}, loss {float(m['loss'])!r} vs "
+        f"{ref_loss!r}")
+  assert worst <= PARAM_TOL, diffs
+  if mesh_spec == "data:8":
+    assert worst == 0.0, diffs
+  assert abs(float(m["loss"]) - ref_loss) <= LOSS_TOL
+  assert float(m["skipped_updates"]) == 0
+
+
+def test_checkpoint_saved_under_one_mesh_restores_under_another(tmp_path):
+  from jetrl.train.checkpoint import Checkpointer
+  a = parallel.make_layout(parallel.make_mesh("data:2,fsdp:2,tensor:2"), CFG, "train", RECIPE)
+  b = parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), CFG, "train", RECIPE)
+  state = init_train_state(_params(), UCFG)
+  tree = {k: v for k, v in state._asdict().items() if v is not None}
+  saved = a.shard_state(tree)
+  ck = Checkpointer(str(tmp_path))
+  ck.save(1, saved, {"step": 1})
+  target = b.shard_state(tree)
+  restored, meta = ck.restore(1, target)
+  ck.close()
+  assert meta["step"] == 1
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x),
+                                                                    np.asarray(y)),
+                         restored, saved)
+  for got, want in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(target)):
+    assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
+  wq = restored["params"]["layers"]["wq"]
+  assert wq.sharding.spec == b.specs["layers"]["wq"]
+  assert len(wq.addressable_shards) == 8 and wq.addressable_shards[0].data.shape == (CFG.n_layers, 128, 256)
+
+
+def test_invalid_meshes_are_clear_errors():
+  with pytest.raises(ValueError, match="multiply to 6, but there are 8 devices"):
+    parallel.make_mesh("data:3,tensor:2")
+  with pytest.raises(ValueError, match="unknown axis 'model'"):
+    parallel.make_mesh("data:4,model:2")
+  tiny = get_config("tiny")   # n_kv_heads 2, d_model 256
+  with pytest.raises(ValueError, match="n_kv_heads=2 is not divisible by mesh axis 'tensor'"):
+    parallel.make_layout(parallel.make_mesh("data:2,tensor:4"), tiny, "train")
+  with pytest.raises(ValueError, match=r"layers/wq.*contraction \(input\) dim K=256 split over "
+                                       r"mesh axis 'fsdp' \(size 4\) into shards of 64.*block 128"):
+    parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), tiny, "train", RECIPE)
+  # The same mesh is fine without FP8 (bf16 has no blocks), and FP8 with the sampling layout.
+  parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), dataclasses.replace(
+      tiny, n_kv_heads=4), "train", get_recipe("bf16"))
+
+
+def test_runner_with_mesh(tmp_path):
+  from jetrl.train import TrainConfig, run
+  cfg = TrainConfig(model="tiny", n_layers=1, task="addition", difficulty=1, length=2, steps=1,
+                    prompts_per_step=4, group_size=2, max_new_tokens=4, eval_every=0,
+                    eval_size=2, ckpt_every=1, tensorboard=False, plots=False, lr=1e-4,
+                    recipe="jet", mesh="data:4,fsdp:2", workdir=str(tmp_path))
+  lines = []
+  summary = run(cfg, log=lines.append)
+  assert summary["skipped_updates"] == 0
+  assert any("mesh data:4,fsdp:2" in l for l in lines), lines
+  assert any("params train -> sample layout" in l for l in lines), lines
+  with open(tmp_path / "metrics.jsonl") as f:
+    assert '"time/reshard"' in f.read()
+  # The finished run, resumed under another mesh: its checkpoint restores into data:8.
+  lines.clear()
+  run(cfg.replace(mesh="data:8"), log=lines.append)
+  assert any("resumed" in l for l in lines), lines

@@ -1,0 +1,110 @@
+"""Mesh strings, partition rules and the FP8 alignment check on one device (no mesh needed)."""
+
+import dataclasses
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jetrl import parallel
+from jetrl.models import PRESETS, get_config
+from jetrl.precision import get_recipe
+
+
+def test_parse_mesh():
+  assert parallel.parse_mesh("") == {"data": -1, "fsdp": 1, "tensor": 1}
+  assert parallel.parse_mesh("data:2,fsdp:2,tensor:2") == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert parallel.parse_mesh("tensor:4") == {"data": 1, "fsdp": 1, "tensor": 4}
+  assert parallel.resolve_mesh_shape("tensor:2,data:-1", 8) == {"data": 4, "fsdp": 1,
+                                                                "tensor": 2}
+  assert parallel.resolve_mesh_shape("", 4) == {"data": 4, "fsdp": 1, "tensor": 1}
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("data:2,pipe:2", "unknown axis 'pipe'"), ("data:x", "must be an integer"),
+    ("data:0", "must be >= 1"), ("data", "is not 'axis:size'"),
+    ("data:2,data:2", "given twice"), ("data:-1,fsdp:-1", "at most one axis")])
+def test_bad_mesh_strings(spec, msg):
+  with pytest.raises(ValueError, match=msg):
+    parallel.parse_mesh(spec)
+
+
+def test_mesh_must_use_every_device():
+  with pytest.raises(ValueError, match="multiply to 4, but there are 8 devices"):
+    parallel.resolve_mesh_shape("data:2,tensor:2", 8)
+  with pytest.raises(ValueError, match="do not divide the 8 devices"):
+    parallel.resolve_mesh_shape("data:-1,tensor:3", 8)
+
+
+def test_train_rules_cover_every_parameter():
+  cfg = PRESETS["qwen2.5-7b"]   # biases, untied head
+  specs = parallel.param_specs(cfg, {"data": 2, "fsdp": 2, "tensor": 4})
+  lay = specs["layers"]
+  assert lay["wq"] == P(None, "fsdp", "tensor") and lay["wo"] == P(None, "tensor", "fsdp")
+  assert lay["w_down"] == P(None, "tensor", "fsdp") and lay["bk"] == P(None, "tensor")
+  assert lay["attn_norm"] == P(None, None) and specs["final_norm"] == P(None)
+  assert specs["embed"] == P("tensor", "fsdp") and specs["lm_head"] == P("fsdp", "tensor")
+  samp = parallel.param_specs(cfg, {"data": 2, "fsdp": 2, "tensor": 4}, "sample")
+  assert samp["layers"]["wq"] == P(None, None, "tensor") and samp["embed"] == P("tensor", None)
+
+
+def test_vocab_falls_back_to_replicated_when_not_divisible():
+  cfg = dataclasses.replace(get_config("tiny"), vocab_size=37, n_kv_heads=4)
+  specs = parallel.param_specs(cfg, {"tensor": 2})
+  assert specs["embed"] == P(None, None) and specs["lm_head"] == P(None, None)
+
+
+def test_model_dims_must_divide():
+  with pytest.raises(ValueError, match="n_kv_heads=2 is not divisible by mesh axis 'tensor'"):
+    parallel.param_specs(get_config("tiny"), {"tensor": 4})
+  with pytest.raises(ValueError, match=r"'embed' of shape \(128, 256\): dim 256 is not "
+                                       r"divisible by mesh axis 'fsdp' of size 3"):
+    parallel.param_specs(get_config("tiny"), {"fsdp": 3})
+
+
+def test_fp8_alignment_names_parameter_shape_axis_block():
+  tiny = get_config("tiny")    # kv_dim 128: tensor:2 gives 64-wide shards of wk / wv
+  specs = parallel.param_specs(tiny, {"tensor": 2})
+  with pytest.raises(ValueError) as e:
+    parallel.check_fp8_alignment(tiny, specs, {"tensor": 2}, get_recipe("jet"))
+  msg = str(e.value)
+  for part in ("'layers/wk'", "(2, 256, 128)", "output dim N=128", "'tensor' (size 2)",
+               "shards of 64", "FP8 block 128"):
+    assert part in msg, (part, msg)
+  # fp8_rollout checks its rollout fprop; bf16 / fp32 have no blocks.
+  with pytest.raises(ValueError, match="fp8_rollout.rollout.fprop"):
+    parallel.check_fp8_alignment(tiny, specs, {"tensor": 2}, get_recipe("fp8_rollout"))
+  parallel.check_fp8_alignment(tiny, specs, {"tensor": 2}, get_recipe("bf16"))
+  # d_model 256 over fsdp:2 leaves 128-wide K shards: aligned.
+  ok = parallel.param_specs(tiny, {"fsdp": 2})
+  parallel.check_fp8_alignment(tiny, ok, {"fsdp": 2}, get_recipe("jet"))
+  bad = parallel.param_specs(tiny, {"fsdp": 4})
+  with pytest.raises(ValueError, match=r"contraction \(input\) dim K=256 split over mesh axis "
+                                       r"'fsdp' \(size 4\) into shards of 64"):
+    parallel.check_fp8_alignment(tiny, bad, {"fsdp": 4}, get_recipe("jet"))
+
+
+def test_multi_process_env_detection(monkeypatch):
+  for var in ("JAX_NUM_PROCESSES", "SLURM_JOB_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
+              "PMI_SIZE", "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(var, raising=False)
+  assert not parallel.multi_process_env()
+  assert parallel.maybe_initialize_distributed(log=lambda *_: None) is False
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "1")
+  assert not parallel.multi_process_env()
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  assert parallel.multi_process_env()
+  monkeypatch.delenv("JAX_NUM_PROCESSES")
+  monkeypatch.setenv("SLURM_JOB_ID", "1")
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  assert parallel.multi_process_env()
+  monkeypatch.delenv("SLURM_JOB_ID")
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "a,b")
+  assert parallel.multi_process_env()
+
+
+def test_train_config_mesh_flag():
+  from jetrl.train import TrainConfig
+  cfg = TrainConfig(workdir="/tmp/x", mesh="data:2,fsdp:2,tensor:2")
+  assert cfg.validate().mesh == "data:2,fsdp:2,tensor:2"
+  with pytest.raises(ValueError, match="--mesh: .*unknown axis 'model'"):
+    TrainConfig(workdir="/tmp/x", mesh="model:2").validate()
