@@ -100,6 +100,10 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
     writer.truncate_after(start)
     eval_writer.truncate_after(start)
     log(f"resumed from {ckpt.directory}/{latest} (step {start}, data position {data_pos})")
+  else:
+    # A run killed before its first checkpoint restarts from scratch: drop its partial lines.
+    writer.truncate_after(-1)
+    eval_writer.truncate_after(-1)
   with open(os.path.join(cfg.workdir, "config.json"), "w") as f:
     json.dump(cfg.to_dict(), f, indent=1)
   log(f"jetrl RL: recipe={cfg.recipe} model={cfg.model} ({mcfg.n_layers} layers, d_model "
