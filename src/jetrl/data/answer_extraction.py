@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from jetrl.data.math_normalize import match_brace
+
 MAX_NUMBER_CHARS = 100  # longer "numbers" are not answers (and would be costly to compare)
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -48,21 +50,8 @@ def extract_boxed(text: str) -> str | None:
     while k < n and not text[k].isspace() and text[k] not in "$}":
       k += 1
     return text[j:k] or None
-  depth = 0
-  k = j
-  while k < n:
-    c = text[k]
-    if c == "\\":
-      k += 2
-      continue
-    if c == "{":
-      depth += 1
-    elif c == "}":
-      depth -= 1
-      if depth == 0:
-        return text[j + 1:k]
-    k += 1
-  return None
+  k = match_brace(text, j)
+  return text[j + 1:k] if k >= 0 else None
 
 
 def canonical_number(text: str) -> str | None:
