@@ -120,6 +120,9 @@ def evaluate(params, mcfg, task, tok, precision, *, size: int, max_new_tokens: i
     sc = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0, n=1, stop_ids=(ids.eos,),
                         pad_id=ids.pad, prompt_len=prompt_width(prompts))
     out = sample(params, mcfg, prompts, jax.random.PRNGKey(0), sc, precision)
+    if jax.process_count() > 1:  # rows may live on other hosts: gather before decoding text
+      from jetrl.parallel import to_host
+      out = to_host(out)
     _, rewards = completions_and_rewards(task, tok, chunk, out, 1)
     correct += list(rewards)
     lengths += list(np.asarray(out.lengths))
