@@ -7,13 +7,20 @@ Both sides sample (temperature 1) the full budget with no stop token, from one r
 built by jetrl and exported with `save_pretrained` (so transformers runs the same weights).
 jetrl runs in float32 (plain matmuls: the same arithmetic as torch's float32), and under the
 bf16 and jet recipes. The first jetrl call of each setting compiles and is not timed.
-Needs the test extra (torch, transformers).
+
+On a CPU, one XLA device runs a decode step's small GEMMs on one core, while torch spreads
+its ops over all cores. `--host_devices=N` (default 2, this machine's core count) also runs
+each setting with the rows split over N host devices (`--xla_force_host_platform_device_count`,
+a `data:N` mesh through `sample(..., layout=...)`): the same multi-device path a GPU run uses,
+one device per core. Both kinds of rows are printed. Needs the test extra (torch,
+transformers).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 import time
 
@@ -23,6 +30,7 @@ import jax
 import numpy as np
 
 from jetrl.models import get_config, init_params, save_pretrained
+from jetrl.parallel import make_layout, make_mesh
 from jetrl.precision import get_recipe
 from jetrl.sampling import SamplingConfig, sample
 
@@ -34,6 +42,8 @@ flags.DEFINE_integer("prompt_len", 64, "Tokens per prompt.")
 flags.DEFINE_integer("new_tokens", 128, "Tokens generated per prompt.")
 flags.DEFINE_integer("repeats", 3, "Timed calls per setting (the median is reported).")
 flags.DEFINE_integer("torch_threads", 0, "torch intra-op threads (0: torch's default).")
+flags.DEFINE_integer("host_devices", 2, "CPU only: also run jetrl over a data:N mesh of N host "
+                     "devices (one per core); 1 skips those rows.")
 flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
 
 
@@ -48,9 +58,16 @@ def _median_time(fn, repeats):
 
 def main(argv):
   del argv
-  for name in ("batch", "prompt_len", "new_tokens", "repeats", "vocab"):
+  for name in ("batch", "prompt_len", "new_tokens", "repeats", "vocab", "host_devices"):
     if getattr(FLAGS, name) < 1:
       raise app.UsageError(f"--{name} must be >= 1")
+  if FLAGS.batch % FLAGS.host_devices:
+    raise app.UsageError(f"--batch={FLAGS.batch} must be divisible by --host_devices="
+                         f"{FLAGS.host_devices}")
+  if FLAGS.host_devices > 1:
+    # Read when the CPU client starts, i.e. at the first jax call below, not at import.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                               f"device_count={FLAGS.host_devices}")
   import torch
   import transformers
   if FLAGS.torch_threads:
@@ -85,19 +102,28 @@ def main(argv):
   sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0,
                       prompt_len=FLAGS.prompt_len)
   plist = [list(p) for p in prompts]
-  for label, prec in (("float32", None), ("bf16", get_recipe("bf16").rollout),
-                      ("jet", get_recipe("jet").rollout)):
-    key = iter(range(1000))
+  settings = [("jetrl sample", None)]
+  if FLAGS.host_devices > 1 and jax.default_backend() == "cpu":
+    mesh = make_mesh(f"data:{FLAGS.host_devices}")
+    settings.append((f"jetrl sample, data:{FLAGS.host_devices} host devices", mesh))
+  for engine, mesh in settings:
+    for label, recipe in (("float32", None), ("bf16", "bf16"), ("jet", "jet")):
+      prec = get_recipe(recipe).rollout if recipe else None
+      layout, p = None, params
+      if mesh is not None:
+        layout = make_layout(mesh, cfg, mode="sample", recipe=get_recipe(recipe) if recipe else None)
+        p = layout.shard_params(params)
+      key = iter(range(1000))
 
-    def jet_call():
-      out = sample(params, cfg, plist, jax.random.PRNGKey(next(key)), sc, prec)
-      jax.block_until_ready(out.tokens)
-      assert int(out.lengths.min()) == FLAGS.new_tokens
+      def jet_call():
+        out = sample(p, cfg, plist, jax.random.PRNGKey(next(key)), sc, prec, layout=layout)
+        jax.block_until_ready(out.tokens)
+        assert int(out.lengths.min()) == FLAGS.new_tokens
 
-    jet_call()  # compile
-    t = _median_time(jet_call, FLAGS.repeats)
-    rows.append(dict(engine="jetrl sample", precision=label, seconds=t, tokens_per_s=n_tokens / t))
-    print(f"  jetrl {label:8s}: {n_tokens / t:9.1f} tok/s", flush=True)
+      jet_call()  # compile
+      t = _median_time(jet_call, FLAGS.repeats)
+      rows.append(dict(engine=engine, precision=label, seconds=t, tokens_per_s=n_tokens / t))
+      print(f"  {engine}, {label}: {n_tokens / t:9.1f} tok/s", flush=True)
 
   base = rows[0]["tokens_per_s"]
   print(f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"

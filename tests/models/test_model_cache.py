@@ -44,19 +44,27 @@ def full():
 
 def test_init_cache_layout():
   cache = M.init_cache(CONFIG, 3, 10, jnp.float32)
-  assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 16)
-  assert cache.k.dtype == jnp.float32
+  assert len(cache.k) == len(cache.v) == 2  # one array per layer
+  for a in cache.k + cache.v:
+    assert a.shape == (3, 2, 10, 16) and a.dtype == jnp.float32
   assert cache.mask.shape == (3, 10) and cache.mask.dtype == jnp.bool_ and not cache.mask.any()
   assert cache.index.dtype == jnp.int32 and int(cache.index) == 0
 
 
-def test_one_token_at_a_time(params, step, full):
+@pytest.mark.parametrize("unstacked", [False, True])
+def test_one_token_at_a_time(params, step, full, unstacked):
+  """Decoding token by token reproduces the full forward, with the layers stacked or given as
+  per-layer dicts (`unstack_layers`, what the sampler's decode loop passes)."""
   b, t = 2, 9
   tokens = jax.random.randint(jax.random.PRNGKey(2), (b, t), 0, CONFIG.vocab_size)
   want = np.asarray(full(params, config=CONFIG, tokens=tokens))
   cache = M.init_cache(CONFIG, b, 12, jnp.float32)
+  step_params = M.unstack_layers(params) if unstacked else params
+  if unstacked:
+    assert isinstance(step_params["layers"], tuple) and len(step_params["layers"]) == 2
+    np.testing.assert_array_equal(step_params["layers"][1]["wq"], params["layers"]["wq"][1])
   for i in range(t):
-    logits, cache = step(params, config=CONFIG, tokens=tokens[:, i:i + 1], cache=cache,
+    logits, cache = step(step_params, config=CONFIG, tokens=tokens[:, i:i + 1], cache=cache,
                          positions=jnp.full((b, 1), i, jnp.int32),
                          token_mask=jnp.ones((b, 1), bool))
     assert logits.shape == (b, 1, CONFIG.vocab_size) and logits.dtype == jnp.float32
@@ -148,6 +156,21 @@ def test_bf16_cache_under_jet_matches_training_forward():
     logits, cache = fwd(tokens[:, i:i + 1], cache, positions=jnp.full((2, 1), i),
                         token_mask=jnp.ones((2, 1), bool))
     outs.append(np.asarray(logits))
-  assert cache.k.dtype == jnp.bfloat16
+  assert all(a.dtype == jnp.bfloat16 for a in cache.k + cache.v)
   err = rel_err(np.concatenate(outs, axis=1), want)
   assert err < 2e-2, f"jet rollout (cached) vs jet training forward: relative error {err:.2e}"
+
+
+def test_unstacked_params_are_checked(params):
+  tokens = jnp.zeros((2, 1), jnp.int32)
+  kw = dict(positions=jnp.zeros((2, 1), jnp.int32), token_mask=jnp.ones((2, 1), bool))
+  layers = M.unstack_layers(params)["layers"]
+  with pytest.raises(ValueError, match="tuple of 1 layers, expected 2"):
+    M.forward_cached(dict(params, layers=layers[:1]), CONFIG, tokens,
+                     M.init_cache(CONFIG, 2, 4, jnp.float32), **kw)
+  bad = (layers[0], dict(layers[1], wq=layers[1]["wq"][:, :8]))
+  with pytest.raises(ValueError, match=r"\['layers'\]\[1\]\['wq'\] has shape"):
+    M.forward_cached(dict(params, layers=bad), CONFIG, tokens,
+                     M.init_cache(CONFIG, 2, 4, jnp.float32), **kw)
+  with pytest.raises(ValueError, match="must be a dict"):  # the full forward needs them stacked
+    M.check_params(dict(params, layers=layers), CONFIG)

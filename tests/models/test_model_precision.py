@@ -65,7 +65,7 @@ def test_compute_dtypes(params, tokens, recipe, dtype):
       lambda p, c: M.forward_cached(p, CONFIG, tokens, c, positions=tokens, token_mask=tokens > 0,
                                     precision=prec, last_only=True), params, cache)
   assert logits.shape == (B, 1, CONFIG.vocab_size) and logits.dtype == jnp.float32
-  assert new.k.dtype == dtype
+  assert all(a.dtype == dtype for a in new.k + new.v)
 
 
 def test_precision_none_runs_in_params_dtype(tokens):

@@ -41,24 +41,31 @@ def qkv(x: jax.Array, layer, config: ModelConfig, precision: Optional[Precision]
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd) -> jax.Array:
   """Masked GQA attention.
 
-  q [B, T, H, Dh]; k, v [B, S, Hkv, Dh]; allowed [B, T, S] bool (query t may see key s).
-  Returns [B, T, H * Dh] in cd.
+  q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (kv heads before slots, the KV cache's layout);
+  allowed [B, T, S] bool (query t may see key s). Returns [B, T, H * Dh] in cd.
   """
   b, t, h, dh = q.shape
-  s, hkv = k.shape[1], k.shape[2]
-  chex.assert_shape(k, (b, s, hkv, dh))
-  chex.assert_shape(v, (b, s, hkv, dh))
+  hkv, s = k.shape[1], k.shape[2]
+  chex.assert_shape(k, (b, hkv, s, dh))
+  chex.assert_shape(v, (b, hkv, s, dh))
   chex.assert_shape(allowed, (b, t, s))
   g = h // hkv
   qg = q.reshape(b, t, hkv, g, dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", qg.astype(cd), k.astype(cd), precision=HIGHEST,
+  scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(cd), k.astype(cd), precision=HIGHEST,
                       preferred_element_type=jnp.float32)
   scores = scores * jnp.float32(dh ** -0.5)
   scores = jnp.where(allowed[:, None, None, :, :], scores, jnp.float32(MASK_VALUE))
   probs = jax.nn.softmax(scores, axis=-1).astype(cd)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(cd), precision=HIGHEST,
+  # Heads-major output, then one transpose of the small result: asking the dot for
+  # [B, T, Hkv, G, Dh] directly makes XLA's CPU dot several times slower at decode sizes.
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(cd), precision=HIGHEST,
                    preferred_element_type=jnp.float32)
-  return out.astype(cd).reshape(b, t, h * dh)
+  return jnp.transpose(out.astype(cd), (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
+
+
+def heads_first(x: jax.Array) -> jax.Array:
+  """[B, T, Hkv, Dh] -> [B, Hkv, T, Dh], the layout `attend` takes keys and values in."""
+  return jnp.swapaxes(x, 1, 2)
 
 
 def output(attn: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array:

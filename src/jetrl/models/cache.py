@@ -9,7 +9,7 @@ whose mask is set. RoPE positions are the caller's (a left-padded row's real tok
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +18,18 @@ from jetrl.models.config import ModelConfig
 
 
 class KVCache(NamedTuple):
-  """k, v [L, B, S, Hkv, Dh] (compute dtype, post-RoPE keys); mask [B, S] bool; index int32."""
-  k: jax.Array
-  v: jax.Array
+  """The cache of a batch of B rows with S slots each.
+
+  k, v: tuples of one [B, Hkv, S, Dh] array per layer (compute dtype, post-RoPE keys);
+  mask [B, S] bool; index int32.
+
+  One array per layer (not one stacked [L, ...] array) lets each decode step update and read
+  a layer's cache in place; the kv-head axis comes before the slot axis, so the step's batched
+  dots over (batch, kv head) read the cache as stored, with no per-step transpose (see the
+  sampler section of docs/benchmarks.md for the measured effect).
+  """
+  k: Tuple[jax.Array, ...]
+  v: Tuple[jax.Array, ...]
   mask: jax.Array
   index: jax.Array
 
@@ -30,9 +39,10 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16
   for name, value in (("batch", batch), ("max_len", max_len)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
-  shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                 mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+  shape = (batch, config.n_kv_heads, max_len, config.head_dim)
+  zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
+  return KVCache(k=zeros(), v=zeros(), mask=jnp.zeros((batch, max_len), bool),
+                 index=jnp.zeros((), jnp.int32))
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:

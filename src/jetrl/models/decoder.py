@@ -16,7 +16,7 @@ from jetrl.models import attention as attn
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import compute_dtype, lm_head, rms_norm, rope_tables, swiglu
-from jetrl.models.params import check_params
+from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision
 
 
@@ -47,6 +47,7 @@ def _mlp_residual(x, layer, config: ModelConfig, precision, cd):
 def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed):
   h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd)
   q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
+  k, v = attn.heads_first(k), attn.heads_first(v)
   x = x + attn.output(attn.attend(q, k, v, allowed, cd), layer, precision, cd)
   return _mlp_residual(x, layer, config, precision, cd)
 
@@ -100,23 +101,30 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   ([B, T] bool, False for left padding) and advances index by T. Each new query attends to
   the slots at or before its own whose mask is set. positions [B, T] are RoPE positions.
   The caller keeps index + T <= max_len (a write past the end is clamped, not an error).
+  params["layers"] may be stacked or a tuple of per-layer dicts (`unstack_layers`; a decode
+  loop passes those so the weights are sliced once, not at every step).
   Logits are [B, T, V], or [B, 1, V] for the last new token when last_only.
   """
   _check_config(config)
-  check_params(params, config)
+  check_params(params, config, allow_unstacked=True)
   _check_tokens("tokens", tokens)
   b, t = tokens.shape
   _check_like("positions", positions, (b, t))
   _check_like("token_mask", token_mask, (b, t))
   if not isinstance(cache, KVCache):
     raise ValueError(f"cache must be a KVCache from init_cache, got {type(cache).__name__}")
-  if cache.k.ndim != 5:
-    raise ValueError(f"cache.k must be 5-D (L, B, S, Hkv, Dh), got shape {tuple(cache.k.shape)}")
-  n_layers, s = cache.k.shape[0], cache.k.shape[2]
-  expected = (config.n_layers, b, s, config.n_kv_heads, config.head_dim)
-  if tuple(cache.k.shape) != expected or tuple(cache.v.shape) != expected:
-    raise ValueError(f"cache.k / cache.v must have shape {expected} (L, B, S, Hkv, Dh) for "
-                     f"this config and batch, got {tuple(cache.k.shape)}")
+  if not (isinstance(cache.k, tuple) and isinstance(cache.v, tuple)
+          and len(cache.k) == len(cache.v) == config.n_layers):
+    raise ValueError(f"cache.k / cache.v must be tuples of {config.n_layers} per-layer arrays "
+                     f"(init_cache builds them), got {type(cache.k).__name__} / "
+                     f"{type(cache.v).__name__}")
+  s = cache.mask.shape[-1]
+  expected = (b, config.n_kv_heads, s, config.head_dim)
+  for name, layers in (("k", cache.k), ("v", cache.v)):
+    for i, a in enumerate(layers):
+      if tuple(a.shape) != expected:
+        raise ValueError(f"cache.{name}[{i}] must have shape {expected} (B, Hkv, S, Dh) for "
+                         f"this config, batch and mask, got {tuple(a.shape)}")
   if tuple(cache.mask.shape) != (b, s):
     raise ValueError(f"cache.mask must have shape {(b, s)}, got {tuple(cache.mask.shape)}")
   if t > s:
@@ -131,24 +139,25 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   allowed = (k_slots[None, :] <= q_slots[:, None])[None] & mask[:, None, :]  # [B, T, S]
   cos, sin = rope_tables(config, positions, cd)
 
-  def body(carry, xs):
-    x, kc, vc = carry
-    layer, i = xs
+  x = _embed(params, tokens, cd)
+  new_k, new_v = [], []
+  # Layers are unrolled over the per-layer cache arrays: each is updated and read in place.
+  # (A scan over a stacked cache copies the layer's slice out at every step.)
+  layers = unstack_layers(params)["layers"]
+  for i, layer in enumerate(layers):
     h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd)
     q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
-    start = (i, zero, index, zero, zero)
-    kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype)[None], start)
-    vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype)[None], start)
-    k_all = jax.lax.dynamic_index_in_dim(kc, i, 0, keepdims=False)
-    v_all = jax.lax.dynamic_index_in_dim(vc, i, 0, keepdims=False)
-    x = x + attn.output(attn.attend(q, k_all, v_all, allowed, cd), layer, precision, cd)
-    return (_mlp_residual(x, layer, config, precision, cd), kc, vc), None
-
-  layer_ids = jnp.arange(n_layers, dtype=jnp.int32)
-  (x, k, v), _ = jax.lax.scan(body, (_embed(params, tokens, cd), cache.k, cache.v),
-                              (params["layers"], layer_ids))
+    start = (zero, zero, index, zero)
+    kc = jax.lax.dynamic_update_slice(cache.k[i], attn.heads_first(k).astype(cache.k[i].dtype),
+                                      start)
+    vc = jax.lax.dynamic_update_slice(cache.v[i], attn.heads_first(v).astype(cache.v[i].dtype),
+                                      start)
+    x = x + attn.output(attn.attend(q, kc, vc, allowed, cd), layer, precision, cd)
+    x = _mlp_residual(x, layer, config, precision, cd)
+    new_k.append(kc)
+    new_v.append(vc)
   if last_only:
     x = x[:, -1:, :]
   h = rms_norm(x, params["final_norm"], config.rms_eps, cd)
   logits = lm_head(h, params, config, cd)
-  return logits, KVCache(k=k, v=v, mask=mask, index=index + t)
+  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t)

@@ -14,6 +14,9 @@ params = {
   "lm_head":    [D, V],             # untied embeddings only
 }
 Matrices are stored [in, out] (y = x @ w), i.e. transposed relative to torch nn.Linear.
+
+`forward_cached` also takes "layers" as a tuple of L per-layer dicts (`unstack_layers`): a
+decode loop slices the stacked weights once, outside the loop, instead of at every step.
 """
 
 from __future__ import annotations
@@ -66,9 +69,33 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def check_params(params, config: ModelConfig) -> None:
-  """ValueError naming the first parameter that is missing, unexpected or mis-shaped."""
+def unstack_layers(params) -> dict:
+  """params with "layers" as a tuple of per-layer dicts (each stacked leaf sliced along L).
+
+  Leaves that are pytrees themselves (a `QuantizedWeight`) are sliced leaf by leaf. Params
+  whose layers are already a tuple come back unchanged.
+  """
+  layers = params["layers"]
+  if isinstance(layers, tuple):
+    return params
+  n = jax.tree_util.tree_leaves(layers)[0].shape[0]
+  return dict(params, layers=tuple(jax.tree_util.tree_map(lambda w, i=i: w[i], layers)
+                                   for i in range(n)))
+
+
+def check_params(params, config: ModelConfig, allow_unstacked: bool = False) -> None:
+  """ValueError naming the first parameter that is missing, unexpected or mis-shaped.
+
+  allow_unstacked: also accept "layers" as a tuple of n_layers per-layer dicts.
+  """
   expected = param_shapes(config)
+  if allow_unstacked and isinstance(params, dict) and isinstance(params.get("layers"), tuple):
+    if len(params["layers"]) != config.n_layers:
+      raise ValueError(f"params['layers'] is a tuple of {len(params['layers'])} layers, "
+                       f"expected {config.n_layers} for this ModelConfig")
+    per_layer = {k: v[1:] for k, v in expected["layers"].items()}
+    expected = dict(expected, layers={i: per_layer for i in range(config.n_layers)})
+    params = dict(params, layers=dict(enumerate(params["layers"])))
 
   def walk(exp, got, prefix):
     if not isinstance(got, dict):

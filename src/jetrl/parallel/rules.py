@@ -259,13 +259,14 @@ class Layout:
     return jax.tree_util.tree_map(lambda _: s, batch)
 
   def cache_sharding(self, rows: int) -> KVCache:
-    """KVCache of shardings for `rows` rows: k / v [L, B, S, Hkv, Dh] with B over the batch
-    axes and Hkv over `tensor` when divisible; mask [B, S] like B; index replicated."""
+    """KVCache of shardings for `rows` rows: each layer's k / v [B, Hkv, S, Dh] with B over
+    the batch axes and Hkv over `tensor` when divisible; mask [B, S] like B; index
+    replicated."""
     sizes = self.axis_sizes
     b = _rows_axes(rows, sizes, False, "KV cache")
     t = _clean(TENSOR, sizes)
     heads = t if self.config.n_kv_heads % _axis_size(sizes, t) == 0 else None
-    kv = self.named(P(None, b, None, heads, None))
+    kv = (self.named(P(b, heads, None, None)),) * self.config.n_layers
     return KVCache(k=kv, v=kv, mask=self.named(P(b, None)), index=self.replicated)
 
   # -- placement ---------------------------------------------------------------------------

@@ -12,6 +12,10 @@ renormalised distribution, but the recorded log-prob is still the untruncated on
 behaviour policy differs from the recorded one by the truncation (kept tokens have
 p_sample = p_recorded / kept_mass >= p_recorded). Leave top-k / top-p off for on-policy RL.
 Greedy decoding (temperature 0) records log softmax(logits).
+
+Tokens are drawn by inverse CDF in two levels (`jetrl.sampling.categorical`), two uniforms
+per row instead of Gumbel-max's one per vocabulary entry. The decode loop gets the weights
+sliced per layer once (`models.unstack_layers`) and a KV cache with one array per layer.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import ModelConfig, forward_cached, init_cache, prequantize_linear_weights
+from jetrl.models import (ModelConfig, forward_cached, init_cache, prequantize_linear_weights,
+                          unstack_layers)
 from jetrl.precision import Precision
+from jetrl.sampling.categorical import sample_categorical
 
 STOP_TOKEN = 0
 STOP_LENGTH = 1
@@ -136,7 +142,7 @@ def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig):
     scaled = logits
   else:
     scaled = logits / config.temperature
-    tok = jax.random.categorical(key, _process_logits(logits, config), axis=-1)
+    tok = sample_categorical(key, _process_logits(logits, config))
   logp = jax.nn.log_softmax(scaled, axis=-1)
   return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
@@ -144,8 +150,8 @@ def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig):
 def _repeat_cache(cache, n: int):
   if n == 1:
     return cache
-  return cache._replace(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
-                        mask=jnp.repeat(cache.mask, n, axis=0))
+  rep = lambda layers: tuple(jnp.repeat(a, n, axis=0) for a in layers)
+  return cache._replace(k=rep(cache.k), v=rep(cache.v), mask=jnp.repeat(cache.mask, n, axis=0))
 
 
 def _constrain(cache, cache_sharding):
@@ -175,6 +181,8 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
             config: SamplingConfig, precision: Optional[Precision], cache_sharding=None):
   r, t_max = logits.shape[0], config.max_new_tokens
   cache = _constrain(cache, cache_sharding)
+  # Per-layer weights sliced once here, not inside every step of the loop.
+  params = unstack_layers(params)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
   init = dict(step=jnp.int32(0), cache=cache, logits=logits,
               tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
