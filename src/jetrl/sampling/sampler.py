@@ -14,8 +14,9 @@ p_sample = p_recorded / kept_mass >= p_recorded). Leave top-k / top-p off for on
 Greedy decoding (temperature 0) records log softmax(logits).
 
 Tokens are drawn by inverse CDF in two levels (`jetrl.sampling.categorical`), two uniforms
-per row instead of Gumbel-max's one per vocabulary entry. The decode loop gets the weights
-sliced per layer once (`models.unstack_layers`) and a KV cache with one array per layer.
+per row instead of Gumbel-max's one per vocabulary entry. The decode loop runs over a KV cache
+with one array per layer; on a CPU it also gets the weights sliced per layer once
+(`models.unstack_layers`) rather than at every step.
 """
 
 from __future__ import annotations
@@ -181,8 +182,11 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
             config: SamplingConfig, precision: Optional[Precision], cache_sharding=None):
   r, t_max = logits.shape[0], config.max_new_tokens
   cache = _constrain(cache, cache_sharding)
-  # Per-layer weights sliced once here, not inside every step of the loop.
-  params = unstack_layers(params)
+  if jax.default_backend() == "cpu":
+    # XLA:CPU copies a stacked weight's layer slice at every step of the loop; slicing once
+    # here costs one extra copy of the layer weights for the call. Elsewhere the weights stay
+    # stacked (no extra copy of a large model's weights next to its training state).
+    params = unstack_layers(params)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
   init = dict(step=jnp.int32(0), cache=cache, logits=logits,
               tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
