@@ -3,19 +3,19 @@
   python experiments/bench_device.py --json_out=bench_device.json
   python experiments/bench_device.py --allow_cpu --json_out=/tmp/smoke.json   # CPU smoke test
 
-It measures, in under five minutes on one H100 / H200:
+It measures, on one H100 / H200 (experiments/gpu_check.py runs it with the test suite and the
+peers in one call):
   (a) GEMM throughput on the linear layers of Qwen2.5-1.5B and Llama-3.1-8B, for prefill /
-      training token counts (M = 4096, 16384) and decode batches (M = 8, 256):
-        bf16         XLA bf16 dot (cuBLAS), bf16 out
-        fp8_block    the blockwise FP8 Pallas kernel (1x128 activation groups, 128x128 weight
-                     blocks), operands already quantized
-        fp8_block+q  `linear` under the jet rollout precision: quantize x and w, then the kernel
-        fp8_tensor   XLA's native FP8 dot on float8 operands (cuBLASLt), one scale per tensor
-                     applied outside the dot
-      in TFLOP/s, as a fraction of the bf16 dense peak (--peak_tflops) and as a speed-up over bf16;
-      plus the kernel's agreement with the XLA path and the FP8-in-the-compiled-program check;
-  (b) the sampler's tokens per second under bf16, fp8_rollout and jet on a ~1.5B model;
-  (c) the time of one update step under bf16 and jet.
+      training token counts (M = 4096, 16384) and decode batches (M = 8, 64, 256), variants
+      listed in `gemm_variants` (bf16, cuBLASLt blockwise FP8, `linear` under jet with its
+      quantization, forward + backward under bf16 and jet, XLA's per-tensor FP8 dot), in
+      TFLOP/s, microseconds and speed-up over bf16; plus the kernel's agreement with the XLA
+      path and the FP8-in-the-compiled-program check;
+  (b) the sampler's tokens per second under bf16, fp8_rollout and jet on a ~1.5B model, with
+      ms per decode step, compile time and peak memory;
+  (c) one update step under bf16 and jet (ms, tokens/s, MFU = 6 x params x tokens / time /
+      peak, peak memory, whether layers were rematerialised);
+  (d) one RL step (rollout, reward, advantages, update) with the time split.
 A part whose dependency is missing prints "skipped: <reason>" and the rest runs on.
 
 Without a GPU it exits with code 2 unless --allow_cpu is given; then it runs tiny shapes with the
@@ -36,10 +36,14 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("allow_cpu", False, "Run without a GPU: tiny shapes, interpret mode (smoke test).")
-flags.DEFINE_list("sections", ["gemm", "rollout", "update"], "Parts to run: gemm, rollout, update.")
+flags.DEFINE_list("sections", ["gemm", "rollout", "update", "e2e"],
+                  "Parts to run: gemm, rollout, update, e2e.")
 flags.DEFINE_list("gemm_models", ["qwen2.5-1.5b", "llama-3.1-8b"], "Presets whose GEMMs to time.")
 flags.DEFINE_list("prefill_m", ["4096", "16384"], "Token counts M of prefill / training GEMMs.")
-flags.DEFINE_list("decode_m", ["8", "256"], "Token counts M of decode GEMMs.")
+flags.DEFINE_list("decode_m", ["8", "64", "256"], "Token counts M of decode GEMMs (first "
+                  "model only).")
+flags.DEFINE_bool("pallas", False, "Also time the Pallas kernel (always, when cuBLASLt is out).")
+flags.DEFINE_float("gemm_budget_fraction", 0.4, "Share of --time_budget_s the GEMMs may use.")
 flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak of the GPU in TFLOP/s (H100 / H200 SXM: "
                    "~989; H100 PCIe: ~756). FP8 peak is twice this.")
 flags.DEFINE_string("tiles", "", "Kernel tiles to try, 'bm x bn x warps x stages' joined by ','"
@@ -48,10 +52,18 @@ flags.DEFINE_string("tiles", "", "Kernel tiles to try, 'bm x bn x warps x stages
                     "fp8_block. Empty: the defaults.")
 flags.DEFINE_string("model", "qwen2.5-1.5b", "Preset for the rollout and update parts.")
 flags.DEFINE_string("param_dtype", "bfloat16", "Stored dtype of the params for the rollout.")
-flags.DEFINE_integer("rollout_batch", 64, "Prompts sampled at once.")
-flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row (rollout and update).")
-flags.DEFINE_integer("new_tokens", 256, "Generated tokens per row (and completion length).")
+flags.DEFINE_string("rollout_settings", "64x256x256,256x256x256,64x256x1024",
+                    "Rollout settings, batch x prompt tokens x new tokens, joined by ','.")
+flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row (one RL step).")
+flags.DEFINE_integer("new_tokens", 256, "Generated tokens per row (one RL step).")
 flags.DEFINE_integer("update_rows", 16, "Rows of the update batch.")
+flags.DEFINE_integer("update_prompt_len", 512, "Prompt tokens per update row.")
+flags.DEFINE_integer("update_completion_len", 512, "Completion tokens per update row.")
+flags.DEFINE_integer("e2e_prompts", 16, "Prompts per RL step (one RL step).")
+flags.DEFINE_integer("e2e_group", 4, "Samples per prompt (one RL step).")
+flags.DEFINE_integer("e2e_micro_batches", 1, "Micro-batches of the RL step's update.")
+flags.DEFINE_float("rollout_budget_fraction", 0.65, "Budget share by which rollouts end.")
+flags.DEFINE_float("update_budget_fraction", 0.85, "Budget share by which updates end.")
 flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
 flags.DEFINE_float("time_budget_s", 240.0, "Stop starting new measurements after this long.")
 flags.DEFINE_string("xla_extra_flags", "--xla_gpu_enable_triton_gemm=false",
@@ -107,7 +119,7 @@ def setup_xla_flags() -> dict:
 
 # Imported after the flags are set up (importing does not start the backend; be explicit anyway).
 def _imports():
-  global jax, jnp, np, lax, precision, gp, backend  # pylint: disable=global-variable-undefined
+  global jax, jnp, np, lax, precision, gp, backend, cublaslt  # pylint: disable=global-variable-undefined
   import jax  # pylint: disable=redefined-outer-name
   import jax.numpy as jnp  # pylint: disable=redefined-outer-name
   import numpy as np  # pylint: disable=redefined-outer-name
@@ -115,6 +127,10 @@ def _imports():
   import jetrl.precision as precision  # pylint: disable=redefined-outer-name
   from jetrl.precision import backend  # pylint: disable=redefined-outer-name
   from jetrl.precision import gemm_pallas as gp  # pylint: disable=redefined-outer-name
+  from jetrl.precision import cublaslt  # pylint: disable=redefined-outer-name
+
+
+CUBLASLT_OK = False
 
 
 # --- timing ----------------------------------------------------------------------------------
@@ -184,68 +200,97 @@ def parse_tiles(text: str):
   return tiles
 
 
-def gemm_variants(m, k, n, interpret: bool, tiles_list):
-  """{variant: (fn, args)} for an [m, k] x [k, n] GEMM."""
+def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
+  """{variant: (fn, args)} for an [m, k] x [k, n] GEMM.
+
+  bf16          XLA's bf16 dot (cuBLAS), bf16 out: the baseline
+  fp8_cublaslt  cuBLASLt's blockwise FP8 GEMM on operands already quantized (the kernel alone)
+  fp8_pallas    the Pallas kernel on the same operands (only with --pallas)
+  fp8_tensor    XLA's per-tensor FP8 dot (cuBLASLt), scales applied outside
+  linear        `linear` under jet: quantize x (and, for prefill sizes, the weight blocks, as
+                the training forward does once per step), then the kernel. For decode sizes the
+                weight comes pre-quantized, as the sampler passes it.
+  train_bf16 / train_jet  forward + dgrad + wgrad of `linear` (value and both gradients)
+  """
   key = jax.random.PRNGKey(0)
   x = jax.random.normal(key, (m, k), jnp.bfloat16)
   w = (0.02 * jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)).astype(jnp.bfloat16)
-  # Blockwise operands in the kernel's layout (both contiguous along K).
+  dy = jax.random.normal(jax.random.PRNGKey(2), (m, n), jnp.bfloat16)
   xq, xs = precision.quantize(x, (1, 128))
   wq, ws = precision.quantize(w.T, (128, 128))                      # [N, K] blocks
-  ws_rows = jnp.repeat(ws, 128, axis=0)[:n]                          # [N, nK]
-  # Per-tensor operands for XLA's FP8 dot.
   tq, ts = precision.quantize(x, x.shape)
   uq, us = precision.quantize(w.T, (n, k))
-  rollout = precision.with_gemm_backend(precision.get_recipe("jet").rollout,
-                                        "pallas_interpret" if interpret else "pallas")
+  kernel = "pallas_interpret" if interpret else ("cublaslt" if CUBLASLT_OK else "pallas")
+  jet = precision.with_gemm_backend(precision.get_recipe("jet"), kernel)
+  bf16 = precision.get_recipe("bf16")
   out = {
       "bf16": (lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())),
                                             preferred_element_type=jnp.bfloat16), (x, w)),
       "fp8_tensor": (lambda a, b, s: (lax.dot_general(a, b, (((1,), (1,)), ((), ())),
                                                       preferred_element_type=jnp.float32)
                                       * s).astype(jnp.bfloat16), (tq, uq, ts[0, 0] * us[0, 0])),
-      "fp8_block+q": (lambda a, b: precision.linear(a, b, rollout), (x, w)),
   }
-  for i, t in enumerate(tiles_list):
-    name = "fp8_block" if len(tiles_list) == 1 else f"fp8_block@{i}"
-    out[name] = (lambda a, sa, b, sb, t=t: gp.scaled_matmul_nt(
-        a, sa, b, sb, out_dtype=jnp.bfloat16, interpret=interpret, tiles=t), (xq, xs, wq, ws_rows))
+  if CUBLASLT_OK:
+    out["fp8_cublaslt"] = (lambda a, sa, b, sb: cublaslt.gemm(a, sa, b, sb, b_blocks=True,
+                                                               out_dtype=jnp.bfloat16),
+                           (xq, xs, wq, ws))
+  if FLAGS.pallas or not CUBLASLT_OK:
+    for i, t in enumerate(tiles_list):
+      name = "fp8_pallas" if len(tiles_list) == 1 else f"fp8_pallas@{i}"
+      ws_rows = jnp.repeat(ws, 128, axis=0)[:n]
+      out[name] = (lambda a, sa, b, sb, t=t: gp.scaled_matmul_nt(
+          a, sa, b, sb, out_dtype=jnp.bfloat16, interpret=interpret, tiles=t), (xq, xs, wq, ws_rows))
+  if decode:
+    qw = precision.prequantize_weight(w, jet.rollout.fprop,
+                                     k_major=backend.wants_k_major(jet.rollout.fprop))
+    out["linear"] = (lambda a, q: precision.linear(a, q, jet.rollout), (x, qw))
+  else:
+    out["linear"] = (lambda a, b: precision.linear(a, b, jet.rollout), (x, w))
+    for name, rec in (("train_bf16", bf16), ("train_jet", jet)):
+      out[name] = (lambda a, b, d, rec=rec: jax.vjp(
+          lambda a_, b_: precision.linear(a_, b_, rec.train), a, b)[1](d), (x, w, dy))
   return out
 
 
-def run_gemms(ms, models, interpret: bool, repeats: int):
+GEMM_FLOP_MULT = {"train_bf16": 3.0, "train_jet": 3.0}
+
+
+def run_gemms(ms, models, interpret: bool, repeats: int, decode_ms=()):
   rows, tiles_list = [], parse_tiles(FLAGS.tiles)
   peak = FLAGS.peak_tflops * 1e12
   # M outermost: when time runs short, the last token counts are dropped, not a whole model.
   for m in ms:
-    for model in models:
+    decode = m in decode_ms
+    for model in (models[:1] if decode and not interpret else models):
       for name, k, n in gemm_shapes(model):
-        if over_budget(0.4):
+        if over_budget(FLAGS.gemm_budget_fraction):
           rows.append(dict(model=model, layer=name, m=m, k=k, n=n, skipped="time budget"))
           continue
         flops = 2.0 * m * k * n
         est = max(flops / (0.6 * peak), (m * k + k * n + m * n) * 2 / 3e12)
         row = dict(model=model, layer=name, m=m, k=k, n=n)
-        for var, (fn, args) in gemm_variants(m, k, n, interpret, tiles_list).items():
+        for var, (fn, args) in gemm_variants(m, k, n, interpret, tiles_list, decode).items():
+          f = flops * GEMM_FLOP_MULT.get(var, 1.0)
           try:
-            t = loop_time(fn, args, est, repeats)
-            row[var] = dict(us=1e6 * t, tflops=flops / t / 1e12, frac_peak=flops / t / peak)
+            t = loop_time(fn, args, est * GEMM_FLOP_MULT.get(var, 1.0), repeats)
+            row[var] = dict(us=1e6 * t, tflops=f / t / 1e12, frac_peak=f / t / peak)
           except Exception as e:  # pylint: disable=broad-except
-            row[var] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
-        blocks = [v for key, v in row.items() if key.startswith("fp8_block") and key != "fp8_block+q"
-                  and isinstance(v, dict) and "us" in v]
-        if len(tiles_list) > 1 and blocks:
-          row["fp8_block"] = min(blocks, key=lambda v: v["us"])
+            row[var] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
         base = row.get("bf16", {}).get("us")
-        for var in ("fp8_block", "fp8_block+q", "fp8_tensor"):
-          if base and "us" in row.get(var, {}):
-            row[var]["speedup_vs_bf16"] = base / row[var]["us"]
+        for var in row:
+          if isinstance(row[var], dict) and "us" in row[var] and var != "bf16":
+            ref = row.get("train_bf16", {}).get("us") if var == "train_jet" else base
+            if ref and var != "train_bf16":
+              row[var]["speedup_vs_bf16"] = ref / row[var]["us"]
+        kern = row.get("fp8_cublaslt", row.get("fp8_pallas", {})).get("us")
+        if kern and "us" in row.get("linear", {}):
+          row["linear"]["frac_of_kernel"] = kern / row["linear"]["us"]
         rows.append(row)
         print(gemm_line(row), flush=True)
   return rows
 
 
-_VARS = ("bf16", "fp8_block", "fp8_block+q", "fp8_tensor")
+_VARS = ("bf16", "fp8_cublaslt", "fp8_pallas", "linear", "fp8_tensor", "train_jet")
 
 
 def gemm_line(r) -> str:
@@ -257,21 +302,26 @@ def gemm_line(r) -> str:
   def cell(var):
     v = r.get(var, {})
     if "us" not in v:
-      return f"{'error' if 'error' in v else '-':<22}"
+      return f"{'error' if 'error' in v else '-':<20}"
     sp = v.get("speedup_vs_bf16")
-    return f"{v['tflops']:7.1f} {100 * v['frac_peak']:5.1f}%" + (f" {sp:5.2f}x" if sp else " " * 7)
+    return f"{v['tflops']:7.1f} {v['us']:8.1f}us" + (f" {sp:4.2f}x" if sp else " " * 6)
   return head + "".join(f" | {cell(v)}" for v in _VARS)
 
 
 def gemm_header() -> str:
   return (f"  {'model':<14} {'layer':<8} {'M x K x N':<18}"
-          + "".join(f" | {v + ' TF/s %pk x':<22}" for v in _VARS))
+          + "".join(f" | {v + ' TF/s us x':<26}" for v in _VARS))
+
+
+def _kernel_backend(interpret: bool) -> str:
+  return "pallas_interpret" if interpret else ("cublaslt" if CUBLASLT_OK else "pallas")
 
 
 def kernel_agreement(interpret: bool, m: int, k: int, n: int) -> dict:
   """Max relative difference of fprop / dgrad / wgrad between the kernel and the XLA path.
 
-  The jet GEMMs with float32 between operators, so only float32 rounding separates the two.
+  The jet GEMMs with float32 between operators, so only the order of float32 sums separates
+  the two (docs/numerics.md states the tolerances the tests assert).
   """
   g = precision.Fp8Gemm()
   p32 = precision.Precision("float32", fprop=g, dgrad=g, wgrad=g)
@@ -280,22 +330,28 @@ def kernel_agreement(interpret: bool, m: int, k: int, n: int) -> dict:
   w = jnp.asarray(rng.standard_normal((k, n)) * 0.02, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
   outs = {}
-  for be in ("xla", "pallas_interpret" if interpret else "pallas"):
+  kern = _kernel_backend(interpret)
+  for be in ("xla", kern):
     p = precision.with_gemm_backend(p32, be)
     f = jax.jit(lambda a, b, d, p=p: (lambda y, vjp: (y,) + vjp(d))(
         *jax.vjp(lambda a_, b_: precision.linear(a_, b_, p), a, b)))
     outs[be] = [np.asarray(v, np.float64) for v in f(x, w, dy)]
-  ref, got = outs["xla"], outs[[b for b in outs if b != "xla"][0]]
+  ref, got = outs["xla"], outs[kern]
   rel = lambda a, b: float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-  return {f"{name}_max_rel_diff": rel(g_, r) for name, g_, r in zip(("fprop", "dgrad", "wgrad"), got, ref)}
+  res = {f"{name}_max_rel_diff": rel(g_, r)
+         for name, g_, r in zip(("fprop", "dgrad", "wgrad"), got, ref)}
+  res["backend"] = kern
+  res["shape"] = [m, k, n]
+  return res
 
 
 def fp8_checks(interpret: bool, dump_dir) -> dict:
-  """The FP8 check (compiled HLO on a GPU; Triton lowering for 'cuda' otherwise), and PTX."""
+  """The FP8 check (compiled HLO on a GPU; lowering for 'cuda' otherwise), and PTX."""
   x = jnp.ones((256, 1536), jnp.bfloat16)
   w = jnp.ones((1536, 1024), jnp.float32)
   plat = None if not interpret else "cuda"
-  jet = precision.with_gemm_backend(precision.get_recipe("jet").train, "pallas")
+  jet = precision.with_gemm_backend(precision.get_recipe("jet").train,
+                                    "pallas" if interpret else _kernel_backend(False))
   res = {}
 
   def fp8_ptx_probe(a, b):
@@ -318,11 +374,11 @@ def fp8_checks(interpret: bool, dump_dir) -> dict:
     except Exception as e:  # pylint: disable=broad-except
       res[name] = dict(ok=False, summary=f"error: {type(e).__name__}: {str(e)[:300]}")
   if interpret:
-    res["compiled_gpu"] = "skipped: no GPU (the Triton lowering for 'cuda' was checked instead)"
-  if dump_dir:
+    res["compiled_gpu"] = "skipped: no GPU (the lowering for 'cuda' was checked instead)"
+  if dump_dir and not CUBLASLT_OK:
     try:
       jax.block_until_ready(jax.jit(fp8_ptx_probe)(x, w))
-      counts = gp.ptx_fp8_mma_lines(dump_dir)
+      counts = precision.fp8_checks.ptx_fp8_mma_lines(dump_dir)
       n_files = sum(len([f for f in fs if f.endswith(".ptx")]) for _, _, fs in os.walk(dump_dir))
       res["ptx_fp8_mma_lines"] = counts or f"no FP8 MMA line in {n_files} dumped PTX file(s)"
     except Exception as e:  # pylint: disable=broad-except
@@ -330,7 +386,19 @@ def fp8_checks(interpret: bool, dump_dir) -> dict:
   return res
 
 
-# --- (b) rollout and (c) update ------------------------------------------------------------
+# --- (b) rollout, (c) update, (d) one RL step -------------------------------------------------
+
+def memory_gib() -> dict:
+  """Peak and current device memory (GiB) from the device's own counters, where it has them."""
+  try:
+    st = jax.devices()[0].memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except
+    st = {}
+  gib = lambda v: round(v / 2**30, 2)
+  return {k: gib(st[key]) for k, key in (("peak_gib", "peak_bytes_in_use"),
+                                          ("in_use_gib", "bytes_in_use"),
+                                          ("limit_gib", "bytes_limit")) if key in st}
+
 
 def _model(name: str, dtype):
   from jetrl.models import get_config, init_params  # pylint: disable=import-outside-toplevel
@@ -338,69 +406,89 @@ def _model(name: str, dtype):
   return cfg, init_params(cfg, jax.random.PRNGKey(0), dtype=dtype)
 
 
-def run_rollout(model: str, batch: int, prompt_len: int, new_tokens: int, interpret: bool):
+def _recipe(name: str, interpret: bool):
+  """A recipe as a run gets it; in the CPU smoke test on the XLA path (the interpreted kernel
+  is checked by the GEMM part: a whole model in interpret mode takes minutes)."""
+  rec = precision.get_recipe(name)
+  return precision.with_gemm_backend(rec, "xla") if interpret else rec
+
+
+def run_rollout(model: str, settings, interpret: bool, recipes=("bf16", "fp8_rollout", "jet")):
+  """Sampler tokens/s per recipe, for each (batch, prompt_len, new_tokens) in settings."""
   try:
     from jetrl.sampling import SamplingConfig, sample  # pylint: disable=import-outside-toplevel
     cfg, params = _model(model, jnp.dtype(FLAGS.param_dtype))
   except Exception as e:  # pylint: disable=broad-except
     return [dict(skipped=f"{type(e).__name__}: {e}")]
-  rng = np.random.default_rng(0)
-  prompts = [list(rng.integers(1, cfg.vocab_size, prompt_len)) for _ in range(batch)]
-  scfg = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, prompt_len=prompt_len)
   rows = []
-  for name in ("bf16", "fp8_rollout", "jet"):
-    if over_budget(0.65):
-      rows.append(dict(recipe=name, skipped="time budget"))
-      continue
-    rec = precision.get_recipe(name)
-    if interpret:
-      rec = precision.with_gemm_backend(rec, "pallas_interpret")
-    try:
-      t0 = time.perf_counter()
-      run = lambda: sample(params, cfg, prompts, jax.random.PRNGKey(1), scfg, rec.rollout).tokens
-      jax.block_until_ready(run())
-      first = time.perf_counter() - t0
-      t = call_time(run, max(1, FLAGS.repeats - 1))
-      rows.append(dict(recipe=name, seconds=t, tokens_per_s=batch * new_tokens / t,
-                       first_call_s=first))
-    except Exception as e:  # pylint: disable=broad-except
-      rows.append(dict(recipe=name, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
-    print(f"  ... {name} done at {elapsed():.0f} s", flush=True)
+  for batch, prompt_len, new_tokens in settings:
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(1, cfg.vocab_size, prompt_len)) for _ in range(batch)]
+    scfg = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, prompt_len=prompt_len)
+    for name in recipes:
+      row = dict(recipe=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
+      if over_budget(FLAGS.rollout_budget_fraction):
+        rows.append(dict(row, skipped="time budget"))
+        continue
+      rec = _recipe(name, interpret)
+      try:
+        t0 = time.perf_counter()
+        run = lambda: sample(params, cfg, prompts, jax.random.PRNGKey(1), scfg, rec.rollout).tokens
+        jax.block_until_ready(run())
+        first = time.perf_counter() - t0
+        t = call_time(run, max(1, FLAGS.repeats - 1))
+        rows.append(dict(row, seconds=t, tokens_per_s=batch * new_tokens / t,
+                         ms_per_step=1e3 * t / new_tokens, first_call_s=first,
+                         compile_s=max(0.0, first - t), **memory_gib()))
+      except Exception as e:  # pylint: disable=broad-except
+        rows.append(dict(row, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
+      print(f"  ... {name} {batch}x{prompt_len}+{new_tokens} done at {elapsed():.0f} s", flush=True)
   return rows
 
 
 def rollout_line(r) -> str:
+  head = f"{r.get('recipe', 'rollout'):<12} {r.get('batch', '')}x{r.get('prompt_len', '')}+{r.get('new_tokens', '')}"
   if "skipped" in r:
-    return f"{r.get('recipe', 'rollout'):<12} skipped: {r['skipped']}"
+    return f"{head:<28} skipped: {r['skipped']}"
   sp = f"  {r['speedup_vs_bf16']:.2f}x bf16" if "speedup_vs_bf16" in r else ""
-  return f"{r['recipe']:<12} {r['tokens_per_s']:10.0f} tok/s  ({r['seconds']:.2f} s){sp}"
+  return (f"{head:<28} {r['tokens_per_s']:9.0f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
+          f"compile {r['compile_s']:5.1f} s{sp}")
 
 
-def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, interpret: bool):
-  try:
-    from jetrl.rl import UpdateConfig, init_train_state, make_train_batch, update_step  # pylint: disable=import-outside-toplevel
-    cfg, params = _model(model, jnp.float32)
-  except Exception as e:  # pylint: disable=broad-except
-    return [dict(skipped=f"{type(e).__name__}: {e}")]
+def _update_batch(cfg, rows_n, prompt_len, completion_len):
+  from jetrl.rl import make_train_batch  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   prompt = jnp.asarray(rng.integers(1, cfg.vocab_size, (rows_n, prompt_len)), jnp.int32)
   tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (rows_n, completion_len)), jnp.int32)
   ones = lambda shape: jnp.ones(shape, bool)
+  return make_train_batch(prompt, ones(prompt.shape), tokens, ones(tokens.shape),
+                          jnp.asarray(-rng.random((rows_n, completion_len)) * 3, jnp.float32),
+                          jnp.asarray(rng.standard_normal(rows_n), jnp.float32))
+
+
+def _param_count(params) -> int:
+  return int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
+
+
+def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, interpret: bool):
   try:
-    batch = make_train_batch(prompt, ones(prompt.shape), tokens, ones(tokens.shape),
-                             jnp.asarray(-rng.random((rows_n, completion_len)) * 3, jnp.float32),
-                             jnp.asarray(rng.standard_normal(rows_n), jnp.float32))
+    from jetrl.rl import UpdateConfig, init_train_state, update_step  # pylint: disable=import-outside-toplevel
+    from jetrl.rl.update import resolve_remat  # pylint: disable=import-outside-toplevel
+    cfg, params = _model(model, jnp.float32)
+    batch = _update_batch(cfg, rows_n, prompt_len, completion_len)
     ucfg = UpdateConfig()
   except Exception as e:  # pylint: disable=broad-except
     return [dict(skipped=f"{type(e).__name__}: {e}")]
+  tokens = rows_n * (prompt_len + completion_len)
+  n_params = _param_count(params)
+  remat = resolve_remat(ucfg.remat, cfg, rows_n, prompt_len + completion_len - 1)
   rows = []
   for name in ("bf16", "jet"):
-    if over_budget(0.9):
-      rows.append(dict(recipe=name, skipped="time budget"))
+    row = dict(recipe=name, rows=rows_n, seq=prompt_len + completion_len, remat=remat)
+    if over_budget(FLAGS.update_budget_fraction):
+      rows.append(dict(row, skipped="time budget"))
       continue
-    rec = precision.get_recipe(name)
-    if interpret:
-      rec = precision.with_gemm_backend(rec, "pallas_interpret")
+    rec = _recipe(name, interpret)
     try:
       state = init_train_state(params, ucfg)
       times = []
@@ -411,33 +499,108 @@ def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, in
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
       t = float(np.median(times[1:]))
-      rows.append(dict(recipe=name, seconds=t, first_call_s=times[0],
-                       tokens_per_s=rows_n * (prompt_len + completion_len) / t))
+      mfu = 6.0 * n_params * tokens / t / (FLAGS.peak_tflops * 1e12)
+      rows.append(dict(row, seconds=t, first_call_s=times[0], tokens_per_s=tokens / t,
+                       mfu_6nd=mfu, params=n_params,
+                       finite=bool(float(metrics["skipped_updates"]) == 0), **memory_gib()))
       del state
     except Exception as e:  # pylint: disable=broad-except
-      rows.append(dict(recipe=name, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
+      rows.append(dict(row, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
     print(f"  ... {name} done at {elapsed():.0f} s", flush=True)
   return rows
 
 
 def update_line(r) -> str:
+  head = f"{r.get('recipe', 'update'):<6} {r.get('rows', '')}x{r.get('seq', '')}"
   if "skipped" in r:
-    return f"{r.get('recipe', 'update'):<12} skipped: {r['skipped']}"
+    return f"{head:<16} skipped: {r['skipped']}"
   sp = f"  {r['speedup_vs_bf16']:.2f}x bf16" if "speedup_vs_bf16" in r else ""
-  return f"{r['recipe']:<12} {1e3 * r['seconds']:10.1f} ms/step ({r['tokens_per_s']:.0f} tok/s){sp}"
+  return (f"{head:<16} {1e3 * r['seconds']:9.1f} ms/step ({r['tokens_per_s']:.0f} tok/s, "
+          f"MFU {100 * r['mfu_6nd']:.1f}%, peak {r.get('peak_gib', '?')} GiB, "
+          f"remat {r['remat']}){sp}")
 
 
-def add_speedups(rows, key: str, larger_is_better: bool):
-  base = next((r for r in rows if r.get("recipe") == "bf16" and key in r), None)
+def run_e2e(model: str, prompts_n: int, group: int, prompt_len: int, new_tokens: int,
+            interpret: bool):
+  """One RL step (rollout, reward, advantages, update) per recipe, with the time split."""
+  try:
+    from jetrl.rl import UpdateConfig, init_train_state, make_train_batch, update_step  # pylint: disable=import-outside-toplevel
+    from jetrl.rl.advantages import group_advantages  # pylint: disable=import-outside-toplevel
+    from jetrl.sampling import SamplingConfig, sample  # pylint: disable=import-outside-toplevel
+    cfg, params = _model(model, jnp.float32)
+  except Exception as e:  # pylint: disable=broad-except
+    return [dict(skipped=f"{type(e).__name__}: {e}")]
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(1, cfg.vocab_size, prompt_len)) for _ in range(prompts_n)]
+  scfg = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, prompt_len=prompt_len,
+                        n=group)
+  ucfg = UpdateConfig(micro_batches=FLAGS.e2e_micro_batches)
+  rows = []
+  for name in ("bf16", "jet"):
+    row = dict(recipe=name, prompts=prompts_n, group=group, new_tokens=new_tokens)
+    if over_budget(0.97):
+      rows.append(dict(row, skipped="time budget"))
+      continue
+    rec = _recipe(name, interpret)
+    try:
+      state = init_train_state(params, ucfg)
+      splits = []
+      for i in range(2):
+        t0 = time.perf_counter()
+        out = sample(state.params, cfg, prompts, jax.random.PRNGKey(i), scfg, rec.rollout)
+        jax.block_until_ready(out.tokens)
+        t1 = time.perf_counter()
+        # A stand-in verifiable reward: the share of even token ids (host-side, like a task's).
+        toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
+        reward = ((toks % 2 == 0) & mask).sum(1) / np.maximum(mask.sum(1), 1)
+        adv = group_advantages(jnp.asarray(reward, jnp.float32), group)
+        batch = make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
+                                 out.logprobs, adv)
+        t2 = time.perf_counter()
+        state, metrics = update_step(state, batch, jax.random.PRNGKey(i), model_config=cfg,
+                                     cfg=ucfg, precision=rec.train)
+        jax.block_until_ready(metrics)
+        t3 = time.perf_counter()
+        splits.append((t1 - t0, t2 - t1, t3 - t2))
+      ro, rw, up = splits[-1]
+      rows.append(dict(row, seconds=ro + rw + up, rollout_s=ro, reward_s=rw, update_s=up,
+                       first_step_s=sum(splits[0]),
+                       mismatch=float(metrics.get("agree/mean_abs_diff", np.nan)),
+                       **memory_gib()))
+      del state
+    except Exception as e:  # pylint: disable=broad-except
+      rows.append(dict(row, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
+    print(f"  ... {name} done at {elapsed():.0f} s", flush=True)
+  return rows
+
+
+def e2e_line(r) -> str:
+  head = f"{r.get('recipe', 'e2e'):<6} {r.get('prompts', '')}x{r.get('group', '')}"
+  if "skipped" in r:
+    return f"{head:<12} skipped: {r['skipped']}"
+  sp = f"  {r['speedup_vs_bf16']:.2f}x bf16" if "speedup_vs_bf16" in r else ""
+  return (f"{head:<12} {r['seconds']:7.2f} s/step = rollout {r['rollout_s']:.2f} + reward "
+          f"{r['reward_s']:.2f} + update {r['update_s']:.2f}{sp}")
+
+
+def add_speedups(rows, key: str, larger_is_better: bool, group=()):
   for r in rows:
+    base = next((b for b in rows if b.get("recipe") == "bf16" and key in b
+                 and all(b.get(g) == r.get(g) for g in group)), None)
     if base and key in r:
       r["speedup_vs_bf16"] = (r[key] / base[key]) if larger_is_better else (base[key] / r[key])
+
+
+def _settings(text: str):
+  """'64x256x256,256x256x256' -> [(64, 256, 256), (256, 256, 256)] (batch x prompt x new)."""
+  return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
 
 
 # --- main ----------------------------------------------------------------------------------
 
 def main(argv):
   del argv
+  global CUBLASLT_OK  # pylint: disable=global-statement
   xla_info = setup_xla_flags()
   _imports()
   on_gpu = jax.default_backend() == "gpu"
@@ -454,8 +617,22 @@ def main(argv):
   result = dict(meta=dict(device=f"{dev.device_kind} ({jax.default_backend()}, cc {cc})",
                           jax=jax.__version__, smoke_test=smoke, xla=xla_info,
                           peak_tflops=FLAGS.peak_tflops))
+
+  def save():
+    result["meta"]["total_s"] = elapsed()
+    if FLAGS.json_out:
+      with open(FLAGS.json_out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1, default=str)
+
   print(f"device: {result['meta']['device']}   jax {jax.__version__}   "
         f"XLA extra flags: {xla_info['extra_flags'] or '(none)'}")
+  if on_gpu:
+    t0 = time.perf_counter()
+    reason = cublaslt.unavailable_reason()
+    CUBLASLT_OK = reason is None
+    result["meta"]["cublaslt"] = dict(cublaslt.info(), load_s=time.perf_counter() - t0)
+    print(f"cuBLASLt FP8 GEMM: {'ready' if CUBLASLT_OK else 'unavailable: ' + str(reason)} "
+          f"{cublaslt.info()}")
   if smoke:
     print("SMOKE TEST on CPU: tiny shapes, kernel in Pallas interpret mode; timings mean nothing.")
   for note in xla_info["notes"]:
@@ -466,43 +643,55 @@ def main(argv):
   sections = set(FLAGS.sections)
   if "gemm" in sections and (fp8_ok or smoke):
     models = ["tiny"] if smoke else FLAGS.gemm_models
-    ms = [64, 8] if smoke else [int(v) for v in FLAGS.prefill_m + FLAGS.decode_m]
+    prefill = [64] if smoke else [int(v) for v in FLAGS.prefill_m]
+    decode = [8] if smoke else [int(v) for v in FLAGS.decode_m]
     print("\n(a) FP8 check")
     result["fp8_check"] = fp8_checks(interpret, None if smoke else xla_info["dump_dir"])
     for k, v in result["fp8_check"].items():
       print(f"  {k:<32} {v.get('summary', v) if isinstance(v, dict) else v}")
-    try:
-      result["kernel_agreement"] = kernel_agreement(interpret, *((130, 300, 200) if smoke else (512, 1536, 8960)))
-    except Exception as e:  # pylint: disable=broad-except
-      result["kernel_agreement"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    print(f"  kernel vs XLA path (jet GEMMs, float32 between operators): "
-          f"{result['kernel_agreement']}")
-    print(f"\n(a) GEMMs: TFLOP/s, % of {FLAGS.peak_tflops:.0f} TFLOP/s bf16 peak, speed-up over bf16")
+    for shape in ((130, 300, 200),) if smoke else ((512, 1536, 8960), (4096, 8960, 1536)):
+      try:
+        agree = kernel_agreement(interpret, *shape)
+      except Exception as e:  # pylint: disable=broad-except
+        agree = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+      result.setdefault("kernel_agreement", []).append(agree)
+      print(f"  kernel vs XLA path (jet GEMMs, float32 between operators): {agree}")
+    print(f"\n(a) GEMMs: TFLOP/s, microseconds, speed-up over bf16 (train_jet: over train_bf16)")
     print(gemm_header())
-    result["gemm"] = run_gemms(ms, models, interpret, 1 if smoke else FLAGS.repeats)
+    result["gemm"] = run_gemms(prefill + decode, models, interpret,
+                               1 if smoke else FLAGS.repeats, decode_ms=decode)
+    save()
   if "rollout" in sections and (fp8_ok or smoke):
     print(f"\n(b) rollout: {FLAGS.model if not smoke else 'tiny'}")
-    rows = (run_rollout("tiny", 2, 16, 8, interpret) if smoke else
-            run_rollout(FLAGS.model, FLAGS.rollout_batch, FLAGS.prompt_len, FLAGS.new_tokens,
-                        interpret))
-    add_speedups(rows, "tokens_per_s", True)
+    settings = [(2, 16, 8)] if smoke else _settings(FLAGS.rollout_settings)
+    rows = run_rollout("tiny" if smoke else FLAGS.model, settings, interpret)
+    add_speedups(rows, "tokens_per_s", True, group=("batch", "prompt_len", "new_tokens"))
     result["rollout"] = rows
     for r in rows:
       print("  " + rollout_line(r))
+    save()
   if "update" in sections and (fp8_ok or smoke):
     print(f"\n(c) update step: {FLAGS.model if not smoke else 'tiny'}")
     rows = (run_update("tiny", 2, 16, 16, interpret) if smoke else
-            run_update(FLAGS.model, FLAGS.update_rows, FLAGS.prompt_len, FLAGS.new_tokens,
-                       interpret))
+            run_update(FLAGS.model, FLAGS.update_rows, FLAGS.update_prompt_len,
+                       FLAGS.update_completion_len, interpret))
     add_speedups(rows, "seconds", False)
     result["update"] = rows
     for r in rows:
       print("  " + update_line(r))
-  result["meta"]["total_s"] = elapsed()
+    save()
+  if "e2e" in sections and (fp8_ok or smoke):
+    print(f"\n(d) one RL step: {FLAGS.model if not smoke else 'tiny'}")
+    rows = (run_e2e("tiny", 2, 2, 16, 8, interpret) if smoke else
+            run_e2e(FLAGS.model, FLAGS.e2e_prompts, FLAGS.e2e_group, FLAGS.prompt_len,
+                    FLAGS.new_tokens, interpret))
+    add_speedups(rows, "seconds", False)
+    result["e2e"] = rows
+    for r in rows:
+      print("  " + e2e_line(r))
+  save()
   print(f"\ntotal {elapsed():.0f} s")
   if FLAGS.json_out:
-    with open(FLAGS.json_out, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1, default=str)
     print(f"wrote {FLAGS.json_out}")
   return 0
 

@@ -14,7 +14,7 @@ import pytest
 from fp8_reference import ref_quantize
 from jetrl.precision import (GEMM_BACKENDS, Fp8Gemm, Precision, check_fp8_in_compiled,
                              get_recipe, linear, quantize, scaled_matmul_nt, with_gemm_backend)
-from jetrl.precision import backend, gemm_pallas
+from jetrl.precision import backend, fp8_checks, gemm_pallas
 
 BLOCK = Fp8Gemm()
 M, K, N = 130, 300, 200  # partial token tiles, partial K and N blocks
@@ -122,11 +122,19 @@ def test_per_tensor_scaling_and_non_finite_through_kernel(xwd):
 def test_backend_field_validation_and_resolution(monkeypatch):
   monkeypatch.delenv(backend.ENV_VAR, raising=False)
   backend.env_backend.cache_clear()
-  assert GEMM_BACKENDS == ("auto", "xla", "pallas", "pallas_interpret")
+  assert GEMM_BACKENDS == ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
   with pytest.raises(ValueError) as e:
     Fp8Gemm(gemm_backend="triton")
   assert all(name in str(e.value) for name in GEMM_BACKENDS)
-  assert backend.resolve(Fp8Gemm()) == ("pallas" if ON_FP8_GPU else "xla")
+  from jetrl.precision import cublaslt
+  on_hopper = ON_FP8_GPU and cublaslt.unavailable_reason() is None
+  assert backend.resolve(Fp8Gemm()) == ("cublaslt" if on_hopper else "pallas" if ON_FP8_GPU
+                                        else "xla")
+  if not on_hopper:  # an explicit request says why it cannot run
+    with pytest.raises(ValueError, match="cublaslt"):
+      backend.resolve(Fp8Gemm(gemm_backend="cublaslt"))
+  with pytest.raises(ValueError, match="1x128"):  # cuBLASLt scales 128-blocks only
+    backend.resolve(Fp8Gemm(block=64, gemm_backend="cublaslt"))
   assert backend.resolve(Fp8Gemm(gemm_backend="pallas_interpret")) == "pallas_interpret"
   # A block the kernel cannot tile: "auto" falls back to XLA, an explicit request is an error.
   assert backend.resolve(Fp8Gemm(block=96, gemm_backend="auto")) == "xla"
@@ -272,11 +280,11 @@ def test_ptx_scan(tmp_path):
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {...};\n"
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {...};\n")
   (tmp_path / "bf16_only.ptx").write_text("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32\n")
-  assert gemm_pallas.ptx_fp8_mma_lines(str(tmp_path)) == {"m.ptx": {"wgmma": 1, "mma.sync": 1}}
+  assert fp8_checks.ptx_fp8_mma_lines(str(tmp_path)) == {"m.ptx": {"wgmma": 1, "mma.sync": 1}}
 
 
 def test_compiled_hlo_parser_on_gpu_style_text():
-  fp8, other, upcasts = gemm_pallas.compiled_hlo_gemms(GPU_HLO)
+  fp8, other, upcasts = fp8_checks.compiled_hlo_gemms(GPU_HLO)
   assert fp8 == ["custom-call __cublas$lt$matmul$f8(f8e4m3fn, f8e4m3fn, f32, f32)"]
   assert sorted(other) == ["dot(bf16, bf16)", "dot(bf16, bf16)"]
   # Both bf16 dots read an FP8 value converted up: one inside its fusion, one across fusions.

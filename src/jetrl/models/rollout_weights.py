@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from jetrl.precision import Precision, prequantize_weight
+from jetrl.precision.backend import wants_k_major
 
 LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
@@ -22,5 +23,6 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
     return params
   layers = dict(params["layers"])
   for name in LINEAR_WEIGHTS:
-    layers[name] = prequantize_weight(layers[name], precision.fprop)
+    layers[name] = prequantize_weight(layers[name], precision.fprop,
+                                      k_major=wants_k_major(precision.fprop))
   return dict(params, layers=layers)

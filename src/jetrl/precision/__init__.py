@@ -1,14 +1,18 @@
 """FP8 numerics: formats, tile-wise quantization, the FP8 `linear`, and recipes."""
 
-from jetrl.precision.backend import GEMM_BACKENDS, with_gemm_backend
+from jetrl.precision.backend import GEMM_BACKENDS
 from jetrl.precision.formats import E4M3, E5M2, FORMATS, fp8_max
-from jetrl.precision.gemm_pallas import Fp8Check, check_fp8_in_compiled, scaled_matmul_nt
-from jetrl.precision.linear import QuantizedWeight, linear, prequantize_weight, quantize_weight
+from jetrl.precision.fp8_checks import Fp8Check, check_fp8_in_compiled
+from jetrl.precision.gemm_pallas import scaled_matmul_nt
+from jetrl.precision.linear import linear
 from jetrl.precision.quantize import dequantize, quantize, scale_shape
-from jetrl.precision.recipes import RECIPES, Fp8Gemm, Precision, Recipe, get_recipe
+from jetrl.precision.recipes import (RECIPES, Fp8Gemm, Precision, Recipe, get_recipe,
+                                     with_gemm_backend)
+from jetrl.precision.weights import QuantizedWeight, prequantize_weight, quantize_weight
 
 __all__ = [
-    "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "QuantizedWeight", "prequantize_weight", "dequantize",
-    "quantize", "scale_shape", "RECIPES", "Fp8Gemm", "Precision", "Recipe", "get_recipe",
-    "GEMM_BACKENDS", "with_gemm_backend", "Fp8Check", "check_fp8_in_compiled", "scaled_matmul_nt",
+    "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "QuantizedWeight",
+    "prequantize_weight", "dequantize", "quantize", "scale_shape", "RECIPES", "Fp8Gemm",
+    "Precision", "Recipe", "get_recipe", "GEMM_BACKENDS", "with_gemm_backend", "Fp8Check",
+    "check_fp8_in_compiled", "scaled_matmul_nt",
 ]

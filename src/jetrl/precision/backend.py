@@ -1,31 +1,41 @@
-"""Which implementation runs an FP8 GEMM: XLA, or the blockwise FP8 Pallas kernel.
+"""Which implementation runs an FP8 GEMM: cuBLASLt, the Pallas kernel, or XLA.
 
 Each `Fp8Gemm` carries a `gemm_backend` field (static under jit, like the rest of a recipe):
 
-  "auto"              the Pallas kernel on an FP8-capable GPU (NVIDIA, compute capability
-                      >= 8.9: Ada, Hopper and later), the XLA path everywhere else
+  "auto"              on Hopper, cuBLASLt's blockwise FP8 GEMM (jetrl.precision.cublaslt);
+                      on another FP8-capable NVIDIA GPU (compute capability >= 8.9), or when
+                      cuBLASLt cannot serve, the Pallas kernel; XLA everywhere else
   "xla"               quantize, dequantize to float32, one float32 matmul (the CPU emulation;
-                      the reference the kernel is tested against)
+                      the reference the kernels are tested against)
+  "cublaslt"          cuBLASLt's FP8 GEMM with 1x128 / 128x128 scales (Hopper)
   "pallas"            the Pallas kernel compiled for the GPU (Triton): FP8 operands into the dot
   "pallas_interpret"  the same kernel in Pallas interpret mode (runs anywhere, slowly; tests)
 
-The environment variable JETRL_GEMM_BACKEND ("xla", "pallas", "pallas_interpret" or "auto")
-overrides what "auto" resolves to, for a whole process; an explicit field value always wins.
-It is read once, on the first FP8 GEMM traced. `with_gemm_backend(recipe_or_precision, name)`
-returns a copy whose every FP8 GEMM uses `name`.
+The environment variable JETRL_GEMM_BACKEND (one of the names above) overrides what "auto"
+resolves to, for a whole process; an explicit field value always wins. It is read once, on the
+first FP8 GEMM traced. `jetrl.precision.with_gemm_backend(recipe, name)` returns a copy of a
+recipe whose every FP8 GEMM uses `name`.
+
+A GEMM that the chosen kernel cannot take (a block size other than 128 for cuBLASLt, a shape
+cuBLASLt has no algorithm for) runs on the next one down (cuBLASLt -> Pallas -> XLA): the FP8
+values and scales are the same on every backend, only the summation order differs. "auto"
+logs each fallback once, with the reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import logging
 import os
 from typing import Optional
 
-GEMM_BACKENDS = ("auto", "xla", "pallas", "pallas_interpret")
+GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
+KERNELS = ("cublaslt", "pallas", "pallas_interpret")
 ENV_VAR = "JETRL_GEMM_BACKEND"
 # FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) and later.
 MIN_COMPUTE_CAPABILITY = (8, 9)
+
+log = logging.getLogger("jetrl")
 
 
 def check_backend(name: str, what: str = "gemm_backend") -> str:
@@ -76,47 +86,65 @@ def kernel_unsupported_reason(block: int) -> Optional[str]:
   return None
 
 
+def cublaslt_unsupported_reason(gemm) -> Optional[str]:
+  """Why cuBLASLt cannot serve this Fp8Gemm at all (None if it can, shape permitting)."""
+  from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
+  if gemm.scaling == "block" and gemm.block != 128:
+    return f"block={gemm.block}: cuBLASLt scales 1x128 / 128x128 blocks only"
+  return cublaslt.unavailable_reason()
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+  log.warning("jetrl: %s", message)
+
+
+def _auto() -> str:
+  if not fp8_gpu_available():
+    return "xla"
+  from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
+  reason = cublaslt.unavailable_reason()
+  if reason is None:
+    return "cublaslt"
+  _say_once(f"the cuBLASLt FP8 GEMM is unavailable ({reason}); FP8 GEMMs use the Pallas kernel")
+  return "pallas"
+
+
 def resolve(gemm) -> str:
-  """The concrete backend ("xla", "pallas" or "pallas_interpret") for an `Fp8Gemm`."""
+  """The concrete backend ("xla", "cublaslt", "pallas" or "pallas_interpret") of an Fp8Gemm.
+
+  For "auto" this is the preferred kernel; a particular GEMM may still fall back
+  (`fallback`). An explicit kernel that cannot run at all is a ValueError with the reason.
+  """
   name = check_backend(gemm.gemm_backend)
-  if name == "auto":
-    name = env_backend() or ("pallas" if fp8_gpu_available() else "xla")
-    if name != "xla" and kernel_unsupported_reason(gemm.block):
-      return "xla"  # "auto" never fails: the XLA path computes the same numbers.
-    return name
-  if name != "xla":
-    reason = kernel_unsupported_reason(gemm.block)
+  explicit = name != "auto"
+  if not explicit:
+    name = env_backend() or _auto()
+  if name == "cublaslt":
+    reason = cublaslt_unsupported_reason(gemm)
+    if reason and explicit:
+      raise ValueError(f"gemm_backend='cublaslt' cannot run this GEMM: {reason}; use "
+                       "gemm_backend='pallas', 'xla' or 'auto'")
     if reason:
+      _say_once(f"cuBLASLt cannot serve these FP8 GEMMs ({reason}); using the next backend")
+      name = "pallas" if fp8_gpu_available() else "xla"
+  if name in ("pallas", "pallas_interpret"):
+    reason = kernel_unsupported_reason(gemm.block)
+    if reason and explicit:
       raise ValueError(f"gemm_backend={name!r} cannot run this GEMM: {reason}; use "
                        "gemm_backend='xla' or 'auto'")
+    if reason:
+      return "xla"  # "auto" never fails: the XLA path computes the same numbers.
   return name
 
 
-def with_gemm_backend(obj, name: str):
-  """A copy of an Fp8Gemm, Precision or Recipe whose every FP8 GEMM uses backend `name`.
+def fallback(name: str, gemm) -> str:
+  """The backend below `name` for one GEMM that `name` cannot take."""
+  if name == "cublaslt" and fp8_gpu_available() and not kernel_unsupported_reason(gemm.block):
+    return "pallas"
+  return "xla"
 
-  A Recipe whose rollout is its training forward stays unified (the rollout is derived from
-  the new training precision, sharing its fprop object).
-  """
-  # Imported here: recipes imports this module for GEMM_BACKENDS.
-  from jetrl.precision.recipes import Fp8Gemm, Precision, Recipe  # pylint: disable=import-outside-toplevel
-  check_backend(name)
-  if obj is None:
-    return None
-  if isinstance(obj, Fp8Gemm):
-    return dataclasses.replace(obj, gemm_backend=name)
-  if isinstance(obj, Precision):
-    # One replaced object per distinct original, so shared GEMM settings stay shared.
-    memo = {}
-    def sub(g):
-      if g is None:
-        return None
-      if id(g) not in memo:
-        memo[id(g)] = dataclasses.replace(g, gemm_backend=name)
-      return memo[id(g)]
-    return dataclasses.replace(obj, fprop=sub(obj.fprop), dgrad=sub(obj.dgrad),
-                               wgrad=sub(obj.wgrad))
-  if isinstance(obj, Recipe):
-    return dataclasses.replace(obj, train=with_gemm_backend(obj.train, name),
-                               rollout_override=with_gemm_backend(obj.rollout_override, name))
-  raise TypeError(f"with_gemm_backend: expected an Fp8Gemm, Precision or Recipe, got {type(obj)}")
+
+def wants_k_major(gemm) -> bool:
+  """Whether this GEMM's backend reads weights K-major (the FP8 kernels do; XLA does not)."""
+  return resolve(gemm) in KERNELS

@@ -9,7 +9,7 @@ frozen, hashable dataclass, static under `jit`: there is no FP8 state anywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 from jetrl.precision.backend import check_backend
 from jetrl.precision.formats import COMPUTE_DTYPES, FORMATS
@@ -27,9 +27,10 @@ class Fp8Gemm:
   fmt: format of activations and weights ("e4m3").
   grad_fmt: format of the incoming gradient dy in dgrad / wgrad ("e4m3" or "e5m2").
   pow2_scale: round scales up to powers of two.
-  gemm_backend: which implementation runs the GEMM: "auto" (the FP8 Pallas kernel on an
-    FP8-capable GPU, XLA elsewhere), "xla", "pallas" or "pallas_interpret"; see
-    jetrl.precision.backend. The FP8 values and scales are the same on every backend.
+  gemm_backend: which implementation runs the GEMM: "auto" (cuBLASLt on Hopper, the Pallas
+    kernel on other FP8-capable GPUs, XLA elsewhere), "xla", "cublaslt", "pallas" or
+    "pallas_interpret"; see jetrl.precision.backend. The FP8 values and scales are the same
+    on every backend.
   """
   scaling: str = "block"
   block: int = 128
@@ -133,3 +134,32 @@ def get_recipe(name: str, *, grad_fmt: str = "e4m3") -> Recipe:
   if grad_fmt not in FORMATS:
     raise ValueError(f"unknown gradient format {grad_fmt!r}; accepted: {sorted(FORMATS)}")
   return _build(name, grad_fmt)
+
+
+def with_gemm_backend(obj: Union[Fp8Gemm, Precision, Recipe, None], name: str):
+  """A copy of an Fp8Gemm, Precision or Recipe whose every FP8 GEMM uses backend `name`.
+
+  A Recipe whose rollout is its training forward stays unified (the rollout is derived from
+  the new training precision, sharing its fprop object).
+  """
+  check_backend(name)
+  if obj is None:
+    return None
+  if isinstance(obj, Fp8Gemm):
+    return dataclasses.replace(obj, gemm_backend=name)
+  if isinstance(obj, Precision):
+    # One replaced object per distinct original, so shared GEMM settings stay shared.
+    memo = {}
+
+    def sub(g):
+      if g is None:
+        return None
+      if id(g) not in memo:
+        memo[id(g)] = dataclasses.replace(g, gemm_backend=name)
+      return memo[id(g)]
+    return dataclasses.replace(obj, fprop=sub(obj.fprop), dgrad=sub(obj.dgrad),
+                               wgrad=sub(obj.wgrad))
+  if isinstance(obj, Recipe):
+    return dataclasses.replace(obj, train=with_gemm_backend(obj.train, name),
+                               rollout_override=with_gemm_backend(obj.rollout_override, name))
+  raise TypeError(f"with_gemm_backend: expected an Fp8Gemm, Precision or Recipe, got {type(obj)}")

@@ -31,6 +31,7 @@ from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS, aggregate, kl_penalty, 
 LOSSES = ("grpo", "dapo", "dr_grpo")
 OLD_LOGP_SOURCES = ("rollout", "recompute")
 SCHEDULES = ("constant", "cosine")
+REMAT_POLICIES = ("auto", "none", "layer")
 MASTER_DTYPES = ("float32", "bfloat16")
 
 # Per-loss defaults: (clip_high, aggregation, normalize advantages by the group std).
@@ -75,7 +76,7 @@ class UpdateConfig:
   temperature: float = 1.0
   master_dtype: str = "float32"
   chunk_size: int = 256
-  remat: bool = False
+  remat: str = "auto"      # "none", "layer" (recompute each layer in the backward), "auto"
 
   def __post_init__(self):
     _one_of("loss", self.loss, LOSSES)
@@ -84,6 +85,9 @@ class UpdateConfig:
     _one_of("old_logp", self.old_logp, OLD_LOGP_SOURCES)
     _one_of("schedule", self.schedule, SCHEDULES)
     _one_of("master_dtype", self.master_dtype, MASTER_DTYPES)
+    if isinstance(self.remat, bool):  # older configs: True / False
+      object.__setattr__(self, "remat", "layer" if self.remat else "none")
+    _one_of("remat", self.remat, REMAT_POLICIES)
     if self.aggregation is not None:
       _one_of("aggregation", self.aggregation, AGGREGATIONS)
     for name in ("ppo_epochs", "minibatches", "micro_batches", "chunk_size", "total_steps"):
@@ -149,6 +153,44 @@ def init_train_state(params, cfg: UpdateConfig) -> TrainState:
                     ref_params=ref)
 
 
+# Fraction of device memory the stored activations of one micro-batch may take before "auto"
+# turns on per-layer rematerialisation.
+REMAT_MEMORY_FRACTION = 0.25
+
+
+def activation_bytes(model_config, rows: int, seq_len: int) -> int:
+  """Rough bytes of the activations a backward pass keeps for `rows` x `seq_len` tokens
+  without rematerialisation: per layer and token, the bf16 inputs of every projection and
+  norm, the MLP's hidden activations, and the float32 + bf16 attention probabilities."""
+  c = model_config
+  q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+  per_token = 2 * (6 * c.d_model + 2 * q + 2 * kv + 5 * c.d_ff) + 6 * c.n_heads * seq_len
+  return int(rows * seq_len * c.n_layers * per_token)
+
+
+def device_memory_bytes() -> int:
+  """The default device's memory limit (16 GiB where the backend does not say)."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except
+    stats = {}
+  return int(stats.get("bytes_limit", 16 << 30))
+
+
+def resolve_remat(policy: str, model_config, rows: int, seq_len: int) -> bool:
+  """Whether the update recomputes each layer in the backward pass.
+
+  "auto": yes when one micro-batch's activations (`activation_bytes`) would take more than
+  REMAT_MEMORY_FRACTION of the device's memory (a 1.5B model at 16 x 1024 tokens on an H200,
+  for one), no for small models and batches (the tests, the CPU demo), where recomputing
+  only costs time.
+  """
+  if policy != "auto":
+    return policy == "layer"
+  need = activation_bytes(model_config, rows, seq_len)
+  return need > REMAT_MEMORY_FRACTION * device_memory_bytes()
+
+
 def check_batch_divisible(rows: int, cfg: UpdateConfig) -> None:
   """Rows must split evenly into minibatches x micro-batches (checked before compiling)."""
   if rows % (cfg.minibatches * cfg.micro_batches):
@@ -184,6 +226,7 @@ def update_step(state: TrainState, batch: TrainBatch, key: jax.Array, *, model_c
   n_micro_total = cfg.minibatches * cfg.micro_batches
   lp_kwargs = dict(model_config=model_config, precision=precision, temperature=cfg.temperature,
                    chunk_size=cfg.chunk_size)
+  remat = resolve_remat(cfg.remat, model_config, rows // n_micro_total, batch.inputs.shape[1])
 
   def no_grad_logprobs(params):
     chunks = _split(batch, n_micro_total)
@@ -201,7 +244,7 @@ def update_step(state: TrainState, batch: TrainBatch, key: jax.Array, *, model_c
   extra = dict(old_logp=old_logp, is_w=is_w, ref_logp=ref_logp)
 
   def micro_loss(params, mb, ex, den):
-    logp, ent = policy_logprobs(params, batch=mb, remat=cfg.remat, **lp_kwargs)
+    logp, ent = policy_logprobs(params, batch=mb, remat=remat, **lp_kwargs)
     num, _, pm = ppo_clip_loss(logp, ex["old_logp"], mb.advantages, mb.mask,
                                clip_low=cfg.clip_low, clip_high=cfg.resolved_clip_high,
                                aggregation=agg, max_tokens=max_tokens,

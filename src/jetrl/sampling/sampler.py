@@ -15,8 +15,8 @@ Greedy decoding (temperature 0) records log softmax(logits).
 
 Tokens are drawn by inverse CDF in two levels (`jetrl.sampling.categorical`), two uniforms
 per row instead of Gumbel-max's one per vocabulary entry. The decode loop runs over a KV cache
-with one array per layer; on a CPU it also gets the weights sliced per layer once
-(`models.unstack_layers`) rather than at every step.
+with one array per layer and over weights sliced per layer once per rollout
+(`rollout_params`), not at every step.
 """
 
 from __future__ import annotations
@@ -182,11 +182,6 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
             config: SamplingConfig, precision: Optional[Precision], cache_sharding=None):
   r, t_max = logits.shape[0], config.max_new_tokens
   cache = _constrain(cache, cache_sharding)
-  if jax.default_backend() == "cpu":
-    # XLA:CPU copies a stacked weight's layer slice at every step of the loop; slicing once
-    # here costs one extra copy of the layer weights for the call. Elsewhere the weights stay
-    # stacked (no extra copy of a large model's weights next to its training state).
-    params = unstack_layers(params)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
   init = dict(step=jnp.int32(0), cache=cache, logits=logits,
               tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
@@ -221,7 +216,14 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
   return (s["tokens"], s["logprobs"], mask, s["lengths"], reason), s["cache"]
 
 
-_prequantize = jax.jit(prequantize_linear_weights, static_argnames=("precision",))
+@functools.partial(jax.jit, static_argnames=("precision",))
+def rollout_params(params, precision: Optional[Precision]):
+  """The params a rollout reads: each projection weight quantized once with the fprop's own
+  quantizer (bit-identical to what the training forward computes from the same params), and
+  the layers sliced once into a tuple (a loop over stacked layers copies each layer's slice
+  at every decode step). Costs one copy of the layer weights (FP8 ones under an FP8 recipe)
+  for the length of the rollout."""
+  return unstack_layers(prequantize_linear_weights(params, precision))
 
 
 def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], key: jax.Array,
@@ -247,9 +249,7 @@ def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], 
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
     cache_sharding = layout.cache_sharding(len(tokens) * config.n)
-  # Each projection weight quantized once per rollout by the fprop's own quantizer (the
-  # FP8 values the training forward computes from the same params), not once per step.
-  params = _prequantize(params, precision=precision)
+  params = rollout_params(params, precision=precision)
   cache, logits = _prefill(params, tokens_in, mask_in, model_config=model_config, config=config,
                            precision=precision, cache_dtype=cache_dtype,
                            cache_sharding=cache_sharding)

@@ -1,0 +1,321 @@
+"""Blockwise FP8 GEMMs through cuBLASLt on Hopper, as an XLA FFI custom call.
+
+cuBLASLt (12.9 and later) runs FP8 GEMMs with exactly jetrl's scaling: 1x128 groups along the
+contraction axis (its VEC128_32F scale mode) on one or both operands and 128x128 blocks
+(BLK128x128_32F) on a weight, promoting each 128-product block to float32 (docs/numerics.md,
+"The cuBLASLt GEMM"). This module builds the small C++ handler in `csrc/` on first use (a C++
+compiler and jaxlib's FFI headers; no CUDA headers or libraries at build time), loads it next
+to the cuBLASLt that XLA itself uses, registers it with XLA, and checks it once against the
+XLA path on a small problem before anything uses it.
+
+  gemm(a, a_scale, b, b_scale, b_blocks=..., out_dtype=...)
+    a [P, C], b [Q, C]: FP8, contiguous along C;  a_scale [P, ceil(C/128)] float32;
+    b_scale [Q, ceil(C/128)] (1x128 groups) or [ceil(Q/128), ceil(C/128)] (b_blocks=True)
+    -> out [P, Q] = sum_kb a_scale[p, kb] b_scale[q(, /128), kb] (a[p, kb] . b[q, kb])
+
+`unavailable_reason()` says why the GEMM cannot run here (no GPU, not Hopper, no compiler,
+cuBLASLt too old, the self-check failed): the backend selection (jetrl.precision.backend)
+falls back to the Pallas kernel or to XLA and says so. Nothing here runs, or is imported from
+CUDA, on a machine without a GPU: `pip install` and the CPU tests never need it.
+
+Environment: JETRL_CACHE_DIR (where the built library is kept; default ~/.cache/jetrl),
+CXX (the compiler; default c++ or g++), JETRL_CUBLASLT_GRAPHS=0 (keep the call out of XLA's
+CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl.precision.formats import E4M3, E5M2
+
+SOURCE = Path(__file__).parent / "csrc" / "fp8_blockwise_gemm.cc"
+TARGET = "jetrl_fp8_blockwise_gemm"
+WORKSPACE_BYTES = 32 << 20
+MIN_CUBLASLT_VERSION = 120900
+BLOCK = 128
+# dtype codes shared with the C++ handler.
+DTYPE_CODES = {np.dtype(E4M3): 0, np.dtype(E5M2): 1, np.dtype(jnp.bfloat16): 2,
+               np.dtype(jnp.float32): 3}
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+  return _cdiv(a, b) * b
+
+
+def cache_dir() -> Path:
+  root = os.environ.get("JETRL_CACHE_DIR") or os.path.join(Path.home(), ".cache", "jetrl")
+  return Path(root) / "ffi"
+
+
+def compiler() -> Optional[str]:
+  return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def build(source: Path = SOURCE, *, defines: tuple[str, ...] = (), out_dir: Optional[Path] = None
+          ) -> Path:
+  """Compile `source` into a shared library (cached by content, compiler and jaxlib version).
+
+  Returns the library's path. Raises RuntimeError with the compiler's message on failure.
+  """
+  cxx = compiler()
+  if cxx is None:
+    raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+  include = jax.ffi.include_dir()
+  text = source.read_bytes()
+  tag = hashlib.sha256(text + repr((cxx, defines, jax.__version__, include)).encode()).hexdigest()
+  out_dir = out_dir or cache_dir()
+  out = out_dir / f"lib{source.stem}-{tag[:16]}.so"
+  if out.exists():
+    return out
+  out_dir.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+  os.close(fd)
+  cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{include}",
+         *(f"-D{d}" for d in defines), str(source), "-o", tmp]
+  try:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+      raise RuntimeError(f"building {source.name} failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
+    os.replace(tmp, out)  # atomic: a concurrent build never sees a partial library
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+  return out
+
+
+def _cublaslt_candidates() -> list[str]:
+  """Places libcublasLt may be: the NVIDIA wheels next to jaxlib / torch, CUDA_HOME, sonames."""
+  found = []
+  for base in sys.path:
+    for sub in ("nvidia/cu13/lib", "nvidia/cublas/lib", "nvidia/cu12/lib"):
+      found += sorted(glob.glob(os.path.join(base, sub, "libcublasLt.so*")), reverse=True)
+  for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    if home:
+      found += sorted(glob.glob(os.path.join(home, "lib64", "libcublasLt.so*")), reverse=True)
+  return found + ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+
+
+def _load_cublaslt() -> str:
+  """Make libcublasLt's symbols global in this process; returns which one (XLA's if loaded)."""
+  mode = os.RTLD_GLOBAL
+  for soname in ("libcublasLt.so.13", "libcublasLt.so.12"):
+    try:  # XLA's own, already in the process
+      ctypes.CDLL(soname, mode=mode | os.RTLD_NOLOAD)
+      return soname + " (already loaded)"
+    except OSError:
+      pass
+  errors = []
+  for cand in _cublaslt_candidates():
+    try:
+      ctypes.CDLL(cand, mode=mode)
+      return cand
+    except OSError as e:
+      errors.append(str(e))
+  raise RuntimeError("libcublasLt not found: " + "; ".join(errors[-3:]))
+
+
+def _gpu_reason() -> Optional[str]:
+  try:
+    if jax.default_backend() != "gpu":
+      return f"no GPU (JAX backend {jax.default_backend()!r})"
+    dev = jax.devices()[0]
+  except RuntimeError as e:
+    return f"no GPU ({e})"
+  if "NVIDIA" not in getattr(dev, "device_kind", "") and not hasattr(dev, "compute_capability"):
+    return f"not an NVIDIA GPU ({dev.device_kind})"
+  cc = str(getattr(dev, "compute_capability", "0"))
+  if not cc.startswith("9."):
+    return (f"cuBLASLt's 1x128 / 128x128 FP8 scaling runs on compute capability 9.x (Hopper); "
+            f"this GPU has {cc}")
+  return None
+
+
+class _State:
+  lib = None
+  reason: Optional[str] = "not loaded yet"
+  info: dict = {}
+
+
+def _register(lib, platform: str) -> None:
+  graphs = os.environ.get("JETRL_CUBLASLT_GRAPHS", "1") != "0"
+  symbol = lib.JetrlFp8BlockwiseGemmGraph if graphs else lib.JetrlFp8BlockwiseGemm
+  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(symbol), platform=platform)
+  _State.info["cuda_graphs"] = graphs
+
+
+def _configure(lib) -> None:
+  lib.jetrl_cublaslt_version.restype = ctypes.c_size_t
+  lib.jetrl_cublaslt_supported.restype = ctypes.c_int
+  lib.jetrl_cublaslt_supported.argtypes = [
+      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+      ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int]
+
+
+def load(*, _platform: str = "CUDA", _library: Optional[Path] = None,
+         _skip_gpu_check: bool = False) -> Optional[str]:
+  """Build, load, register and self-check the GEMM once; None when usable, else why not.
+
+  The keyword arguments exist for the CPU tests, which load the handler against a host-side
+  stand-in for cuBLASLt.
+  """
+  if _State.lib is not None:
+    return None
+  try:
+    if not _skip_gpu_check:
+      reason = _gpu_reason()
+      if reason:
+        _State.reason = reason
+        return reason
+      _State.info["cublaslt"] = _load_cublaslt()
+    path = _library or build()
+    lib = ctypes.CDLL(str(path))
+    _configure(lib)
+    version = int(lib.jetrl_cublaslt_version())
+    _State.info.update(library=str(path), cublaslt_version=version)
+    if version < MIN_CUBLASLT_VERSION:
+      _State.reason = (f"cuBLASLt {version} is older than {MIN_CUBLASLT_VERSION}, the first "
+                       "with 1x128 / 128x128 FP8 scaling")
+      return _State.reason
+    _register(lib, _platform)
+    _State.lib = lib
+    _State.reason = None
+    problem = self_check()
+    if problem:
+      _State.lib, _State.reason = None, f"self-check failed: {problem}"
+  except Exception as e:  # pylint: disable=broad-except
+    _State.lib, _State.reason = None, f"{type(e).__name__}: {e}"
+  return _State.reason
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable_reason() -> Optional[str]:
+  """Why the cuBLASLt GEMM cannot run in this process (None if it can); decided once."""
+  return load()
+
+
+def info() -> dict:
+  """What was loaded: library paths, cuBLASLt version, whether CUDA graphs may record it."""
+  return dict(_State.info, reason=_State.reason)
+
+
+@functools.lru_cache(maxsize=4096)
+def supported(p: int, q: int, c: int, a_dtype, b_dtype, out_dtype, b_blocks: bool) -> bool:
+  """Whether cuBLASLt has an algorithm for this (padded) problem; asked once per shape."""
+  if _State.lib is None:
+    return False
+  codes = [DTYPE_CODES.get(np.dtype(d)) for d in (a_dtype, b_dtype, out_dtype)]
+  if None in codes or codes[0] > 1 or codes[1] > 1 or codes[2] < 2:
+    return False
+  pp, qp, cp = _padded(p, q, c)
+  err = ctypes.create_string_buffer(256)
+  ok = _State.lib.jetrl_cublaslt_supported(pp, qp, cp, codes[0], codes[1], codes[2],
+                                           int(b_blocks), _block_ld(cp), WORKSPACE_BYTES, err,
+                                           len(err))
+  return bool(ok)
+
+
+def _padded(p: int, q: int, c: int) -> tuple[int, int, int]:
+  """Padded sizes: rows to a multiple of 16, the contraction to whole 128-blocks."""
+  return _round_up(max(p, 1), 16), _round_up(max(q, 1), 16), _round_up(max(c, 1), BLOCK)
+
+
+def _block_ld(c: int) -> int:
+  """Leading dimension of a 128x128 block-scale array: K-blocks, rounded up to 4 (16 bytes)."""
+  return _round_up(_cdiv(c, BLOCK), 4)
+
+
+def _pad2(x: jax.Array, rows: int, cols: int, value=0) -> jax.Array:
+  if x.shape == (rows, cols):
+    return x
+  return jnp.pad(x, ((0, rows - x.shape[0]), (0, cols - x.shape[1])), constant_values=value)
+
+
+def gemm(a: jax.Array, a_scale: jax.Array, b: jax.Array, b_scale: jax.Array, *,
+         b_blocks: bool, out_dtype=jnp.bfloat16) -> jax.Array:
+  """out [P, Q] = blockwise-scaled a [P, C] . b [Q, C]^T on cuBLASLt (see the module doc).
+
+  Shapes that cuBLASLt's alignment rules reject are padded with zeros (data) and ones
+  (scales), which add nothing to the sums, and the result is sliced back.
+  """
+  (p, c), q = a.shape, b.shape[0]
+  cb = _cdiv(c, BLOCK)
+  want_b = (_cdiv(q, BLOCK), cb) if b_blocks else (q, cb)
+  if b.shape[1] != c or a_scale.shape != (p, cb) or b_scale.shape != want_b:
+    raise ValueError(f"cublaslt.gemm: a {a.shape}, b {b.shape}, a_scale {a_scale.shape}, "
+                     f"b_scale {b_scale.shape} do not fit (expected a_scale {(p, cb)}, b_scale "
+                     f"{want_b})")
+  if p == 0 or q == 0:
+    return jnp.zeros((p, q), out_dtype)
+  pp, qp, cp = _padded(p, q, c)
+  cbp = cp // BLOCK
+  a = _pad2(a, pp, cp)
+  b = _pad2(b, qp, cp)
+  # 1x128 scales: [C-blocks, rows], rows contiguous.
+  sa = _pad2(a_scale.astype(jnp.float32), pp, cbp, 1.0).T
+  if b_blocks:
+    ld = _block_ld(cp)
+    sb = _pad2(b_scale.astype(jnp.float32), _cdiv(qp, BLOCK), ld, 1.0)
+  else:
+    ld = 0
+    sb = _pad2(b_scale.astype(jnp.float32), qp, cbp, 1.0).T
+  call = jax.ffi.ffi_call(
+      TARGET, (jax.ShapeDtypeStruct((pp, qp), out_dtype),
+               jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
+      vmap_method="sequential")
+  out, _ = call(a, b, sa, sb, b_blocks=np.int64(int(b_blocks)), b_scale_ld=np.int64(ld))
+  return out[:p, :q] if (pp, qp) != (p, q) else out
+
+
+def reference(a, a_scale, b, b_scale, *, b_blocks: bool) -> np.ndarray:
+  """float64 numpy value of `gemm` (the blockwise formula, block by block)."""
+  a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  sa, sb = np.asarray(a_scale, np.float64), np.asarray(b_scale, np.float64)
+  (p, c), q = a64.shape, b64.shape[0]
+  if b_blocks:
+    sb = np.repeat(sb, BLOCK, axis=0)[:q]
+  out = np.zeros((p, q))
+  for kb in range(_cdiv(c, BLOCK)):
+    sl = slice(BLOCK * kb, BLOCK * (kb + 1))
+    out += np.outer(sa[:, kb], sb[:, kb]) * (a64[:, sl] @ b64[:, sl].T)
+  return out
+
+
+def self_check() -> Optional[str]:
+  """Run small GEMMs of both scale kinds (ragged sizes, a K-block count that is not a multiple
+  of 4) against the float64 formula; a message if any disagrees, else None."""
+  rng = np.random.default_rng(0)
+  for p, q, c, blocks in ((24, 136, 640, True), (40, 264, 520, False)):
+    a = rng.standard_normal((p, c)).astype(np.float32).astype(E4M3)
+    b = rng.standard_normal((q, c)).astype(np.float32).astype(E4M3)
+    sa = rng.uniform(0.5, 2.0, (p, _cdiv(c, BLOCK))).astype(np.float32)
+    sb = rng.uniform(0.5, 2.0, ((_cdiv(q, BLOCK) if blocks else q), _cdiv(c, BLOCK))
+                     ).astype(np.float32)
+    if not supported(p, q, c, E4M3, E4M3, jnp.float32, blocks):
+      return f"no cuBLASLt algorithm for a {p}x{q}x{c} problem (b_blocks={blocks})"
+    out = np.asarray(jax.jit(functools.partial(gemm, b_blocks=blocks, out_dtype=jnp.float32))(
+        a, sa, b, sb), np.float64)
+    ref = reference(a, sa, b, sb, b_blocks=blocks)
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    if not err < 1e-5:
+      return (f"{p}x{q}x{c} (b_blocks={blocks}): relative error {err:.3g} against the "
+              "float64 blockwise formula")
+  return None

@@ -1,0 +1,127 @@
+"""The three FP8 GEMMs of `linear` (fprop, dgrad, wgrad), each on the backend its Fp8Gemm picks.
+
+  fprop  y  = x @ w     x in 1xB groups along K, w in BxB blocks
+  dgrad  dx = dy @ w^T  dy in 1xB groups along N, the *same* BxB weight blocks as fprop
+  wgrad  dw = x^T @ dy  x and dy in Bx1 groups (B tokens x 1 channel)
+
+Every backend is handed the same FP8 values and scales (`jetrl.precision.quantize`, traced
+into the surrounding program), so backends differ only in the order of float32 sums:
+  xla       dequantize, then one float32 matmul (the CPU emulation and the reference);
+  cublaslt  cuBLASLt's blockwise-scaled FP8 GEMM (Hopper; jetrl.precision.cublaslt);
+  pallas    the Pallas Triton kernel (jetrl.precision.gemm_pallas), also in interpret mode.
+Per-tensor scaling ("tensor") on the cuBLASLt backend is XLA's native FP8 dot with the two
+scales applied to its float32 result. See docs/numerics.md for the formulas and tolerances.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jetrl.precision import backend as _backend
+from jetrl.precision import cublaslt as _cublaslt
+from jetrl.precision import gemm_pallas as _gp
+from jetrl.precision.formats import format_dtype
+from jetrl.precision.quantize import dequantize, quantize
+from jetrl.precision.weights import QuantizedWeight, weight_blocks
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def matmul_f32(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False):
+  """a @ b (optionally transposed operands) with float32 accumulation and output."""
+  ca = 0 if transpose_a else 1
+  cb = 1 if transpose_b else 0
+  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=_HI,
+                             preferred_element_type=jnp.float32)
+
+
+def _groups(g, shape, role: str):
+  """Tile shape of a 2-D activation / gradient operand: "row" (1xB) or "col" (Bx1)."""
+  if g.scaling == "tensor":
+    return tuple(shape)
+  return (1, g.block) if role == "row" else (g.block, 1)
+
+
+def fake_quant(x: jax.Array, g, role: str, fmt: str) -> jax.Array:
+  """Quantize then dequantize (float32) with the tiles of `role`."""
+  block = _groups(g, x.shape, role)
+  q, s = quantize(x, block, format_dtype(fmt), g.pow2_scale)
+  return dequantize(q, s, block)
+
+
+def _quant(x, g, role: str, fmt: str):
+  return quantize(x, _groups(g, x.shape, role), format_dtype(fmt), g.pow2_scale)
+
+
+def _choose(g, p: int, q: int, c: int, a_fmt: str, b_fmt: str, out_dtype, b_blocks: bool) -> str:
+  """The backend for one GEMM out[p, q] (contraction c), after per-shape fallbacks."""
+  name = _backend.resolve(g)
+  if name == "cublaslt" and g.scaling == "block":
+    if not _cublaslt.supported(p, q, c, format_dtype(a_fmt), format_dtype(b_fmt), out_dtype,
+                               b_blocks):
+      name = _backend.fallback(name, g)
+  return name
+
+
+def _tensor_dot(aq, sa, bq, sb, contract, out_dtype):
+  """XLA's native FP8 dot (cuBLASLt on GPUs), one scale per operand applied to its result."""
+  y = jax.lax.dot_general(aq, bq, (contract, ((), ())), preferred_element_type=jnp.float32)
+  return (y * (sa.reshape(()) * sb.reshape(()))).astype(out_dtype)
+
+
+def fprop(x2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
+  """y [M, N] = x2 [M, K] @ w (already quantized); float32 on XLA, out_dtype on kernels."""
+  (m, k), n = x2.shape, w.shape[1]
+  name = _choose(g, m, n, k, g.fmt, g.fmt, out_dtype, True)
+  if name == "xla":
+    q, s = w.kn()
+    return matmul_f32(fake_quant(x2, g, "row", g.fmt), dequantize(q, s, weight_blocks(g, q.shape)))
+  q_t, s_t = w.nk()
+  if name == "cublaslt" and g.scaling == "tensor":
+    xq, xs = _quant(x2, g, "row", g.fmt)
+    return _tensor_dot(xq, xs, q_t, s_t, ((1,), (1,)), out_dtype)
+  if name == "cublaslt":
+    xq, xs = _quant(x2, g, "row", g.fmt)
+    return _cublaslt.gemm(xq, xs, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
+  return _gp.fprop(x2, q_t, s_t, g, out_dtype, interpret=name == "pallas_interpret")
+
+
+def dgrad(dy2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
+  """dx [M, K] = dy2 [M, N] @ w^T with the forward's weight blocks."""
+  (m, n), k = dy2.shape, w.shape[0]
+  name = _choose(g, m, k, n, g.grad_fmt, g.fmt, out_dtype, True)
+  if name == "xla":
+    q, s = w.kn()
+    wd = dequantize(q, s, weight_blocks(g, q.shape))
+    return matmul_f32(fake_quant(dy2, g, "row", g.grad_fmt), wd, transpose_b=True)
+  if name == "cublaslt" and g.scaling == "tensor":
+    q, s = w.kn()
+    dq, ds = _quant(dy2, g, "row", g.grad_fmt)
+    return _tensor_dot(dq, ds, q, s, ((1,), (1,)), out_dtype)
+  if name == "cublaslt":
+    q, s = w.kn()  # [K, N]: contiguous along N, the contraction axis of dgrad
+    dq, ds = _quant(dy2, g, "row", g.grad_fmt)
+    return _cublaslt.gemm(dq, ds, q, s, b_blocks=True, out_dtype=out_dtype)
+  q_t, s_t = w.nk()
+  return _gp.dgrad(dy2, q_t, s_t, g, out_dtype, interpret=name == "pallas_interpret")
+
+
+def wgrad(x2: jax.Array, dy2: jax.Array, g, out_dtype) -> jax.Array:
+  """dw [K, N] = x2^T @ dy2, contracting over tokens (Bx1 groups)."""
+  (m, k), n = x2.shape, dy2.shape[1]
+  name = _choose(g, k, n, m, g.fmt, g.grad_fmt, out_dtype, False)
+  if name == "xla":
+    xd = fake_quant(x2, g, "col", g.fmt)
+    dyd = fake_quant(dy2, g, "col", g.grad_fmt)
+    return matmul_f32(xd, dyd, transpose_a=True)
+  if name == "cublaslt" and g.scaling == "tensor":
+    xq, xs = _quant(x2, g, "col", g.fmt)
+    dq, ds = _quant(dy2, g, "col", g.grad_fmt)
+    return _tensor_dot(xq, xs, dq, ds, ((0,), (0,)), out_dtype)
+  if name == "cublaslt":
+    # x^T and dy^T in 1xB groups along tokens: the transposes of their Bx1 quantization.
+    xq, xs = _quant(x2.T, g, "row", g.fmt)
+    dq, ds = _quant(dy2.T, g, "row", g.grad_fmt)
+    return _cublaslt.gemm(xq, xs, dq, ds, b_blocks=False, out_dtype=out_dtype)
+  return _gp.wgrad(x2, dy2, g, out_dtype, interpret=name == "pallas_interpret")

@@ -1,0 +1,88 @@
+"""FP8 weights: a linear layer's weight quantized once, in the layout its GEMM reads.
+
+A weight w [K, N] is quantized in BxB blocks (or with one scale, for per-tensor scaling). FP8
+tensor cores read both operands contiguous along the contraction axis, so the GPU kernels
+(cuBLASLt, Pallas) take the weight K-major: the FP8 values of w^T, [N, K]. Quantizing w^T with
+transposed blocks gives exactly the transpose of quantizing w (the same tiles, the same amax,
+the same elementwise cast), so the two layouts hold bit-identical FP8 values and scales.
+
+`QuantizedWeight` is what the rollout passes to `linear` instead of the weight: quantized once
+per rollout with the training fprop's own quantizer (docs/numerics.md, invariant "Same source
+values"). Its `shape` is the logical weight shape [..., K, N] in either layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+from jetrl.precision.formats import format_dtype
+from jetrl.precision.quantize import quantize
+
+
+def weight_blocks(g, shape) -> tuple[int, int]:
+  """Tile shape of a 2-D weight under an Fp8Gemm (BxB blocks, or the whole tensor)."""
+  if g.scaling == "tensor":
+    return tuple(shape)
+  return (g.block, g.block)
+
+
+def quantize_weight(w: jax.Array, g):
+  """FP8 blocks of w [K, N]: (q [K, N], scale, block) from the stored weight values."""
+  block = weight_blocks(g, w.shape)
+  q, s = quantize(w, block, format_dtype(g.fmt), g.pow2_scale)
+  return q, s, block
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("q", "scale"),
+                   meta_fields=("k_major",))
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+  """A weight's FP8 values and block scales.
+
+  q: [..., K, N] FP8, or [..., N, K] when k_major (the values of w^T).
+  scale: float32 block scales, laid out like q's blocks ([..., ceil(K/B), ceil(N/B)], or
+    transposed when k_major; [..., 1, 1] for one tensor scale).
+  k_major: static. Leading axes (stacked layers) slice like the weight's.
+  """
+  q: jax.Array
+  scale: jax.Array
+  k_major: bool = False
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The logical weight shape [..., K, N]."""
+    s = tuple(self.q.shape)
+    return s[:-2] + (s[-1], s[-2]) if self.k_major else s
+
+  @property
+  def ndim(self) -> int:
+    return self.q.ndim
+
+  def kn(self) -> tuple[jax.Array, jax.Array]:
+    """(q [K, N], scale) of a 2-D weight."""
+    return (self.q.T, self.scale.T) if self.k_major else (self.q, self.scale)
+
+  def nk(self) -> tuple[jax.Array, jax.Array]:
+    """(q [N, K], scale) of a 2-D weight: the K-major layout the GPU kernels read."""
+    return (self.q, self.scale) if self.k_major else (self.q.T, self.scale.T)
+
+
+def quantize_2d(w: jax.Array, g, k_major: bool) -> QuantizedWeight:
+  """QuantizedWeight of a 2-D weight w [K, N], in the requested layout."""
+  if k_major:
+    wt = w.T
+    q, s = quantize(wt, weight_blocks(g, wt.shape), format_dtype(g.fmt), g.pow2_scale)
+  else:
+    q, s, _ = quantize_weight(w, g)
+  return QuantizedWeight(q, s, k_major)
+
+
+def prequantize_weight(w: jax.Array, g, *, k_major: bool = False) -> QuantizedWeight:
+  """QuantizedWeight of `w` [..., K, N] (leading axes are mapped over)."""
+  fn = lambda a: quantize_2d(a, g, k_major)
+  for _ in range(w.ndim - 2):
+    fn = jax.vmap(fn)
+  return fn(w)
