@@ -21,7 +21,13 @@ from jetrl.precision import cublaslt
 
 HERE = Path(__file__).parent
 
-pytestmark = pytest.mark.skipif(cublaslt.compiler() is None, reason="no C++ compiler")
+# On a GPU the real library is loaded and checked (test_gpu.py); the stand-in's symbols must
+# not enter that process.
+pytestmark = [
+    pytest.mark.skipif(cublaslt.compiler() is None, reason="no C++ compiler"),
+    pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU is present: test_gpu.py "
+                       "checks the real cuBLASLt"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.models.config import ModelConfig
-from jetrl.models.layers import HIGHEST, apply_rope, project, rms_norm
+from jetrl.models.layers import apply_rope, project, rms_norm
+from jetrl.precision.formats import dot_precision
 from jetrl.precision import Precision
 
 MASK_VALUE = -1e30
@@ -26,9 +27,16 @@ def qkv(x: jax.Array, layer, config: ModelConfig, precision: Optional[Precision]
         cos: jax.Array, sin: jax.Array):
   """q [B, T, H, Dh], k and v [B, T, Hkv, Dh] for x [B, T, D], with RoPE applied to q and k."""
   b, t, _ = x.shape
-  q = project(x, layer["wq"], precision, cd, layer.get("bq"))
-  k = project(x, layer["wk"], precision, cd, layer.get("bk"))
-  v = project(x, layer["wv"], precision, cd, layer.get("bv"))
+  if "wqkv" in layer:  # a rollout's fused projection (jetrl.models.rollout_weights)
+    qd, kvd = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    y = project(x, layer["wqkv"], precision, cd)
+    q, k, v = y[..., :qd], y[..., qd:qd + kvd], y[..., qd + kvd:]
+    if "bq" in layer:
+      q, k, v = q + layer["bq"].astype(cd), k + layer["bk"].astype(cd), v + layer["bv"].astype(cd)
+  else:
+    q = project(x, layer["wq"], precision, cd, layer.get("bq"))
+    k = project(x, layer["wk"], precision, cd, layer.get("bk"))
+    v = project(x, layer["wv"], precision, cd, layer.get("bv"))
   q = q.reshape(b, t, config.n_heads, config.head_dim)
   k = k.reshape(b, t, config.n_kv_heads, config.head_dim)
   v = v.reshape(b, t, config.n_kv_heads, config.head_dim)
@@ -51,14 +59,15 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd) -> 
   chex.assert_shape(allowed, (b, t, s))
   g = h // hkv
   qg = q.reshape(b, t, hkv, g, dh)
-  scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(cd), k.astype(cd), precision=HIGHEST,
+  prec = dot_precision(cd)
+  scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(cd), k.astype(cd), precision=prec,
                       preferred_element_type=jnp.float32)
   scores = scores * jnp.float32(dh ** -0.5)
   scores = jnp.where(allowed[:, None, None, :, :], scores, jnp.float32(MASK_VALUE))
   probs = jax.nn.softmax(scores, axis=-1).astype(cd)
   # Heads-major output, then one transpose of the small result: asking the dot for
   # [B, T, Hkv, G, Dh] directly makes XLA's CPU dot several times slower at decode sizes.
-  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(cd), precision=HIGHEST,
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(cd), precision=prec,
                    preferred_element_type=jnp.float32)
   return jnp.transpose(out.astype(cd), (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
 

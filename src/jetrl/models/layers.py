@@ -18,8 +18,8 @@ import numpy as np
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.precision import Precision, linear
 from jetrl.precision.formats import compute_dtype as _dtype_of
+from jetrl.precision.formats import dot_precision
 
-HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def compute_dtype(precision: Optional[Precision], params) -> jnp.dtype:
@@ -80,9 +80,13 @@ def project(x: jax.Array, w: jax.Array, precision: Optional[Precision], cd,
 
 
 def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array:
-  """down(silu(gate(x)) * up(x))."""
-  gate = project(x, layer["w_gate"], precision, cd)
-  up = project(x, layer["w_up"], precision, cd)
+  """down(silu(gate(x)) * up(x)); gate and up may come fused ("w_gate_up", a rollout's)."""
+  if "w_gate_up" in layer:
+    gu = project(x, layer["w_gate_up"], precision, cd)
+    gate, up = jnp.split(gu, 2, axis=-1)
+  else:
+    gate = project(x, layer["w_gate"], precision, cd)
+    up = project(x, layer["w_up"], precision, cd)
   return project(jax.nn.silu(gate) * up, layer["w_down"], precision, cd)
 
 
@@ -93,5 +97,5 @@ def lm_head(h: jax.Array, params, config: ModelConfig, cd) -> jax.Array:
     w, dims = params["embed"], (((h.ndim - 1,), (1,)), ((), ()))
   else:
     w, dims = params["lm_head"], (((h.ndim - 1,), (0,)), ((), ()))
-  return jax.lax.dot_general(h.astype(cd), w.astype(cd), dims, precision=HIGHEST,
+  return jax.lax.dot_general(h.astype(cd), w.astype(cd), dims, precision=dot_precision(cd),
                              preferred_element_type=jnp.float32)

@@ -83,10 +83,29 @@ def unstack_layers(params) -> dict:
                                    for i in range(n)))
 
 
+# Projections a rollout may fuse (jetrl.models.rollout_weights): fused name -> parts.
+FUSED_PROJECTIONS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+
+
+def _fused_expectation(per_layer: dict, layer) -> dict:
+  """Expected per-layer shapes, with fused projections where `layer` has them."""
+  if not isinstance(layer, dict):
+    return per_layer
+  out = dict(per_layer)
+  for fused, parts in FUSED_PROJECTIONS.items():
+    if fused in layer:
+      d = per_layer[parts[0]][0]
+      out[fused] = (d, sum(per_layer[p][1] for p in parts))
+      for p in parts:
+        out.pop(p)
+  return out
+
+
 def check_params(params, config: ModelConfig, allow_unstacked: bool = False) -> None:
   """ValueError naming the first parameter that is missing, unexpected or mis-shaped.
 
-  allow_unstacked: also accept "layers" as a tuple of n_layers per-layer dicts.
+  allow_unstacked: also accept "layers" as a tuple of n_layers per-layer dicts, with q / k / v
+    and gate / up possibly fused (a rollout's weights, `rollout_weights`).
   """
   expected = param_shapes(config)
   if allow_unstacked and isinstance(params, dict) and isinstance(params.get("layers"), tuple):
@@ -94,7 +113,8 @@ def check_params(params, config: ModelConfig, allow_unstacked: bool = False) -> 
       raise ValueError(f"params['layers'] is a tuple of {len(params['layers'])} layers, "
                        f"expected {config.n_layers} for this ModelConfig")
     per_layer = {k: v[1:] for k, v in expected["layers"].items()}
-    expected = dict(expected, layers={i: per_layer for i in range(config.n_layers)})
+    expected = dict(expected, layers={i: _fused_expectation(per_layer, params["layers"][i])
+                                      for i in range(config.n_layers)})
     params = dict(params, layers=dict(enumerate(params["layers"])))
 
   def walk(exp, got, prefix):

@@ -48,6 +48,9 @@ TARGET = "jetrl_fp8_blockwise_gemm"
 WORKSPACE_BYTES = 32 << 20
 MIN_CUBLASLT_VERSION = 120900
 BLOCK = 128
+# The tensor cores sum each 128-product block at their own accumulation precision before the
+# float32 promotion: ~2e-4 relative on an H200; a wrong operand or scale layout gives O(1).
+SELF_CHECK_TOL = 2e-3
 # dtype codes shared with the C++ handler.
 DTYPE_CODES = {np.dtype(E4M3): 0, np.dtype(E5M2): 1, np.dtype(jnp.bfloat16): 2,
                np.dtype(jnp.float32): 3}
@@ -315,7 +318,7 @@ def self_check() -> Optional[str]:
         a, sa, b, sb), np.float64)
     ref = reference(a, sa, b, sb, b_blocks=blocks)
     err = np.abs(out - ref).max() / np.abs(ref).max()
-    if not err < 1e-5:
+    if not err < SELF_CHECK_TOL:
       return (f"{p}x{q}x{c} (b_blocks={blocks}): relative error {err:.3g} against the "
               "float64 blockwise formula")
   return None

@@ -40,3 +40,16 @@ def compute_dtype(name: str):
   except KeyError:
     raise ValueError(
         f"unknown compute dtype {name!r}; accepted: {sorted(COMPUTE_DTYPES)}") from None
+
+
+def dot_precision(*operands):
+  """The dot precision that keeps a float32 model exact and bf16 dots fast.
+
+  HIGHEST when any operand is float32 (no TF32 on GPUs: a float32 model stays float32),
+  DEFAULT otherwise: bf16 x bf16 products are exact in the float32 accumulator either way,
+  and on a GPU HIGHEST turns a bf16 dot into a much slower float32 one.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  if any(np.dtype(getattr(o, "dtype", o)) == np.float32 for o in operands):
+    return jax.lax.Precision.HIGHEST
+  return jax.lax.Precision.DEFAULT

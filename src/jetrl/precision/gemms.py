@@ -21,18 +21,15 @@ import jax.numpy as jnp
 from jetrl.precision import backend as _backend
 from jetrl.precision import cublaslt as _cublaslt
 from jetrl.precision import gemm_pallas as _gp
-from jetrl.precision.formats import format_dtype
+from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.quantize import dequantize, quantize
 from jetrl.precision.weights import QuantizedWeight, weight_blocks
-
-_HI = jax.lax.Precision.HIGHEST
-
 
 def matmul_f32(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False):
   """a @ b (optionally transposed operands) with float32 accumulation and output."""
   ca = 0 if transpose_a else 1
   cb = 1 if transpose_b else 0
-  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=_HI,
+  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=dot_precision(a, b),
                              preferred_element_type=jnp.float32)
 
 

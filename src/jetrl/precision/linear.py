@@ -24,12 +24,9 @@ import jax.numpy as jnp
 from jetrl.precision import backend as _backend
 from jetrl.precision import gemms as _gemms
 from jetrl.precision.formats import compute_dtype as _compute_dtype
-from jetrl.precision.formats import format_dtype
+from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.recipes import Fp8Gemm, Precision
 from jetrl.precision.weights import QuantizedWeight, quantize_2d
-
-_HI = jax.lax.Precision.HIGHEST
-
 
 def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
   return (a.scaling, a.block, a.fmt, a.pow2_scale) == (b.scaling, b.block, b.fmt, b.pow2_scale)
@@ -54,7 +51,7 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
   if isinstance(w, QuantizedWeight):
     return _linear_prequantized(x, w, precision)
   if precision is None:
-    return jnp.matmul(x, w, precision=_HI)  # no TF32: an exact float32 model on GPUs too
+    return jnp.matmul(x, w, precision=dot_precision(x, w))  # float32 models: no TF32
   if not isinstance(precision, Precision):
     raise TypeError(
         f"linear: precision must be a jetrl.precision.Precision or None, got {type(precision)}")

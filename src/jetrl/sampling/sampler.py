@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import (ModelConfig, forward_cached, init_cache, prequantize_linear_weights,
-                          unstack_layers)
+from jetrl.models import ModelConfig, forward_cached, init_cache, rollout_weights
 from jetrl.precision import Precision
 from jetrl.sampling.categorical import sample_categorical
 
@@ -216,14 +215,14 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
   return (s["tokens"], s["logprobs"], mask, s["lengths"], reason), s["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("precision",))
-def rollout_params(params, precision: Optional[Precision]):
-  """The params a rollout reads: each projection weight quantized once with the fprop's own
-  quantizer (bit-identical to what the training forward computes from the same params), and
-  the layers sliced once into a tuple (a loop over stacked layers copies each layer's slice
-  at every decode step). Costs one copy of the layer weights (FP8 ones under an FP8 recipe)
-  for the length of the rollout."""
-  return unstack_layers(prequantize_linear_weights(params, precision))
+@functools.partial(jax.jit, static_argnames=("precision", "fuse"))
+def rollout_params(params, precision: Optional[Precision], fuse: bool = True):
+  """The params a rollout reads (`jetrl.models.rollout_weights`): each projection weight
+  quantized once with the fprop's own quantizer (bit-identical to what the training forward
+  computes from the same params), q / k / v and gate / up fused, and the layers sliced once
+  into a tuple (a loop over stacked layers copies each layer's slice at every decode step).
+  Costs one copy of the layer weights (FP8 ones under an FP8 recipe) for the rollout."""
+  return rollout_weights(params, precision, fuse=fuse)
 
 
 def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], key: jax.Array,
@@ -249,7 +248,8 @@ def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], 
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
     cache_sharding = layout.cache_sharding(len(tokens) * config.n)
-  params = rollout_params(params, precision=precision)
+  # Fused projections change which columns a tensor-parallel layout splits: single device only.
+  params = rollout_params(params, precision=precision, fuse=layout is None)
   cache, logits = _prefill(params, tokens_in, mask_in, model_config=model_config, config=config,
                            precision=precision, cache_dtype=cache_dtype,
                            cache_sharding=cache_sharding)
