@@ -63,6 +63,10 @@ flags.DEFINE_integer("e2e_prompts", 16, "Prompts per RL step (one RL step).")
 flags.DEFINE_integer("e2e_group", 4, "Samples per prompt (one RL step).")
 flags.DEFINE_integer("e2e_micro_batches", 1, "Micro-batches of the RL step's update.")
 flags.DEFINE_float("rollout_budget_fraction", 0.65, "Budget share by which rollouts end.")
+flags.DEFINE_list("rollout_recipes", ["bf16", "fp8_rollout", "jet"],
+                  "Rollout recipes; '<recipe>+fq' adds the one-pass quantization kernel.")
+flags.DEFINE_list("update_recipes", ["bf16", "jet"],
+                  "Update recipes; '<recipe>+fq' adds the one-pass quantization kernel.")
 flags.DEFINE_float("update_budget_fraction", 0.85, "Budget share by which updates end.")
 flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
 flags.DEFINE_float("time_budget_s", 240.0, "Stop starting new measurements after this long.")
@@ -119,7 +123,7 @@ def setup_xla_flags() -> dict:
 
 # Imported after the flags are set up (importing does not start the backend; be explicit anyway).
 def _imports():
-  global jax, jnp, np, lax, precision, gp, backend, cublaslt  # pylint: disable=global-variable-undefined
+  global jax, jnp, np, lax, precision, gp, backend, cublaslt, gemms, qk  # pylint: disable=global-variable-undefined
   import jax  # pylint: disable=redefined-outer-name
   import jax.numpy as jnp  # pylint: disable=redefined-outer-name
   import numpy as np  # pylint: disable=redefined-outer-name
@@ -128,6 +132,8 @@ def _imports():
   from jetrl.precision import backend  # pylint: disable=redefined-outer-name
   from jetrl.precision import gemm_pallas as gp  # pylint: disable=redefined-outer-name
   from jetrl.precision import cublaslt  # pylint: disable=redefined-outer-name
+  from jetrl.precision import gemms  # pylint: disable=redefined-outer-name
+  from jetrl.precision import quant_kernel as qk  # pylint: disable=redefined-outer-name
 
 
 CUBLASLT_OK = False
@@ -240,19 +246,43 @@ def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
       ws_rows = jnp.repeat(ws, 128, axis=0)[:n]
       out[name] = (lambda a, sa, b, sb, t=t: gp.scaled_matmul_nt(
           a, sa, b, sb, out_dtype=jnp.bfloat16, interpret=interpret, tiles=t), (xq, xs, wq, ws_rows))
+  fq = _with_fused_quant
   if decode:
     qw = precision.prequantize_weight(w, jet.rollout.fprop,
                                      k_major=backend.wants_k_major(jet.rollout.fprop))
     out["linear"] = (lambda a, q: precision.linear(a, q, jet.rollout), (x, qw))
+    if CUBLASLT_OK:
+      out["linear_fq"] = (fq(lambda a, q: precision.linear(a, q, jet.rollout)), (x, qw))
   else:
     out["linear"] = (lambda a, b: precision.linear(a, b, jet.rollout), (x, w))
+    if CUBLASLT_OK:
+      out["linear_fq"] = (fq(lambda a, b: precision.linear(a, b, jet.rollout)), (x, w))
+      out["quantize_x"] = (lambda a: precision.quantize(a, (1, 128)), (x,))
+      out["quantize_x_fq"] = (lambda a: qk.quantize_rows_cols(a, jnp.float8_e4m3fn, cols=False),
+                              (x,))
+      out["quantize_x_rows_cols_fq"] = (lambda a: qk.quantize_rows_cols(a, jnp.float8_e4m3fn),
+                                        (x,))
     for name, rec in (("train_bf16", bf16), ("train_jet", jet)):
       out[name] = (lambda a, b, d, rec=rec: jax.vjp(
           lambda a_, b_: precision.linear(a_, b_, rec.train), a, b)[1](d), (x, w, dy))
+    if CUBLASLT_OK:
+      out["train_jet_fq"] = (fq(lambda a, b, d: jax.vjp(
+          lambda a_, b_: precision.linear(a_, b_, jet.train), a, b)[1](d)), (x, w, dy))
   return out
 
 
-GEMM_FLOP_MULT = {"train_bf16": 3.0, "train_jet": 3.0}
+GEMM_FLOP_MULT = {"train_bf16": 3.0, "train_jet": 3.0, "train_jet_fq": 3.0}
+
+
+def _with_fused_quant(fn):
+  """fn traced with the one-pass quantization kernel (jetrl.precision.quant_kernel)."""
+  def wrapped(*args):
+    gemms.set_fused_quant(True)
+    try:
+      return fn(*args)
+    finally:
+      gemms.set_fused_quant(False)
+  return wrapped
 
 
 def run_gemms(ms, models, interpret: bool, repeats: int, decode_ms=()):
@@ -279,18 +309,20 @@ def run_gemms(ms, models, interpret: bool, repeats: int, decode_ms=()):
         base = row.get("bf16", {}).get("us")
         for var in row:
           if isinstance(row[var], dict) and "us" in row[var] and var != "bf16":
-            ref = row.get("train_bf16", {}).get("us") if var == "train_jet" else base
+            ref = row.get("train_bf16", {}).get("us") if var.startswith("train_jet") else base
             if ref and var != "train_bf16":
               row[var]["speedup_vs_bf16"] = ref / row[var]["us"]
         kern = row.get("fp8_cublaslt", row.get("fp8_pallas", {})).get("us")
-        if kern and "us" in row.get("linear", {}):
-          row["linear"]["frac_of_kernel"] = kern / row["linear"]["us"]
+        for var in ("linear", "linear_fq"):
+          if kern and "us" in row.get(var, {}):
+            row[var]["frac_of_kernel"] = kern / row[var]["us"]
         rows.append(row)
         print(gemm_line(row), flush=True)
   return rows
 
 
-_VARS = ("bf16", "fp8_cublaslt", "fp8_pallas", "linear", "fp8_tensor", "train_jet")
+_VARS = ("bf16", "fp8_cublaslt", "fp8_pallas", "linear", "linear_fq", "train_jet",
+         "train_jet_fq", "quantize_x", "quantize_x_fq")
 
 
 def gemm_line(r) -> str:
@@ -408,9 +440,33 @@ def _model(name: str, dtype):
 
 def _recipe(name: str, interpret: bool):
   """A recipe as a run gets it; in the CPU smoke test on the XLA path (the interpreted kernel
-  is checked by the GEMM part: a whole model in interpret mode takes minutes)."""
-  rec = precision.get_recipe(name)
-  return precision.with_gemm_backend(rec, "xla") if interpret else rec
+  is checked by the GEMM part: a whole model in interpret mode takes minutes).
+
+  "<recipe>+fq": the recipe on cuBLASLt with the one-pass quantization kernel (its explicit
+  backend makes it a different static argument, so its programs are traced anew, with the
+  kernel turned on for that first, tracing call: `_fq_scope`)."""
+  base = name.split("+")[0]
+  rec = precision.get_recipe(base)
+  if interpret:
+    return precision.with_gemm_backend(rec, "xla")
+  if name.endswith("+fq"):
+    return precision.with_gemm_backend(rec, "cublaslt")
+  return rec
+
+
+class _fq_scope:  # pylint: disable=invalid-name
+  """Turn the one-pass quantization kernel on while a "+fq" recipe's programs are traced."""
+
+  def __init__(self, name: str):
+    self.on = name.endswith("+fq")
+
+  def __enter__(self):
+    if self.on:
+      gemms.set_fused_quant(True)
+
+  def __exit__(self, *exc):
+    if self.on:
+      gemms.set_fused_quant(False)
 
 
 def run_rollout(model: str, settings, interpret: bool, recipes=("bf16", "fp8_rollout", "jet")):
@@ -434,7 +490,8 @@ def run_rollout(model: str, settings, interpret: bool, recipes=("bf16", "fp8_rol
       try:
         t0 = time.perf_counter()
         run = lambda: sample(params, cfg, prompts, jax.random.PRNGKey(1), scfg, rec.rollout).tokens
-        jax.block_until_ready(run())
+        with _fq_scope(name):
+          jax.block_until_ready(run())
         first = time.perf_counter() - t0
         t = call_time(run, max(1, FLAGS.repeats - 1))
         rows.append(dict(row, seconds=t, tokens_per_s=batch * new_tokens / t,
@@ -470,7 +527,8 @@ def _param_count(params) -> int:
   return int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
 
 
-def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, interpret: bool):
+def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, interpret: bool,
+               recipes=("bf16", "jet")):
   try:
     from jetrl.rl import UpdateConfig, init_train_state, update_step  # pylint: disable=import-outside-toplevel
     from jetrl.rl.update import resolve_remat  # pylint: disable=import-outside-toplevel
@@ -483,7 +541,7 @@ def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, in
   n_params = _param_count(params)
   remat = resolve_remat(ucfg.remat, cfg, rows_n, prompt_len + completion_len - 1)
   rows = []
-  for name in ("bf16", "jet"):
+  for name in recipes:
     row = dict(recipe=name, rows=rows_n, seq=prompt_len + completion_len, remat=remat)
     if over_budget(FLAGS.update_budget_fraction):
       rows.append(dict(row, skipped="time budget"))
@@ -494,8 +552,9 @@ def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, in
       times = []
       for i in range(max(2, FLAGS.repeats)):
         t0 = time.perf_counter()
-        state, metrics = update_step(state, batch, jax.random.PRNGKey(i), model_config=cfg,
-                                     cfg=ucfg, precision=rec.train)
+        with _fq_scope(name if i == 0 else ""):
+          state, metrics = update_step(state, batch, jax.random.PRNGKey(i), model_config=cfg,
+                                       cfg=ucfg, precision=rec.train)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
       t = float(np.median(times[1:]))
@@ -664,7 +723,8 @@ def main(argv):
   if "rollout" in sections and (fp8_ok or smoke):
     print(f"\n(b) rollout: {FLAGS.model if not smoke else 'tiny'}")
     settings = [(2, 16, 8)] if smoke else _settings(FLAGS.rollout_settings)
-    rows = run_rollout("tiny" if smoke else FLAGS.model, settings, interpret)
+    rows = run_rollout("tiny" if smoke else FLAGS.model, settings, interpret,
+                       recipes=tuple(FLAGS.rollout_recipes))
     add_speedups(rows, "tokens_per_s", True, group=("batch", "prompt_len", "new_tokens"))
     result["rollout"] = rows
     for r in rows:
@@ -674,7 +734,8 @@ def main(argv):
     print(f"\n(c) update step: {FLAGS.model if not smoke else 'tiny'}")
     rows = (run_update("tiny", 2, 16, 16, interpret) if smoke else
             run_update(FLAGS.model, FLAGS.update_rows, FLAGS.update_prompt_len,
-                       FLAGS.update_completion_len, interpret))
+                       FLAGS.update_completion_len, interpret,
+                       recipes=tuple(FLAGS.update_recipes)))
     add_speedups(rows, "seconds", False)
     result["update"] = rows
     for r in rows:

@@ -131,21 +131,26 @@ def summary(bench, peers, tests) -> str:
     for r in (peers or {}).get("gemm", []) if isinstance(peers, dict) else []:
       peer_rows[(r["m"], r["k"], r["n"])] = r
     out += ["## GEMMs (TFLOP/s; x = speed-up over XLA bf16 in this run)", "",
-            "| model | layer | M x K x N | XLA bf16 | jetrl cuBLASLt FP8 | jetrl `linear` (jet) "
-            "| fwd+bwd jet / bf16 | torch bf16 | torch cuBLAS blockwise FP8 |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| model | layer | M x K x N | XLA bf16 | jetrl cuBLASLt FP8 | `linear` (jet) "
+            "| `linear`, one-pass quant | fwd+bwd jet / bf16 | same, one-pass quant "
+            "| quantize x (us): XLA / one-pass | torch bf16 | torch cuBLAS blockwise FP8 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in bench["gemm"]:
       if "skipped" in r:
         continue
       t = lambda key: r.get(key, {}).get("tflops")
       sp = lambda key: r.get(key, {}).get("speedup_vs_bf16")
+      us = lambda key: r.get(key, {}).get("us")
       p = peer_rows.get((r["m"], r["k"], r["n"]), {})
       pt = lambda key: (p.get(key) or {}).get("tflops") if isinstance(p.get(key), dict) else None
       out.append(
           f"| {r['model']} | {r['layer']} | {r['m']}x{r['k']}x{r['n']} | {_fmt(t('bf16'))} | "
           f"{_fmt(t('fp8_cublaslt'))} ({_fmt(sp('fp8_cublaslt'), '.2f')}x) | "
           f"{_fmt(t('linear'))} ({_fmt(sp('linear'), '.2f')}x) | "
-          f"{_fmt(sp('train_jet'), '.2f')}x | {_fmt(pt('bf16'))} | {_fmt(pt('fp8_block'))} |")
+          f"{_fmt(t('linear_fq'))} ({_fmt(sp('linear_fq'), '.2f')}x) | "
+          f"{_fmt(sp('train_jet'), '.2f')}x | {_fmt(sp('train_jet_fq'), '.2f')}x | "
+          f"{_fmt(us('quantize_x'), '.1f')} / {_fmt(us('quantize_x_fq'), '.1f')} | "
+          f"{_fmt(pt('bf16'))} | {_fmt(pt('fp8_block'))} |")
     out.append("")
   for key, title, cols in (
       ("rollout", "Rollout", ("recipe", "batch", "prompt_len", "new_tokens", "tokens_per_s",

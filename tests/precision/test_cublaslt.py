@@ -39,9 +39,11 @@ def host_gemm(tmp_path_factory):
   saved = (cublaslt._State.lib, cublaslt._State.reason, dict(cublaslt._State.info))
   reason = cublaslt.load(_platform="cpu", _library=lib, _skip_gpu_check=True)
   assert reason is None, reason  # the load-time self-check passed through the stub
+  cublaslt.unavailable_reason.cache_clear()
   yield cublaslt.gemm
   cublaslt._State.lib, cublaslt._State.reason, cublaslt._State.info = saved
   cublaslt.supported.cache_clear()
+  cublaslt.unavailable_reason.cache_clear()
 
 
 def blockwise_ref(a, sa, b, sb, blocks):
@@ -131,3 +133,32 @@ def test_build_is_cached(tmp_path):
   first = cublaslt.build(src, out_dir=tmp_path)
   mtime = first.stat().st_mtime_ns
   assert cublaslt.build(src, out_dir=tmp_path) == first and first.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch, fused):
+  """fprop, dgrad and wgrad of `linear` routed through the cuBLASLt code path (K-major weight
+  blocks, transposed wgrad operands, the one-pass quantization kernel when fused) against the
+  XLA path: the stand-in sums in float64, so only float32 rounding separates them."""
+  import dataclasses
+  from jetrl.precision import Fp8Gemm, Precision, gemms, linear, with_gemm_backend
+  del host_gemm
+  monkeypatch.setenv("JETRL_FUSED_QUANT", "1" if fused else "0")
+  gemms.fused_quant_enabled.cache_clear()
+  try:
+    g = dataclasses.replace(Fp8Gemm(), grad_fmt="e5m2")
+    p32 = Precision("float32", fprop=g, dgrad=g, wgrad=g)
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((130, 300)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((300, 200)) * 0.05, jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((130, 200)), jnp.float32)
+    outs = {}
+    for be in ("xla", "cublaslt"):
+      p = with_gemm_backend(p32, be)
+      y, vjp = jax.vjp(lambda a, b, p=p: linear(a, b, p), x, w)
+      outs[be] = (y,) + vjp(dy)
+    for got, ref in zip(outs["cublaslt"], outs["xla"]):
+      ref = np.asarray(ref, np.float64)
+      assert np.abs(np.asarray(got, np.float64) - ref).max() <= 1e-5 * np.abs(ref).max()
+  finally:
+    gemms.fused_quant_enabled.cache_clear()

@@ -99,3 +99,19 @@ def test_quantize_on_gpu_is_bit_identical_to_cpu():
   q_cpu, s_cpu = jax.jit(lambda a: quantize(a, (1, 128)))(jax.device_put(x, jax.devices("cpu")[0]))
   np.testing.assert_array_equal(np.asarray(q_gpu).view(np.uint8), np.asarray(q_cpu).view(np.uint8))
   np.testing.assert_array_equal(np.asarray(s_gpu), np.asarray(s_cpu))
+
+
+@pytest.mark.parametrize("fmt", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_one_pass_quantization_kernel_is_bit_identical_on_gpu(fmt):
+  from jetrl.precision.quant_kernel import quantize_rows_cols
+  rng = np.random.default_rng(3)
+  x = (rng.standard_normal((300, 520)) * np.exp(3 * rng.standard_normal((300, 1))))
+  x[4, :128] = 0.0
+  xb = jnp.asarray(x, jnp.bfloat16)
+  (qr, sr_t), (qc_t, sc_t) = jax.jit(lambda a: quantize_rows_cols(a, fmt))(xb)
+  ref_r = jax.jit(lambda a: quantize(a, (1, 128), fmt))(xb)
+  ref_c = jax.jit(lambda a: quantize(a.T, (1, 128), fmt))(xb)
+  for got, ref in ((qr, ref_r[0]), (qc_t, ref_c[0])):
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(ref).view(np.uint8))
+  np.testing.assert_array_equal(np.asarray(sr_t.T), np.asarray(ref_r[1]))
+  np.testing.assert_array_equal(np.asarray(sc_t.T), np.asarray(ref_c[1]))

@@ -266,20 +266,35 @@ def gemm(a: jax.Array, a_scale: jax.Array, b: jax.Array, b_scale: jax.Array, *,
     raise ValueError(f"cublaslt.gemm: a {a.shape}, b {b.shape}, a_scale {a_scale.shape}, "
                      f"b_scale {b_scale.shape} do not fit (expected a_scale {(p, cb)}, b_scale "
                      f"{want_b})")
+  return gemm_t(a, a_scale.T, b, b_scale if b_blocks else b_scale.T, b_blocks=b_blocks,
+                out_dtype=out_dtype)
+
+
+def gemm_t(a: jax.Array, a_scale_t: jax.Array, b: jax.Array, b_scale: jax.Array, *,
+           b_blocks: bool, out_dtype=jnp.bfloat16) -> jax.Array:
+  """`gemm` with the 1x128 scales already transposed, as the library reads them:
+  a_scale_t [ceil(C/128), P]; b_scale [ceil(Q/128), ceil(C/128)] (blocks) or, for 1x128
+  groups, [ceil(C/128), Q]. (`jetrl.precision.quant_kernel` writes scales this way.)"""
+  (p, c), q = a.shape, b.shape[0]
+  cb = _cdiv(c, BLOCK)
+  want_b = (_cdiv(q, BLOCK), cb) if b_blocks else (cb, q)
+  if b.shape[1] != c or a_scale_t.shape != (cb, p) or b_scale.shape != want_b:
+    raise ValueError(f"cublaslt.gemm_t: a {a.shape}, b {b.shape}, a_scale_t "
+                     f"{a_scale_t.shape}, b_scale {b_scale.shape} do not fit (expected "
+                     f"a_scale_t {(cb, p)}, b_scale {want_b})")
   if p == 0 or q == 0:
     return jnp.zeros((p, q), out_dtype)
   pp, qp, cp = _padded(p, q, c)
   cbp = cp // BLOCK
   a = _pad2(a, pp, cp)
   b = _pad2(b, qp, cp)
-  # 1x128 scales: [C-blocks, rows], rows contiguous.
-  sa = _pad2(a_scale.astype(jnp.float32), pp, cbp, 1.0).T
+  sa = _pad2(a_scale_t.astype(jnp.float32), cbp, pp, 1.0)
   if b_blocks:
     ld = _block_ld(cp)
     sb = _pad2(b_scale.astype(jnp.float32), _cdiv(qp, BLOCK), ld, 1.0)
   else:
     ld = 0
-    sb = _pad2(b_scale.astype(jnp.float32), qp, cbp, 1.0).T
+    sb = _pad2(b_scale.astype(jnp.float32), cbp, qp, 1.0)
   call = jax.ffi.ffi_call(
       TARGET, (jax.ShapeDtypeStruct((pp, qp), out_dtype),
                jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),

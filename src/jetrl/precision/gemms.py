@@ -18,9 +18,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+import functools
+import os
+
 from jetrl.precision import backend as _backend
 from jetrl.precision import cublaslt as _cublaslt
 from jetrl.precision import gemm_pallas as _gp
+from jetrl.precision import quant_kernel as _qk
 from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.quantize import dequantize, quantize
 from jetrl.precision.weights import QuantizedWeight, weight_blocks
@@ -51,6 +55,32 @@ def _quant(x, g, role: str, fmt: str):
   return quantize(x, _groups(g, x.shape, role), format_dtype(fmt), g.pow2_scale)
 
 
+@functools.lru_cache(maxsize=None)
+def fused_quant_enabled() -> bool:
+  """JETRL_FUSED_QUANT=1: on the cuBLASLt backend, quantize activations and gradients with the
+  one-pass Pallas kernel (jetrl.precision.quant_kernel) instead of XLA's fusions. Same FP8
+  values and scales either way; read once (`set_fused_quant` overrides it, for benchmarks).
+  Programs traced before a change keep the choice they were traced with."""
+  return os.environ.get("JETRL_FUSED_QUANT", "0").strip() == "1"
+
+
+def set_fused_quant(value: bool) -> None:
+  """Use (or not) the one-pass quantization kernel in programs traced from now on."""
+  fused_quant_enabled.cache_clear()
+  os.environ["JETRL_FUSED_QUANT"] = "1" if value else "0"
+
+
+def _fused(g) -> bool:
+  return g.scaling == "block" and g.block == _qk.B and not g.pow2_scale and fused_quant_enabled()
+
+
+def _rows_cols(x, fmt: str, rows: bool):
+  """The one-pass kernel's rows or cols pair (interpret mode off a GPU: the CPU tests)."""
+  ((q, s_t),) = _qk.quantize_rows_cols(x, format_dtype(fmt), rows=rows, cols=not rows,
+                                       interpret=jax.default_backend() != "gpu")
+  return q, s_t
+
+
 def _choose(g, p: int, q: int, c: int, a_fmt: str, b_fmt: str, out_dtype, b_blocks: bool) -> str:
   """The backend for one GEMM out[p, q] (contraction c), after per-shape fallbacks."""
   name = _backend.resolve(g)
@@ -79,6 +109,9 @@ def fprop(x2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     xq, xs = _quant(x2, g, "row", g.fmt)
     return _tensor_dot(xq, xs, q_t, s_t, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
+    if _fused(g):
+      xq, xs_t = _rows_cols(x2, g.fmt, rows=True)
+      return _cublaslt.gemm_t(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
     xq, xs = _quant(x2, g, "row", g.fmt)
     return _cublaslt.gemm(xq, xs, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
   return _gp.fprop(x2, q_t, s_t, g, out_dtype, interpret=name == "pallas_interpret")
@@ -98,6 +131,9 @@ def dgrad(dy2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     return _tensor_dot(dq, ds, q, s, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
     q, s = w.kn()  # [K, N]: contiguous along N, the contraction axis of dgrad
+    if _fused(g):
+      dq, ds_t = _rows_cols(dy2, g.grad_fmt, rows=True)
+      return _cublaslt.gemm_t(dq, ds_t, q, s, b_blocks=True, out_dtype=out_dtype)
     dq, ds = _quant(dy2, g, "row", g.grad_fmt)
     return _cublaslt.gemm(dq, ds, q, s, b_blocks=True, out_dtype=out_dtype)
   q_t, s_t = w.nk()
@@ -118,6 +154,10 @@ def wgrad(x2: jax.Array, dy2: jax.Array, g, out_dtype) -> jax.Array:
     return _tensor_dot(xq, xs, dq, ds, ((0,), (0,)), out_dtype)
   if name == "cublaslt":
     # x^T and dy^T in 1xB groups along tokens: the transposes of their Bx1 quantization.
+    if _fused(g):
+      xq, xs_t = _rows_cols(x2, g.fmt, rows=False)
+      dq, ds_t = _rows_cols(dy2, g.grad_fmt, rows=False)
+      return _cublaslt.gemm_t(xq, xs_t, dq, ds_t, b_blocks=False, out_dtype=out_dtype)
     xq, xs = _quant(x2.T, g, "row", g.fmt)
     dq, ds = _quant(dy2.T, g, "row", g.grad_fmt)
     return _cublaslt.gemm(xq, xs, dq, ds, b_blocks=False, out_dtype=out_dtype)

@@ -101,6 +101,17 @@ def cast_to_fp8(x: jax.Array, dtype) -> jax.Array:
   return jax.lax.bitcast_convert_type(sign | code, dtype)
 
 
+def tile_amax(ax: jax.Array, axes) -> jax.Array:
+  """max over `axes` of |x| (given as `ax`), NaN when the tile holds a NaN.
+
+  XLA's vectorized CPU reduction does not propagate NaN through `max` for every shape (a
+  130 x 300 array kept a finite scale for a tile holding a NaN), so the NaN is carried by a sum,
+  which always propagates it; XLA computes both in one reduction pass.
+  """
+  return jnp.where(jnp.isnan(jnp.sum(ax, axis=axes)), jnp.float32(jnp.nan),
+                   jnp.max(ax, axis=axes))
+
+
 def compute_scale(amax: jax.Array, fmax: float, pow2_scale: bool = False) -> jax.Array:
   """Per-tile float32 scale from a float32 amax (see the module docstring)."""
   r = jnp.float32(np.float32(1.0) / np.float32(fmax))
@@ -132,7 +143,7 @@ def quantize(x: jax.Array, block: Sequence[int], dtype=E4M3,
   xf = x.astype(jnp.float32)
   xt = _tiled(_pad_to_tiles(xf, block), block)
   tile_axes = tuple(range(1, 2 * x.ndim, 2))
-  amax = jnp.max(jnp.abs(xt), axis=tile_axes) if x.size else jnp.zeros(
+  amax = tile_amax(jnp.abs(xt), tile_axes) if x.size else jnp.zeros(
       scale_shape(x.shape, block), jnp.float32)
   scale = compute_scale(amax, fmax, pow2_scale)
   inv = jnp.float32(1.0) / scale

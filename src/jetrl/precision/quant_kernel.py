@@ -1,0 +1,108 @@
+"""One pass over an activation: its 1x128 groups and its 128x1 groups, in a Pallas kernel.
+
+wgrad needs an activation or gradient quantized in 128x1 groups (128 tokens x 1 channel),
+fprop and dgrad need it in 1x128 groups; XLA computes each with a reduction fusion and an
+elementwise fusion, reading the array twice per layout. `quantize_rows_cols` reads each
+128 x 128 tile once and writes both:
+
+  rows: q_row [M, K]  = quantize(x, (1, 128))[0],  s_row_t [K/128, M]  (its scales, transposed)
+  cols: q_col_t [K, M] = quantize(x.T, (1, 128))[0], s_col_t [M/128, K]
+        (x.T's 1x128 groups are x's 128x1 groups, so q_col_t is the transpose of x's 128x1
+        quantization)
+
+The scales come out transposed, in the layout the cuBLASLt GEMM reads (one row per 128-block,
+rows of the operand contiguous). The arithmetic is `jetrl.precision.quantize`'s, operation for
+operation (float32 amax, scale = amax * float32(1/FMAX), 1 for an all-zero group,
+inv = 1 / scale, clip, round to nearest even), so the FP8 values and scales are bit-identical
+to it: tested in interpret mode on the CPU and compiled on a GPU. Power-of-two scales are not
+implemented here (`supported` says so; callers use `quantize` for them).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jetrl.precision.formats import fp8_max
+
+B = 128
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _scale(amax, fmax: float):
+  s = amax * jnp.float32(np.float32(1.0) / np.float32(fmax))
+  return jnp.where(s == 0, jnp.float32(1.0), s)
+
+
+def _amax(ax, axis: int):
+  """max |x| along `axis`, NaN if any is NaN (as `jetrl.precision.quantize.tile_amax`)."""
+  return jnp.where(jnp.isnan(jnp.sum(ax, axis=axis)), jnp.float32(jnp.nan), jnp.max(ax, axis=axis))
+
+
+def _kernel(x_ref, *out_refs, rows: bool, cols: bool, fmax: float, dtype):
+  x = x_ref[...].astype(jnp.float32)
+  ax = jnp.abs(x)
+  refs = list(out_refs)
+  if rows:
+    q_ref, s_ref = refs.pop(0), refs.pop(0)
+    s = _scale(_amax(ax, 1), fmax)
+    inv = jnp.float32(1.0) / s
+    q_ref[...] = jnp.clip(x * inv[:, None], -fmax, fmax).astype(dtype)
+    s_ref[...] = s[None, :]
+  if cols:
+    q_ref, s_ref = refs.pop(0), refs.pop(0)
+    s = _scale(_amax(ax, 0), fmax)
+    inv = jnp.float32(1.0) / s
+    q_ref[...] = jnp.clip(x * inv[None, :], -fmax, fmax).astype(dtype).T
+    s_ref[...] = s[None, :]
+
+
+def quantize_rows_cols(x: jax.Array, dtype, *, rows: bool = True, cols: bool = True,
+                       interpret: bool = False):
+  """(q_row, s_row_t) and / or (q_col_t, s_col_t) of a 2-D x (see the module doc), as a tuple
+  of the requested pairs, rows first."""
+  if x.ndim != 2:
+    raise ValueError(f"quantize_rows_cols: x must be 2-D, got shape {x.shape}")
+  if not (rows or cols):
+    raise ValueError("quantize_rows_cols: ask for rows, cols or both")
+  m, k = x.shape
+  mb, kb = _cdiv(m, B), _cdiv(k, B)
+  xp = x if (m, k) == (mb * B, kb * B) else jnp.pad(x, ((0, mb * B - m), (0, kb * B - k)))
+  out_shape, out_specs = [], []
+  if rows:
+    out_shape += [jax.ShapeDtypeStruct((mb * B, kb * B), dtype),
+                  jax.ShapeDtypeStruct((kb, mb * B), jnp.float32)]
+    out_specs += [pl.BlockSpec((B, B), lambda i, j: (i, j)),
+                  pl.BlockSpec((1, B), lambda i, j: (j, i))]
+  if cols:
+    out_shape += [jax.ShapeDtypeStruct((kb * B, mb * B), dtype),
+                  jax.ShapeDtypeStruct((mb, kb * B), jnp.float32)]
+    out_specs += [pl.BlockSpec((B, B), lambda i, j: (j, i)),
+                  pl.BlockSpec((1, B), lambda i, j: (i, j))]
+  outs = pl.pallas_call(
+      functools.partial(_kernel, rows=rows, cols=cols, fmax=fp8_max(dtype), dtype=dtype),
+      out_shape=tuple(out_shape),
+      grid=(mb, kb),
+      in_specs=[pl.BlockSpec((B, B), lambda i, j: (i, j))],
+      out_specs=tuple(out_specs),
+      compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
+      interpret=interpret,
+      name="fp8_quantize_rows_cols",
+  )(xp)
+  result = []
+  outs = list(outs)
+  if rows:
+    q, s = outs.pop(0), outs.pop(0)
+    result.append((q[:m, :k], s[:, :m]))
+  if cols:
+    q, s = outs.pop(0), outs.pop(0)
+    result.append((q[:k, :m], s[:, :k]))
+  return tuple(result)
