@@ -7,7 +7,8 @@ the rest is "train" (see `jetrl.data.loading`); `split={"train": "test", "test":
 all 500 rows for both.
 
 Problem.answer is the dataset's `answer`; Problem.solution its `solution` (ending in a
-`\\boxed{}` answer), or '' without that column. The reward is `jetrl.data.rewards.math_reward`.
+`\\boxed{}` answer), or '' without that column. The reward is `jetrl.data.rewards.math_reward`
+(`timeout` seconds per sympy comparison, `batch_timeout` seconds of sympy time per call).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Sequence
 
 from jetrl.data.loading import DatasetTask
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT
-from jetrl.data.rewards import math_reward
+from jetrl.data.rewards import DEFAULT_BATCH_TIMEOUT, check_timeouts, math_reward
 
 
 class Math500(DatasetTask):
@@ -26,11 +27,10 @@ class Math500(DatasetTask):
   required_columns = ("problem", "answer")
   prompt_kind = "math"
 
-  def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, symbolic: bool = True, **kwargs):
+  def __init__(self, *, timeout: float = DEFAULT_TIMEOUT,
+               batch_timeout: float = DEFAULT_BATCH_TIMEOUT, symbolic: bool = True, **kwargs):
     super().__init__(**kwargs)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-      raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    self.timeout = float(timeout)
+    self.timeout, self.batch_timeout = check_timeouts(timeout, batch_timeout)
     self.symbolic = bool(symbolic)
 
   def row_question(self, row: dict) -> str:
@@ -45,4 +45,5 @@ class Math500(DatasetTask):
   def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
              answers: Sequence[str]) -> list[float]:
     return math_reward(prompts, completions, answers, timeout=self.timeout,
-                       symbolic=self.symbolic, format_weight=self.format_weight)
+                       batch_timeout=self.batch_timeout, symbolic=self.symbolic,
+                       format_weight=self.format_weight)

@@ -41,7 +41,8 @@ def get_task(name: str, **kwargs) -> Task:
 
   Synthetic tasks take difficulty, length, seed, format_weight. Dataset tasks take path, split,
   seed, test_size, shuffle, template, tokenizer, format_weight, and order (gsm8k) or timeout,
-  symbolic (math500). An unknown name or argument is a ValueError listing the accepted ones.
+  batch_timeout, symbolic (math500). An unknown name or argument is a ValueError listing the
+  accepted ones.
   """
   cls = _task_class(name)
   accepted = task_kwargs(name)

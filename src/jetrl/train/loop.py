@@ -110,7 +110,7 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
       f"{mcfg.d_model}) task={cfg.task} steps={cfg.steps} rows/step="
       f"{cfg.prompts_per_step * cfg.group_size} on {jax.devices()[0].platform}")
 
-  def do_eval(step):
+  def run_evaluation(step):
     t0 = time.time()
     res = setup.evaluate(state.params, mcfg, task, tok, recipe.rollout, size=cfg.eval_size,
                          max_new_tokens=cfg.max_new_tokens)
@@ -120,7 +120,7 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
     return res
 
   if start == 0:
-    do_eval(0)
+    run_evaluation(0)
   sc = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                       n=cfg.group_size, stop_ids=(ids.eos,), pad_id=ids.pad, prompt_len=width)
   base_key = jax.random.PRNGKey(cfg.seed)
@@ -188,14 +188,14 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
 
     done = step + 1 == cfg.steps
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not done:
-      do_eval(step + 1)
+      run_evaluation(step + 1)
     if (step + 1) % cfg.ckpt_every == 0 or done:
       ckpt.save(step + 1, _state_tree(state),
                 {"step": step + 1, "data_pos": data_pos, "seed": cfg.seed, "kind": "rl",
                  "config": cfg.to_dict()})
 
   if start < cfg.steps:
-    do_eval(cfg.steps)
+    run_evaluation(cfg.steps)
   writer.close()
   ckpt.close()
   evals = read_jsonl(eval_writer.path)
