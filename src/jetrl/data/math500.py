@@ -13,6 +13,7 @@ Problem.answer is the dataset's `answer`; Problem.solution its `solution` (endin
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from jetrl.data.loading import DatasetTask
@@ -32,6 +33,23 @@ class Math500(DatasetTask):
     super().__init__(**kwargs)
     self.timeout, self.batch_timeout = check_timeouts(timeout, batch_timeout)
     self.symbolic = bool(symbolic)
+
+  def row_errors(self, row: dict) -> list:
+    """`problem` a non-empty string, `answer` a non-empty string or a number (never null: it
+    would become the reference "None"), `solution` a string when present."""
+    missing = [c for c in self.required_columns if c not in row]
+    if missing:
+      return [(None, f"the row lacks columns {missing} (it has {sorted(row)})")]
+    problem, answer, solution = row["problem"], row["answer"], row.get("solution")
+    if not isinstance(problem, str) or not problem.strip():
+      return [("problem", f"must be a non-empty string, got {problem!r:.40}")]
+    number = isinstance(answer, (int, float)) and not isinstance(answer, bool) and \
+        math.isfinite(answer)
+    if not number and not (isinstance(answer, str) and answer.strip()):
+      return [("answer", f"must be a non-empty string or a number, got {answer!r:.40}")]
+    if solution is not None and not isinstance(solution, str):
+      return [("solution", f"must be a string when present, got {type(solution).__name__}")]
+    return []
 
   def row_question(self, row: dict) -> str:
     return row["problem"]
