@@ -4,10 +4,15 @@
   python experiments/train.py --workdir=runs/rl --init_from=runs/sft ...
 """
 
+import sys
+
 from absl import app, flags
 
 from jetrl.train import SFTConfig, run_sft
+from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.flags import config_from_flags, define_flags
+from jetrl.train.skips import SkippedUpdatesError
+from jetrl.train.validation import FlagError
 
 define_flags(SFTConfig)
 FLAGS = flags.FLAGS
@@ -20,7 +25,12 @@ def main(argv):
     cfg = config_from_flags(SFTConfig).validate()
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  run_sft(cfg)
+  try:
+    run_sft(cfg)
+  except FlagError as e:  # found at start-up (memory, workdir, checkpoint flags)
+    raise app.UsageError(str(e)) from None
+  except (SkippedUpdatesError, CheckpointError) as e:
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
