@@ -207,6 +207,14 @@ def test_sft_checkpoints_periodically_and_resumes_exactly(tmp_path):
     ck.close()
   for x, y in zip(jax.tree_util.tree_leaves(states[0]), jax.tree_util.tree_leaves(states[1])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # The RL warm start reads the finished run's params (verified against their checksums).
+  from jetrl.train.checkpoint import load_params_from
+  warm = load_params_from(str(tmp_path / "b"), states[0], log=lambda *a: None)
+  for x, y in zip(jax.tree_util.tree_leaves(warm), jax.tree_util.tree_leaves(states[0])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  shutil.rmtree(tmp_path / "b" / "checkpoints" / "4")  # an SFT run that has not finished
+  with pytest.raises(ValueError, match="--init_from: the SFT run in .* stopped at step 2 of 4"):
+    load_params_from(str(tmp_path / "b"), states[0], log=lambda *a: None)
 
 
 @pytest.mark.parametrize("flag,value,message", [

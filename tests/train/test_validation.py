@@ -8,7 +8,8 @@ import pytest
 from jetrl.models import get_config
 from jetrl.train import SFTConfig, TrainConfig
 from jetrl.train.config import schedule_key
-from jetrl.train.loop import record_changes, resume_check
+from jetrl.train.loop import resume_check
+from jetrl.train.resume import record_changes
 from jetrl.train.memory import check_step_memory, step_bytes
 from jetrl.train.validation import FlagError
 
@@ -104,12 +105,14 @@ def test_schedule_change_on_resume(base, tmp_path):
   resume_check(cosine, "ckpts", changes)(saved)  # same flags
   resume_check(cosine.replace(eval_every=5), "ckpts", changes)(saved)  # not schedule-shaping
   with pytest.raises(FlagError, match=r"--steps: the checkpoint in ckpts was written with "
-                                      r"--steps=30, and under --schedule=cosine"):
+                                      r"--steps=30, and the learning-rate schedule "
+                                      r"\(--schedule=cosine, --warmup_steps=0\) depends on it"):
     resume_check(cosine.replace(steps=40), "ckpts", changes)(saved)
   assert changes == []
   forced = cosine.replace(steps=40, allow_schedule_change=True)
   resume_check(forced, "ckpts", changes)(saved)
-  assert changes == [{"field": "steps", "checkpoint": 30, "now": 40, "schedule": "cosine"}]
+  assert changes == [{"field": "steps", "checkpoint": 30, "now": 40,
+                      "schedule": "--schedule=cosine, --warmup_steps=0"}]
   logs = []
   record_changes(str(tmp_path), 12, changes, logs.append)
   text = (tmp_path / "config_changes.jsonl").read_text()

@@ -56,19 +56,23 @@ def _digests(leaves):
   return [_digest(x) for x in leaves]
 
 
-def tree_checksums(tree: Any) -> dict[str, str]:
-  """{leaf path (jax keystr): 16 hex digits} for every array leaf of `tree`."""
-  flat = [(jax.tree_util.keystr(path), leaf)
+def tree_checksums(tree: Any, prefix: str = "") -> dict[str, str]:
+  """{prefix + leaf path (jax keystr): 16 hex digits} for every array leaf of `tree`."""
+  flat = [(prefix + jax.tree_util.keystr(path), leaf)
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
           if hasattr(leaf, "shape")]
   digests = jax.device_get(_digests([leaf for _, leaf in flat]))
   return {path: f"{int(d[0]):08x}{int(d[1]):08x}" for (path, _), d in zip(flat, digests)}
 
 
-def mismatches(saved: dict[str, str], tree: Any) -> list[str]:
-  """Leaf paths whose checksum differs from `saved` (or that are missing on either side)."""
-  now = tree_checksums(tree)
-  return sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+def mismatches(saved: dict[str, str], tree: Any, prefix: str = "") -> list[str]:
+  """Leaf paths whose checksum differs from `saved` (or that are missing on either side).
+
+  With `prefix`, `tree` is the subtree at that path (e.g. "['params']") and only the saved
+  entries under it are compared."""
+  now = tree_checksums(tree, prefix)
+  wanted = {k: v for k, v in saved.items() if k.startswith(prefix)}
+  return sorted(k for k in set(wanted) | set(now) if wanted.get(k) != now.get(k))
 
 
 def non_finite(tree: Any) -> list[str]:

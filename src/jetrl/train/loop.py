@@ -28,13 +28,14 @@ from jetrl.rl import (DEFAULT_EDGES, UpdateConfig, dynamic_sampling_mask, group_
                       update_step)
 from jetrl.rl.update import TrainState
 from jetrl.sampling import STOP_LENGTH, SamplingConfig, sample
-from jetrl.train import setup
-from jetrl.train.checkpoint import Checkpointer, check_compatible, load_params_from
+from jetrl.train import resume, setup
+from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig, schedule_key
 from jetrl.train.memory import check_step_memory, step_bytes
+from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.skips import SkipTracker
 from jetrl.train.validation import FlagError
-from jetrl.train.workdir import WorkdirLock, start_fresh
+from jetrl.train.workdir import WorkdirLock, make_workdir, start_fresh
 from jetrl.train.writers import MetricWriter, Progress, read_jsonl
 
 
@@ -58,14 +59,7 @@ def _bin_edges(max_new_tokens: int) -> tuple[int, ...]:
   return tuple(e for e in DEFAULT_EDGES if e < max_new_tokens) or (0,)
 
 
-RUN_FILES = ("summary.json", "config.json", "config_changes.jsonl", "tb", "plots")
-
-
-def make_workdir(workdir: str) -> None:
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise FlagError("workdir", f"cannot create {workdir!r}: {e.strerror or e}") from None
+RUN_FILES = ("summary.json", "config.json", CHANGES_FILE, "tb", "plots")
 
 
 def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
@@ -80,35 +74,10 @@ def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
 
 
 def resume_check(cfg: TrainConfig, directory: str, changes: list):
-  """The check a checkpoint's metadata must pass before it is restored: the same flags, and
-  the same learning-rate schedule unless --allow_schedule_change (then the change is noted in
-  `changes`, to be recorded once the checkpoint is restored)."""
-  def check(meta: dict) -> None:
-    check_compatible(meta, cfg, directory)
-    saved_steps = int(meta.get("config", {}).get("steps", cfg.steps))
-    if schedule_key(cfg.replace(steps=saved_steps)) == schedule_key(cfg):
-      return
-    if not cfg.allow_schedule_change:
-      raise FlagError("steps", f"the checkpoint in {directory} was written with "
-                      f"--steps={saved_steps}, and under --schedule={cfg.schedule} with "
-                      f"--warmup_steps={cfg.warmup_steps} the learning-rate schedule depends on "
-                      f"it; rerun with --steps={saved_steps}, or pass --allow_schedule_change "
-                      "to resume on the new schedule (the change is recorded)")
-    changes[:] = [{"field": "steps", "checkpoint": saved_steps, "now": cfg.steps,
-                   "schedule": cfg.schedule}]
-  return check
-
-
-def record_changes(workdir: str, step: int, changes: list, log) -> None:
-  """Appends forced configuration changes to workdir/config_changes.jsonl."""
-  if not changes or jax.process_index() != 0:
-    return
-  with open(os.path.join(workdir, "config_changes.jsonl"), "a", encoding="utf-8") as f:
-    for c in changes:
-      f.write(json.dumps({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **c}) + "\n")
-      log(f"warning: resuming at step {step} with --{c['field']}={c['now']} (the checkpoint "
-          f"had {c['checkpoint']}): the learning-rate schedule changes from here; recorded "
-          "in config_changes.jsonl")
+  """The RL run's resume check: the same flags, and the same learning-rate schedule."""
+  describe = f"--schedule={cfg.schedule}, --warmup_steps={cfg.warmup_steps}"
+  return resume.resume_check(cfg, directory, changes, schedule=describe,
+                             schedule_of=lambda steps: schedule_key(cfg.replace(steps=steps)))
 
 
 def run(cfg: TrainConfig, *, log=print) -> dict:

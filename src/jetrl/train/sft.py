@@ -27,12 +27,13 @@ from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.update import all_finite
 from jetrl.sampling import pad_prompts, SamplingConfig
 from jetrl.train import setup
-from jetrl.train.checkpoint import Checkpointer, check_compatible
+from jetrl.train.checkpoint import Checkpointer
 from jetrl.train.memory import check_step_memory, step_bytes
+from jetrl.train.resume import CHANGES_FILE, record_changes, resume_check
 from jetrl.train.skips import SkipTracker
 from jetrl.train.validation import (SEED_MAX, FlagError, check_float, check_int,
                                     check_task_knobs, check_workdir)
-from jetrl.train.workdir import WorkdirLock, start_fresh
+from jetrl.train.workdir import WorkdirLock, make_workdir, start_fresh
 from jetrl.train.writers import MetricWriter, Progress
 
 
@@ -142,7 +143,6 @@ def run_sft(cfg: SFTConfig, *, log=print) -> dict:
   """Run (or resume) a supervised warm start; returns the greedy evaluation at the end (also in
   workdir/sft_summary.json). Errors as for `jetrl.train.run`."""
   cfg = cfg.validate()
-  from jetrl.train.loop import make_workdir  # pylint: disable=import-outside-toplevel
   make_workdir(cfg.workdir)
   lock = WorkdirLock(cfg.workdir, log) if jax.process_index() == 0 else None
   try:
@@ -152,24 +152,7 @@ def run_sft(cfg: SFTConfig, *, log=print) -> dict:
       lock.release()
 
 
-def _resume_check(cfg: SFTConfig, directory: str, changes: list):
-  def check(meta: dict) -> None:
-    check_compatible(meta, cfg, directory, resumable=SFT_RESUMABLE_FIELDS)
-    saved_steps = int(meta.get("config", {}).get("steps", cfg.steps))
-    if saved_steps == cfg.steps:
-      return
-    if not cfg.allow_schedule_change:
-      raise FlagError("steps", f"the SFT checkpoint in {directory} was written with "
-                      f"--steps={saved_steps}, which sets its cosine learning-rate schedule; "
-                      f"rerun with --steps={saved_steps}, or pass --allow_schedule_change to "
-                      "resume on the new schedule (the change is recorded)")
-    changes[:] = [{"field": "steps", "checkpoint": saved_steps, "now": cfg.steps,
-                   "schedule": "warmup_cosine"}]
-  return check
-
-
 def _run_sft(cfg: SFTConfig, log) -> dict:
-  from jetrl.train.loop import record_changes  # pylint: disable=import-outside-toplevel
   recipe = get_recipe(cfg.recipe)
   task = setup.make_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
                          data_path=cfg.data_path, seed=cfg.seed)
@@ -190,8 +173,10 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
   params, opt_state = jax.device_put((params, opt_state), jax.local_devices()[0])
   ckpt = Checkpointer(cfg.workdir, cfg.keep_ckpts)
   start, changes = 0, []
-  restored = ckpt.restore_latest({"params": params, "opt_state": opt_state},
-                                 _resume_check(cfg, ckpt.directory, changes), log)
+  check = resume_check(cfg, ckpt.directory, changes, resumable=SFT_RESUMABLE_FIELDS,
+                       schedule="warmup, then cosine decay over --steps",
+                       schedule_of=lambda steps: max(steps, cfg.warmup_steps + 1))
+  restored = ckpt.restore_latest({"params": params, "opt_state": opt_state}, check, log)
   if restored is not None:
     state, meta = restored
     params, opt_state, start = state["params"], state["opt_state"], int(meta["step"])
@@ -199,7 +184,7 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
     record_changes(cfg.workdir, start, changes, log)
     log(f"resumed SFT at step {start}")
   else:
-    start_fresh(cfg.workdir, ("sft_metrics.jsonl",), ("sft_summary.json", "config_changes.jsonl"),
+    start_fresh(cfg.workdir, ("sft_metrics.jsonl",), ("sft_summary.json", CHANGES_FILE),
                 first_checkpoint=min(cfg.ckpt_every, cfg.steps), overwrite=cfg.overwrite,
                 log=log, move=jax.process_index() == 0)
   writer = MetricWriter(cfg.workdir, "sft_metrics", tensorboard=False)

@@ -39,6 +39,14 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
+def make_workdir(workdir: str) -> None:
+  """Creates the workdir; FlagError (--workdir) when that is impossible."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise FlagError("workdir", f"cannot create {workdir!r}: {e.strerror or e}") from None
+
+
 class WorkdirLock:
   """An exclusive lock on a workdir, held by this process until `release()`."""
 
