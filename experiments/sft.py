@@ -2,6 +2,9 @@
 
   python experiments/sft.py --workdir=runs/sft --task=addition --steps=300
   python experiments/train.py --workdir=runs/rl --init_from=runs/sft ...
+
+Checkpoints every --ckpt_every steps; rerunning the same command resumes from the latest
+intact one (see docs/reliability.md).
 """
 
 import sys

@@ -155,3 +155,18 @@ def test_timeouts_are_validated():
       math_reward(None, ["\\boxed{1}"], ["1"], timeout=bad)
     with pytest.raises(ValueError, match="batch_timeout"):
       math_reward(None, ["\\boxed{1}"], ["1"], batch_timeout=bad)
+
+
+def test_a_worker_that_cannot_leave_root_turns_sympy_off_with_a_warning(tmp_path, monkeypatch):
+  """What the parent does when the worker refuses to run (it answers ready: false)."""
+  from jetrl.data import math_equivalence
+  fake = tmp_path / "worker.py"
+  fake.write_text('import json\nprint(json.dumps({"ready": False, "error": "PermissionError: '
+                  'cannot leave root"}), flush=True)\n')
+  monkeypatch.setattr(math_equivalence, "WORKER_PATH", str(fake))
+  worker = math_equivalence._Worker()
+  with pytest.warns(RuntimeWarning, match="could not start .*cannot leave root.*symbolic answer "
+                                          "comparison is off"):
+    assert worker.ask("x", "x+0", 1.0, None) is None
+  assert worker.ask("x", "x+0", 1.0, None) is None  # no further attempts, no further warnings
+  assert worker.stats["restarts"] == 0 and worker.proc is None
