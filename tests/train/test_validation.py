@@ -2,6 +2,7 @@
 the memory floor against hand-computed bytes; schedule changes refused on resume."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -128,3 +129,16 @@ def test_schedule_change_on_resume(base, tmp_path):
   old = {k: v for k, v in constant.to_dict().items() if k not in ("overwrite",
                                                                   "max_skipped_steps")}
   resume_check(constant, "ckpts", [])({"config": old})
+
+
+def test_a_bad_data_row_is_a_flag_error_before_anything_is_built(tmp_path):
+  from jetrl.data import char_tokenizer
+  from jetrl.train import setup
+  rows = [{"question": f"what is {i}", "answer": f"so\n#### {i}"} for i in range(300)]
+  del rows[186]["answer"]
+  path = tmp_path / "train.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  with pytest.raises(FlagError, match=r"--data_path: gsm8k: .*train\.jsonl:187: the row lacks "
+                                      r"columns \['answer'\]"):
+    setup.load_task("gsm8k", difficulty=0, length=0, data_path=str(path), seed=0,
+                    tok=char_tokenizer())

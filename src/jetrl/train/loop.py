@@ -100,13 +100,11 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
 
 def _run(cfg: TrainConfig, log) -> dict:
   recipe = get_recipe(cfg.recipe, grad_fmt=cfg.grad_fmt)
-  task = setup.make_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
-                         data_path=cfg.data_path, seed=cfg.seed)
   tok = setup.make_tokenizer(cfg.model, cfg.task)
   ids = setup.token_ids(tok)
   # Width of prompts seen in training: fixed from a sample of the task's prompts.
-  probe = [setup.encode_prompt(tok, p.prompt) for p in task.batch("train", 0, 64)]
-  width = setup.prompt_width(probe) + 16
+  task, width = setup.load_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
+                                data_path=cfg.data_path, seed=cfg.seed, tok=tok)
   mcfg = setup.model_config(cfg.model, cfg.n_layers, tok, width + cfg.max_new_tokens)
   setup.check_tokenizer(mcfg, tok)
   check_memory(cfg, mcfg, width)

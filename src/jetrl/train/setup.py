@@ -43,13 +43,28 @@ def make_task(name: str, *, difficulty: int, length: int, data_path: str, seed: 
   return get_task(name, **kw)
 
 
+def load_task(name: str, *, difficulty: int, length: int, data_path: str, seed: int, tok):
+  """(task, prompt width): the task, its data loaded and checked, and the static prompt width
+  (the longest of its first 64 train prompts, rounded up to 16, plus 16). A data error is a
+  FlagError naming --data_path (or --task), with the file and line it found."""
+  try:
+    task = make_task(name, difficulty=difficulty, length=length, data_path=data_path, seed=seed)
+    probe = [encode_prompt(tok, p.prompt) for p in task.batch("train", 0, 64)]
+  except ValueError as e:
+    raise FlagError("data_path" if data_path else "task", str(e)) from None
+  return task, prompt_width(probe) + 16
+
+
 def make_tokenizer(model: str, task_name: str):
   if os.path.isdir(model):
-    return load_tokenizer(model)
+    try:
+      return load_tokenizer(model)
+    except ValueError as e:
+      raise FlagError("model", str(e)) from None
   if task_name not in SYNTHETIC_TASKS:
-    raise ValueError(f"--model: task {task_name!r} needs a checkpoint directory with its own "
-                     f"tokenizer; the preset {model!r} only fits the synthetic tasks "
-                     f"{list(SYNTHETIC_TASKS)}")
+    raise FlagError("model", f"task {task_name!r} needs a checkpoint directory with its own "
+                    f"tokenizer; the preset {model!r} only fits the synthetic tasks "
+                    f"{list(SYNTHETIC_TASKS)}")
   return char_tokenizer()
 
 
@@ -57,13 +72,18 @@ def model_config(model: str, n_layers: int, tok, max_seq_len: int):
   """The model's config without its weights: a preset sized to the tokenizer, or a
   checkpoint's config.json (cheap: memory and tokenizer checks run before any weight)."""
   if os.path.isdir(model):
-    with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
-      mcfg = config_from_hf(json.load(f))
+    path = os.path.join(model, "config.json")
+    try:
+      with open(path, encoding="utf-8") as f:
+        mcfg = config_from_hf(json.load(f))
+    except (OSError, ValueError) as e:  # missing, not JSON, or an unsupported model
+      raise FlagError("model", f"{path}: {e}") from None
   else:
     mcfg = dataclasses.replace(get_config(model), vocab_size=_vocab(tok))
   if n_layers:
-    if n_layers > mcfg.n_layers:
-      raise FlagError("n_layers", f"{n_layers} is more than the model's {mcfg.n_layers} layers")
+    if os.path.isdir(model) and n_layers > mcfg.n_layers:
+      raise FlagError("n_layers", f"{n_layers} is more than the checkpoint's {mcfg.n_layers} "
+                      "layers")
     mcfg = dataclasses.replace(mcfg, n_layers=n_layers)
   if max_seq_len > mcfg.max_seq_len:
     mcfg = dataclasses.replace(mcfg, max_seq_len=max_seq_len)

@@ -154,11 +154,9 @@ def run_sft(cfg: SFTConfig, *, log=print) -> dict:
 
 def _run_sft(cfg: SFTConfig, log) -> dict:
   recipe = get_recipe(cfg.recipe)
-  task = setup.make_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
-                         data_path=cfg.data_path, seed=cfg.seed)
   tok = setup.make_tokenizer(cfg.model, cfg.task)
-  probe = [setup.encode_prompt(tok, p.prompt) for p in task.batch("train", 0, 64)]
-  width = setup.prompt_width(probe) + 16
+  task, width = setup.load_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
+                                data_path=cfg.data_path, seed=cfg.seed, tok=tok)
   mcfg = setup.model_config(cfg.model, cfg.n_layers, tok, width + cfg.max_new_tokens)
   setup.check_tokenizer(mcfg, tok)
   check_step_memory(step_bytes(mcfg, rows=min(cfg.eval_size, 64),
