@@ -5,10 +5,15 @@ Every flag is a field of jetrl.train.TrainConfig (see `--helpfull`). Metrics go 
 Rerunning the same command resumes from the latest checkpoint in the workdir.
 """
 
+import sys
+
 from absl import app, flags
 
 from jetrl.train import TrainConfig, run
+from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.flags import config_from_flags, define_flags
+from jetrl.train.skips import SkippedUpdatesError
+from jetrl.train.validation import FlagError
 
 define_flags(TrainConfig)
 FLAGS = flags.FLAGS
@@ -21,7 +26,12 @@ def main(argv):
     cfg = config_from_flags(TrainConfig).validate()
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  summary = run(cfg)
+  try:
+    summary = run(cfg)
+  except FlagError as e:  # found at start-up (devices, memory, workdir, checkpoint flags)
+    raise app.UsageError(str(e)) from None
+  except (SkippedUpdatesError, CheckpointError) as e:
+    sys.exit(f"error: {e}")
   print(f"done: held-out greedy accuracy {summary['eval_before']} -> {summary['eval_after']}; "
         f"plots: {', '.join(summary.get('plots', []))}")
 

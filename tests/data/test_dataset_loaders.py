@@ -213,3 +213,56 @@ def test_hub_unreachable_is_a_clear_error():
 def test_classes():
   assert isinstance(get_task("gsm8k"), GSM8K) and isinstance(get_task("math500"), Math500)
   assert isinstance(Problem("p", "a", "s"), Problem)
+
+
+@pytest.mark.parametrize("name, rows, message", [
+    ("gsm8k", "no_answer", r"train\.jsonl:187: the row lacks columns \['answer'\]"),
+    ("gsm8k", "int_question", r"train\.jsonl:187: field 'question': must be a string, got int"),
+    ("gsm8k", "empty_answer", r"train\.jsonl:187: field 'answer': is empty"),
+    ("gsm8k", "no_hashes", r"train\.jsonl:187: field 'answer': must end in '#### "),
+    ("math500", "null_answer", r"train\.jsonl:187: field 'answer': must be a non-empty string "
+                               r"or a number, got None"),
+    ("math500", "blank_answer", r"train\.jsonl:187: field 'answer': must be a non-empty"),
+    ("math500", "list_solution", r"train\.jsonl:187: field 'solution': must be a string"),
+])
+def test_every_row_is_checked_when_the_task_loads(tmp_path, name, rows, message):
+  if name == "gsm8k":
+    change = {"no_answer": None, "int_question": {"question": 7},
+              "empty_answer": {"answer": "  "}, "no_hashes": {"answer": "4 + 4 = 8"}}[rows]
+    data = gsm_rows(200)
+    data[186] = ({k: v for k, v in data[186].items() if k != "answer"} if change is None
+                 else dict(data[186], **change))
+  else:
+    data = [{"problem": f"Compute ${i}+1$.", "answer": str(i + 1), "solution": "s"}
+            for i in range(200)]
+    data[186] = dict(data[186], **{"null_answer": {"answer": None},
+                                   "blank_answer": {"answer": ""},
+                                   "list_solution": {"solution": ["s"]}}[rows])
+  path = write_jsonl(tmp_path / "train.jsonl", data)
+  task = get_task(name, path=path)
+  with pytest.raises(ValueError, match=message):
+    task.problem("train", 0)  # the first problem: the bad row is found at load, not at use
+
+
+def test_file_errors_name_the_path_and_line(tmp_path):
+  good = json.dumps(gsm_rows(1)[0])
+  cases = {
+      "torn.jsonl": (good + "\n" + good + "\n" + good[:30] + "\n" + good + "\n").encode(),
+      "empty.jsonl": b"\n  \n",
+      "latin1.jsonl": (good + "\n").encode() + '{"question": "caf\xe9"}\n'.encode("latin-1"),
+      "array.jsonl": (good + "\n[1, 2]\n").encode(),
+  }
+  expected = {"torn.jsonl": r"torn\.jsonl:3: invalid JSON \(.*column",
+              "empty.jsonl": r"empty\.jsonl: empty file",
+              "latin1.jsonl": r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9 at column 18\)",
+              "array.jsonl": r"array\.jsonl:2: a row must be a JSON object, got list"}
+  for fname, data in cases.items():
+    (tmp_path / fname).write_bytes(data)
+    with pytest.raises(ValueError, match=expected[fname]):
+      get_task("gsm8k", path=str(tmp_path / fname)).num_problems("train")
+  # A .json file may hold one array of rows; a bad item is named by its index.
+  (tmp_path / "rows.json").write_text(json.dumps(gsm_rows(10)))
+  assert get_task("gsm8k", path=str(tmp_path / "rows.json")).num_problems("train") == 8
+  (tmp_path / "bad.json").write_text(json.dumps(gsm_rows(3) + [{"question": "q"}]))
+  with pytest.raises(ValueError, match=r"bad\.json item 3: the row lacks columns"):
+    get_task("gsm8k", path=str(tmp_path / "bad.json")).num_problems("train")

@@ -33,7 +33,7 @@ def test_accepted_arguments():
   common = {"path", "split", "seed", "test_size", "shuffle", "template", "tokenizer",
             "format_weight"}
   assert set(task_kwargs("gsm8k")) == common | {"order"}
-  assert set(task_kwargs("math500")) == common | {"timeout", "symbolic"}
+  assert set(task_kwargs("math500")) == common | {"timeout", "batch_timeout", "symbolic"}
 
 
 def test_problem_is_a_frozen_dataclass():

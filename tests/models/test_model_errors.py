@@ -80,6 +80,27 @@ def test_vocab_disagrees_with_config(ckpt):
     M.load_pretrained(str(ckpt))
 
 
+def test_integer_tensor_is_refused_not_cast(ckpt):
+  """An int8 tensor used to be cast to float silently (a quantized 0.011 became 11.0)."""
+  def quantize(t):
+    w = t["model.layers.0.mlp.up_proj.weight"]
+    t["model.layers.0.mlp.up_proj.weight"] = np.round(w * 1000).astype(np.int8)
+  _edit_tensors(ckpt, quantize)
+  with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' is stored "
+                                       r"as I8; accepted: F32, BF16, F16, F64"):
+    M.load_pretrained(str(ckpt))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_tensor_is_refused(ckpt, value):
+  def poison(t):
+    t["model.layers.1.self_attn.o_proj.weight"][3, 4] = value
+  _edit_tensors(ckpt, poison)
+  with pytest.raises(ValueError, match=r"'model\.layers\.1\.self_attn\.o_proj\.weight' holds 1 "
+                                       r"non-finite values"):
+    M.load_pretrained(str(ckpt))
+
+
 def test_missing_directory_or_files(tmp_path):
   with pytest.raises(ValueError, match="does not exist"):
     M.load_pretrained(str(tmp_path / "nope"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -86,6 +87,20 @@ def test_vocab_must_fit_the_model(tmp_path):
   bigger = M.ModelConfig(vocab_size=n + 10, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                          head_dim=16, d_ff=32)
   assert len(M.load_tokenizer(str(tmp_path), config=bigger)) == n  # padded embeddings are fine
+
+
+def test_special_ids_must_fit_the_model(tmp_path):
+  n = _write(tmp_path)
+  (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [n - 2, n + 7]}))
+  config = M.ModelConfig(vocab_size=n + 2, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                         head_dim=16, d_ff=32)
+  with pytest.raises(ValueError, match=f"'eos \\({n + 7}\\)': {n + 7}"):
+    M.load_tokenizer(str(tmp_path), config=config)
+  from jetrl.train import setup
+  tok = M.load_tokenizer(str(tmp_path))  # the training path loads it without a config
+  with pytest.raises(ValueError, match=f"--model: .*end-of-generation id #1 {n + 7}"):
+    setup.check_tokenizer(config, tok)
+  setup.check_tokenizer(dataclasses.replace(config, vocab_size=n + 8), tok)
 
 
 def test_missing_tokenizer_file(tmp_path):

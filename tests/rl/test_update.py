@@ -91,6 +91,24 @@ def test_nan_batch_is_skipped_counted_and_params_stay_finite(setup):
     np.testing.assert_array_equal(np.asarray(a), b)
 
 
+def test_update_with_finite_gradients_but_nan_result_is_skipped(setup):
+  """A NaN in the optimizer state: loss and gradients are finite, the new params would not be."""
+  cfg, params, batch = setup
+  ucfg = UpdateConfig(loss="grpo", lr=3e-3, minibatches=2, micro_batches=2)
+  state = init_train_state(params, ucfg)
+  before = jax.tree_util.tree_map(np.asarray, state.params)
+  paths = jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
+  target = next(path for path, leaf in paths if "mu" in jax.tree_util.keystr(path)
+                and leaf.ndim == 2)
+  poisoned = jax.tree_util.tree_map_with_path(
+      lambda path, x: x.at[0, 0].set(jnp.nan) if path == target else x, state.opt_state)
+  state, m = update_step(state._replace(opt_state=poisoned), batch, jax.random.PRNGKey(0),
+                         model_config=cfg, cfg=ucfg, precision=get_recipe("bf16").train)
+  assert int(state.skipped) == 2 and int(state.step) == 0 and float(m["skipped_updates"]) == 2
+  for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(before)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+
+
 def test_micro_batch_accumulation_is_exact(setup):
   cfg, params, batch = setup
   outs = {}
@@ -122,6 +140,12 @@ def test_config_errors(setup):
     UpdateConfig(is_method="clip")
   with pytest.raises(ValueError, match="old_logp"):
     UpdateConfig(old_logp="ref")
+  for field in ("lr", "max_grad_norm", "weight_decay", "kl_coef", "temperature", "clip_high"):
+    for bad in (float("nan"), float("inf")):
+      with pytest.raises(ValueError, match=field):
+        UpdateConfig(**{field: bad})
+  with pytest.raises(ValueError, match="weight_decay"):
+    UpdateConfig(weight_decay=-0.1)
   cfg, params, batch = setup
   ucfg = UpdateConfig(minibatches=3)
   with pytest.raises(ValueError, match="does not split"):

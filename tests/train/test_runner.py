@@ -1,12 +1,17 @@
 """The RL runner end to end: every recipe, metrics fields, flag validation, kill and resume."""
 
+import dataclasses
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -80,10 +85,136 @@ def test_sigkill_and_resume_equals_uninterrupted(tmp_path):
   assert read(ref_dir / "eval.jsonl")[-1] == read(dir_ / "eval.jsonl")[-1]
 
 
-def test_checkpoint_from_other_config_is_refused(tmp_path):
-  run(TrainConfig(**dict(TINY, steps=1), recipe="bf16", workdir=str(tmp_path)), log=lambda *a: None)
+QUIET = dict(log=lambda *a: None)
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+  """A finished 2-step bf16 run (checkpoints 1 and 2); tests work on copies of it."""
+  workdir = tmp_path_factory.mktemp("done") / "run"
+  cfg = TrainConfig(**TINY, recipe="bf16", workdir=str(workdir))
+  run(cfg, **QUIET)
+  return cfg
+
+
+def copy_run(cfg, tmp_path):
+  dest = tmp_path / "run"
+  shutil.copytree(cfg.workdir, dest)
+  return cfg.replace(workdir=str(dest))
+
+
+def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
+  cfg = copy_run(done_run, tmp_path)
   with pytest.raises(ValueError, match="--recipe: checkpoint has 'bf16', this run has 'jet'"):
-    run(TrainConfig(**dict(TINY, steps=2), recipe="jet", workdir=str(tmp_path)), log=lambda *a: None)
+    run(cfg.replace(recipe="jet"), **QUIET)
+
+
+def test_damaged_latest_checkpoint_resumes_from_the_one_before(done_run, tmp_path):
+  cfg = copy_run(done_run, tmp_path)
+  files = sorted(glob.glob(f"{cfg.workdir}/checkpoints/2/state/**/d/*", recursive=True),
+                 key=os.path.getsize)
+  data = bytearray(open(files[-1], "rb").read())
+  data[len(data) // 2] ^= 0x40  # one flipped bit
+  open(files[-1], "wb").write(bytes(data))
+  logs = []
+  with pytest.warns(RuntimeWarning, match="checkpoints/2 is damaged"):
+    run(cfg, log=logs.append)
+  assert any("resumed from" in line and "/1 (step 1" in line for line in logs), logs
+  assert os.listdir(os.path.join(cfg.workdir, "checkpoints_damaged"))[0].startswith("2-")
+  ref = _comparable(read(os.path.join(done_run.workdir, "metrics.jsonl")))
+  assert _comparable(read(os.path.join(cfg.workdir, "metrics.jsonl"))) == ref
+
+
+def test_torn_last_metric_line_does_not_stop_a_resume(done_run, tmp_path):
+  cfg = copy_run(done_run, tmp_path)
+  path = os.path.join(cfg.workdir, "metrics.jsonl")
+  before = read(path)
+  with open(path, "a") as f:
+    f.write('{"step": 3, "reward_mean": 0.')
+  with pytest.warns(RuntimeWarning, match="torn last line"):
+    run(cfg, **QUIET)
+  assert read(path) == before
+
+
+def test_metrics_without_checkpoints_need_overwrite_and_are_moved_aside(done_run, tmp_path):
+  cfg = copy_run(done_run, tmp_path)
+  shutil.rmtree(os.path.join(cfg.workdir, "checkpoints"))
+  before = open(os.path.join(cfg.workdir, "metrics.jsonl")).read()
+  with pytest.raises(ValueError, match="--workdir: .* holds metrics of an earlier run "
+                                       ".*pass --overwrite"):
+    run(cfg, **QUIET)
+  assert open(os.path.join(cfg.workdir, "metrics.jsonl")).read() == before
+  run(cfg.replace(overwrite=True), **QUIET)
+  (moved,) = os.listdir(os.path.join(cfg.workdir, "previous"))
+  assert open(os.path.join(cfg.workdir, "previous", moved, "metrics.jsonl")).read() == before
+  # The fresh run from step 0 reproduces the earlier one.
+  assert _comparable(read(os.path.join(cfg.workdir, "metrics.jsonl"))) == \
+      _comparable(read(os.path.join(done_run.workdir, "metrics.jsonl")))
+
+
+def test_a_second_run_in_a_locked_workdir_is_refused(done_run, tmp_path):
+  from jetrl.train.workdir import WorkdirLock
+  cfg = copy_run(done_run, tmp_path)
+  with WorkdirLock(cfg.workdir):
+    with pytest.raises(ValueError, match="--workdir: .* is in use by another run"):
+      run(cfg, **QUIET)
+
+
+def test_a_run_whose_updates_are_all_skipped_stops(tmp_path, monkeypatch):
+  """A NaN in the optimizer state: every update is skipped; the run stops, nothing is saved."""
+  from jetrl.train import loop
+  from jetrl.train.skips import SkippedUpdatesError
+
+  original = loop.init_train_state
+
+  def poisoned(params, ucfg):
+    state = original(params, ucfg)
+    return state._replace(opt_state=jax.tree_util.tree_map(
+        lambda x: x * jnp.nan if x.ndim == 2 else x, state.opt_state))
+
+  monkeypatch.setattr(loop, "init_train_state", poisoned)
+  cfg = TrainConfig(**dict(TINY, ckpt_every=10, max_skipped_steps=2), recipe="bf16",
+                    workdir=str(tmp_path))
+  with pytest.raises(SkippedUpdatesError, match=r"stopped at step 2: every update of the last "
+                                                r"2 steps \(1\.\.2\) was skipped"):
+    run(cfg, **QUIET)
+  assert [r["skipped_updates"] for r in read(tmp_path / "metrics.jsonl")] == [1.0, 1.0]
+  assert not os.listdir(tmp_path / "checkpoints")
+
+
+def test_sft_checkpoints_periodically_and_resumes_exactly(tmp_path):
+  from jetrl.train import SFTConfig, run_sft
+  from jetrl.train.checkpoint import Checkpointer
+  sft = SFTConfig(model="tiny", n_layers=1, task="addition", difficulty=1, length=2, steps=4,
+                  batch_size=4, max_new_tokens=40, eval_size=4, ckpt_every=2,
+                  workdir=str(tmp_path / "a"))
+  run_sft(sft, **QUIET)
+  assert sorted(os.listdir(tmp_path / "a" / "checkpoints")) == ["2", "4"]
+  # Killed after checkpoint 2: its checkpoint and a torn metric line are all that is left.
+  shutil.copytree(tmp_path / "a", tmp_path / "b")
+  shutil.rmtree(tmp_path / "b" / "checkpoints" / "4")
+  os.remove(tmp_path / "b" / "sft_summary.json")
+  (tmp_path / "b" / "sft_metrics.jsonl").write_text('{"step": 4, "lo')
+  logs = []
+  with pytest.warns(RuntimeWarning, match="torn"):
+    run_sft(dataclasses.replace(sft, workdir=str(tmp_path / "b")), log=logs.append)
+  assert "resumed SFT at step 2" in logs
+  assert read(tmp_path / "b" / "sft_metrics.jsonl") == read(tmp_path / "a" / "sft_metrics.jsonl")
+  states = []
+  for d in ("a", "b"):
+    ck = Checkpointer(str(tmp_path / d))
+    states.append(ck._mngr.restore(4).state["params"])
+    ck.close()
+  for x, y in zip(jax.tree_util.tree_leaves(states[0]), jax.tree_util.tree_leaves(states[1])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # The RL warm start reads the finished run's params (verified against their checksums).
+  from jetrl.train.checkpoint import load_params_from
+  warm = load_params_from(str(tmp_path / "b"), states[0], log=lambda *a: None)
+  for x, y in zip(jax.tree_util.tree_leaves(warm), jax.tree_util.tree_leaves(states[0])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  shutil.rmtree(tmp_path / "b" / "checkpoints" / "4")  # an SFT run that has not finished
+  with pytest.raises(ValueError, match="--init_from: the SFT run in .* stopped at step 2 of 4"):
+    load_params_from(str(tmp_path / "b"), states[0], log=lambda *a: None)
 
 
 @pytest.mark.parametrize("flag,value,message", [
@@ -102,6 +233,30 @@ def test_bad_flags_fail_fast_naming_the_flag(tmp_path, flag, value, message):
   assert out.returncode != 0
   assert message in out.stderr, out.stderr[-2000:]
   assert not (tmp_path / "metrics.jsonl").exists()
+  assert time.time() - t0 < 60, "validation must happen before any compilation"
+
+
+# The rest of the reproductions are checked in-process (tests/train/test_validation.py); these
+# show that the command line turns checks made by validate() and at start-up (devices, memory)
+# into flag errors without a traceback.
+@pytest.mark.parametrize("flag,value,message", [
+    ("seed", str(2 ** 64), "--seed: must be in [0, 4294967295]"),
+    ("workdir", "{tmp}/afile", "--workdir: "),
+    ("mesh", "data:3", "--mesh: mesh 'data:3': axis sizes"),
+    ("prompts_per_step", "100000000", "--prompts_per_step / --group_size / --max_new_tokens: "
+                                      "one step needs at least"),
+])
+def test_reproduced_bad_flags_fail_fast_naming_the_flag(tmp_path, flag, value, message):
+  (tmp_path / "afile").write_text("x")
+  kw = {"workdir": tmp_path / "w", flag: value.format(tmp=tmp_path)}
+  t0 = time.time()
+  out = subprocess.run(_train_cmd(kw.pop("workdir"), **kw), capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode != 0
+  assert message in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert not (tmp_path / "w" / "metrics.jsonl").exists()
+  assert not (tmp_path / "checkpoints").exists()
   assert time.time() - t0 < 60, "validation must happen before any compilation"
 
 

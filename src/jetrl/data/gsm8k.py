@@ -36,6 +36,16 @@ class GSM8K(DatasetTask):
     super().__init__(**kwargs)
     self.order = check_gsm8k_order(order)
 
+  def row_errors(self, row: dict) -> list:
+    """The required fields non-empty strings, and the answer ending in `#### <final>`."""
+    errors = super().row_errors(row)
+    if errors:
+      return errors
+    parts = row["answer"].rsplit("####", 1)
+    if len(parts) < 2 or not parts[1].strip():
+      return [("answer", "must end in '#### <final answer>'")]
+    return []
+
   def row_question(self, row: dict) -> str:
     return row["question"]
 

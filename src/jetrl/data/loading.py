@@ -1,9 +1,14 @@
 """Dataset-backed tasks: loading through `datasets`, splitting, seeded shuffles, resuming.
 
-Rows come from the Hugging Face hub (`path=None`) or from a local JSON-lines file or directory
-(`path=...`, read with `datasets.load_dataset("json", data_files=...)`). In a directory every
-`*.jsonl` / `*.json` file is one source split named after the file (`train.jsonl` -> "train");
-a single file is one source split named after its stem.
+Rows come from the Hugging Face hub (`path=None`, through `datasets`) or from a local JSON-lines
+file or directory (`path=...`, read by `jetrl.data.jsonl`). In a directory every `*.jsonl` /
+`*.json` file is one source split named after the file (`train.jsonl` -> "train"); a single
+file is one source split named after its stem.
+
+Every row is checked when the task first loads (`DatasetTask.row_errors`: required fields
+present, of the right type, a non-empty answer), and the first bad one is a ValueError naming
+the file, the line and the field (`train.jsonl:188: field 'answer': missing`), so a bad row
+cannot stop a run at the step that reaches it (docs/reliability.md).
 
 The task's "train" and "test" splits map onto source splits by `split`:
   None (default): source "train" and "test" when both exist; with a single source split, that
@@ -26,8 +31,9 @@ import glob
 import os
 import random
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from jetrl.data.jsonl import read_rows
 from jetrl.data.prompts import check_template, render_prompt
 from jetrl.data.task import SPLITS, Problem, Task, check_index, check_split
 
@@ -35,18 +41,28 @@ _PERM_CACHE = 8
 
 
 def load_source_splits(path: str | os.PathLike | None, hub_name: str,
-                       hub_config: str | None = None) -> dict[str, list[dict]]:
-  """{source split: rows as dicts} from a local file/dir, or from the hub when path is None."""
-  import datasets  # heavy: only when a dataset task is used
+                       hub_config: str | None = None,
+                       check_row: Callable[[dict], list] | None = None) -> dict[str, list[dict]]:
+  """{source split: rows as dicts} from a local file/dir, or from the hub when path is None.
 
+  `check_row(row)` returns [(field, problem)] for a bad row; the first one found is a
+  ValueError naming the file and line (or the hub split and row).
+  """
   if path is None:
+    import datasets  # heavy: only when a hub dataset is used
     try:
       loaded = datasets.load_dataset(hub_name, hub_config)
     except Exception as e:
       raise RuntimeError(
           f"could not load {hub_name!r} from the Hugging Face hub ({type(e).__name__}: {e}); "
           "pass path= a local JSON-lines file or a directory of them") from e
-    return {name: ds.to_list() for name, ds in loaded.items()}
+    out = {}
+    for name, ds in loaded.items():
+      rows = ds.to_list()
+      _check_rows([(f"{hub_name} split {name!r} row {k}", r) for k, r in enumerate(rows)],
+                  check_row)
+      out[name] = rows
+    return out
   path = os.fspath(path)
   if os.path.isdir(path):
     files = sorted(glob.glob(os.path.join(path, "*.jsonl")) +
@@ -63,14 +79,23 @@ def load_source_splits(path: str | os.PathLike | None, hub_name: str,
     if name in data_files:
       raise ValueError(f"two files give source split {name!r} in {path!r}")
     data_files[name] = f
-  quiet = not datasets.is_progress_bar_enabled()
-  datasets.disable_progress_bars()
-  try:
-    loaded = datasets.load_dataset("json", data_files=data_files)
-  finally:
-    if not quiet:
-      datasets.enable_progress_bars()
-  return {name: ds.to_list() for name, ds in loaded.items()}
+  out = {}
+  for name, f in data_files.items():
+    rows = read_rows(f)
+    _check_rows(rows, check_row)
+    out[name] = [r for _, r in rows]
+  return out
+
+
+def _check_rows(rows: list, check_row) -> None:
+  if check_row is None:
+    return
+  for where, row in rows:
+    problems = check_row(row)
+    if problems:
+      field, problem = problems[0]
+      raise ValueError(f"{where}: " + (problem if field is None else
+                                       f"field {field!r}: {problem}"))
 
 
 def _check_split_arg(split: Any) -> Any:
@@ -128,6 +153,21 @@ class DatasetTask(Task):
   def row_solution(self, row: dict) -> str:
     """The gold worked solution of a row (ending in the final answer), or ''."""
 
+  def row_errors(self, row: dict) -> list[tuple[str | None, str]]:
+    """[(field, problem)] for a row the task cannot use (checked for every row at load):
+    by default, every required column present and a non-empty string."""
+    missing = [c for c in self.required_columns if c not in row]
+    if missing:
+      return [(None, f"the row lacks columns {missing} (it has {sorted(row)})")]
+    out = []
+    for c in self.required_columns:
+      value = row[c]
+      if not isinstance(value, str):
+        out.append((c, f"must be a string, got {type(value).__name__} {value!r:.40}"))
+      elif not value.strip():
+        out.append((c, "is empty"))
+    return out
+
   def make_problem(self, row: dict) -> Problem:
     prompt = render_prompt(self.prompt_kind, self.row_question(row), self.template,
                            self.tokenizer)
@@ -137,12 +177,11 @@ class DatasetTask(Task):
 
   def _load(self) -> dict[str, list[dict]]:
     if self._splits is None:
-      sources = load_source_splits(self.path, self.hub_name, self.hub_config)
-      for name, rows in sources.items():
-        missing = [c for c in self.required_columns if rows and c not in rows[0]]
-        if missing:
-          raise ValueError(f"{self.name}: source split {name!r} lacks columns {missing} "
-                           f"(has {sorted(rows[0]) if rows else []})")
+      try:
+        sources = load_source_splits(self.path, self.hub_name, self.hub_config,
+                                     check_row=self.row_errors)
+      except ValueError as e:
+        raise ValueError(f"{self.name}: {e}") from None
       self._splits = self._assign(sources)
     return self._splits
 

@@ -7,16 +7,18 @@ the rest is "train" (see `jetrl.data.loading`); `split={"train": "test", "test":
 all 500 rows for both.
 
 Problem.answer is the dataset's `answer`; Problem.solution its `solution` (ending in a
-`\\boxed{}` answer), or '' without that column. The reward is `jetrl.data.rewards.math_reward`.
+`\\boxed{}` answer), or '' without that column. The reward is `jetrl.data.rewards.math_reward`
+(`timeout` seconds per sympy comparison, `batch_timeout` seconds of sympy time per call).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from jetrl.data.loading import DatasetTask
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT
-from jetrl.data.rewards import math_reward
+from jetrl.data.rewards import DEFAULT_BATCH_TIMEOUT, check_timeouts, math_reward
 
 
 class Math500(DatasetTask):
@@ -26,12 +28,28 @@ class Math500(DatasetTask):
   required_columns = ("problem", "answer")
   prompt_kind = "math"
 
-  def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, symbolic: bool = True, **kwargs):
+  def __init__(self, *, timeout: float = DEFAULT_TIMEOUT,
+               batch_timeout: float = DEFAULT_BATCH_TIMEOUT, symbolic: bool = True, **kwargs):
     super().__init__(**kwargs)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-      raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    self.timeout = float(timeout)
+    self.timeout, self.batch_timeout = check_timeouts(timeout, batch_timeout)
     self.symbolic = bool(symbolic)
+
+  def row_errors(self, row: dict) -> list:
+    """`problem` a non-empty string, `answer` a non-empty string or a number (never null: it
+    would become the reference "None"), `solution` a string when present."""
+    missing = [c for c in self.required_columns if c not in row]
+    if missing:
+      return [(None, f"the row lacks columns {missing} (it has {sorted(row)})")]
+    problem, answer, solution = row["problem"], row["answer"], row.get("solution")
+    if not isinstance(problem, str) or not problem.strip():
+      return [("problem", f"must be a non-empty string, got {problem!r:.40}")]
+    number = isinstance(answer, (int, float)) and not isinstance(answer, bool) and \
+        math.isfinite(answer)
+    if not number and not (isinstance(answer, str) and answer.strip()):
+      return [("answer", f"must be a non-empty string or a number, got {answer!r:.40}")]
+    if solution is not None and not isinstance(solution, str):
+      return [("solution", f"must be a string when present, got {type(solution).__name__}")]
+    return []
 
   def row_question(self, row: dict) -> str:
     return row["problem"]
@@ -45,4 +63,5 @@ class Math500(DatasetTask):
   def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
              answers: Sequence[str]) -> list[float]:
     return math_reward(prompts, completions, answers, timeout=self.timeout,
-                       symbolic=self.symbolic, format_weight=self.format_weight)
+                       batch_timeout=self.batch_timeout, symbolic=self.symbolic,
+                       format_weight=self.format_weight)

@@ -12,14 +12,20 @@
      time limit per comparison. A comparison that times out, fails to parse, or errs counts as
      not equal. The worker is restarted after a timeout.
 
+The worker parses answers with a grammar that builds sympy values from tokens (model output
+never reaches anything that evaluates or re-parses a string), and it runs with resource limits
+and without root (`jetrl/data/sympy_worker.py`, docs/reliability.md).
+
 `math_equal` never raises and never waits longer than about `timeout` seconds per sympy
-comparison (plus the worker's start-up, once per process and after each timeout).
+comparison (plus the worker's start-up, once per process and after each timeout), and not past
+`deadline` (a `time.monotonic()` value) when one is given: `math_reward` uses it to bound the
+sympy time of a whole batch.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
+import collections
 import json
 import os
 import re
@@ -35,6 +41,7 @@ from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
 
 DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
 STARTUP_TIMEOUT = 60.0
+CACHE_SIZE = 65536
 MAX_ITEMS = 32
 WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sympy_worker.py")
 
@@ -137,15 +144,22 @@ def _wrapped(s: str) -> bool:
 
 
 def math_equal(pred: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT,
-               symbolic: bool = True) -> bool:
+               symbolic: bool = True, deadline: float | None = None) -> bool:
   """Whether answer `pred` equals answer `gold` (see the module docstring). Never raises."""
   try:
-    return _normalized_equal(normalize_latex(pred), normalize_latex(gold), timeout, symbolic, 0)
+    return _normalized_equal(normalize_latex(pred), normalize_latex(gold), timeout, symbolic,
+                             0, deadline)
   except Exception:  # a reward must never raise on a malformed completion
     return False
 
 
-def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int) -> bool:
+def deadline_left(deadline: float | None) -> float:
+  """Seconds until `deadline` (a time.monotonic() value; None: no deadline)."""
+  return float("inf") if deadline is None else deadline - time.monotonic()
+
+
+def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int,
+                      deadline: float | None = None) -> bool:
   if p == g:
     return True
   if not p or not g or depth > 3 or len(p) > MAX_ANSWER_CHARS or len(g) > MAX_ANSWER_CHARS:
@@ -159,7 +173,7 @@ def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int
       return False
     if len(sp[1]) > MAX_ITEMS:
       return False
-    same = lambda a, b: _normalized_equal(a, b, timeout, symbolic, depth + 1)
+    same = lambda a, b: _normalized_equal(a, b, timeout, symbolic, depth + 1, deadline)
     if sp[0] == "matrix":
       return all(len(rp) == len(rg) and all(same(a.strip(), b.strip()) for a, b in zip(rp, rg))
                  for rp, rg in zip(sp[1], sg[1]))
@@ -168,7 +182,7 @@ def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int
     return all(same(a, b) for a, b in zip(sp[1], sg[1]))
   if not symbolic:
     return False
-  return symbolic_equal(p, g, timeout)
+  return symbolic_equal(p, g, timeout, deadline=deadline)
 
 
 def _match_unordered(pred_items, gold_items, same) -> bool:
@@ -186,7 +200,7 @@ def _match_unordered(pred_items, gold_items, same) -> bool:
 # ---- the sympy worker -------------------------------------------------------------------
 
 class _Worker:
-  """A long-lived `python sympy_worker.py` child process, restarted after a timeout."""
+  """A long-lived, confined `python sympy_worker.py` child process, restarted after a timeout."""
 
   def __init__(self):
     self.proc = None
@@ -195,27 +209,30 @@ class _Worker:
     self.next_id = 0
     self.failed_starts = 0
     self.lock = threading.Lock()
-    self.stats = {"requests": 0, "timeouts": 0, "restarts": 0}
+    self.stats = {"requests": 0, "timeouts": 0, "restarts": 0, "over_budget": 0}
 
   def _start(self) -> bool:
     if self.failed_starts >= 2:
       return False
     try:
       self.proc = subprocess.Popen(
-          [sys.executable, "-P", WORKER_PATH], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-          stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
+          [sys.executable, "-I", "-B", WORKER_PATH], stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, close_fds=True, cwd="/")
       self.owner = os.getpid()
       self.buffer = b""
       line = self._read_line(STARTUP_TIMEOUT)
-      if line is None or not json.loads(line).get("ready"):
-        raise RuntimeError("no ready line")
+      ready = json.loads(line) if line is not None else {}
+      if ready.get("ready") is not True:
+        if "error" in ready:  # the worker refused to run (e.g. it could not leave root)
+          self.failed_starts = 1
+        raise RuntimeError(ready.get("error", "no ready line"))
       self.stats["restarts"] += 1
       return True
     except Exception as e:  # no worker: symbolic comparison is off in this process
       self._kill()
       self.failed_starts += 1
       if self.failed_starts >= 2:
-        warnings.warn(f"jetrl.data: the sympy worker could not start ({e!r}); symbolic answer "
+        warnings.warn(f"jetrl.data: the sympy worker could not start ({e}); symbolic answer "
                       "comparison is off in this process", RuntimeWarning, stacklevel=3)
       return False
 
@@ -245,27 +262,38 @@ class _Worker:
     line, _, self.buffer = self.buffer.partition(b"\n")
     return line
 
-  def ask(self, a: str, b: str, timeout: float) -> bool:
+  def ask(self, a: str, b: str, timeout: float, deadline: float | None) -> bool | None:
+    """The worker's verdict, or None when there is none (timeout, no worker, no time left)."""
     with self.lock:
       if self.proc is not None and (self.owner != os.getpid() or self.proc.poll() is not None):
         self._kill()  # (only kills a worker this process started)
+      if deadline_left(deadline) <= 0:
+        self.stats["over_budget"] += 1
+        return None
       if self.proc is None and not self._start():
-        return False
+        return None
+      limit = min(timeout, deadline_left(deadline))
+      if limit <= 0:
+        self.stats["over_budget"] += 1
+        return None
       self.stats["requests"] += 1
       self.next_id += 1
       rid = self.next_id
       try:
         self.proc.stdin.write((json.dumps({"id": rid, "a": a, "b": b}) + "\n").encode())
-        line = self._read_line(timeout)
+        line = self._read_line(limit)
         if line is None:
           self.stats["timeouts"] += 1
           self._kill()
-          return False
+          return None
         reply = json.loads(line)
-        return reply.get("id") == rid and reply.get("eq") is True
+        if reply.get("id") != rid:
+          self._kill()
+          return None
+        return reply.get("eq") is True
       except Exception:
         self._kill()
-        return False
+        return None
 
   def close(self):
     with self.lock:
@@ -274,16 +302,31 @@ class _Worker:
 
 _WORKER = _Worker()
 atexit.register(_WORKER.close)
+_CACHE: collections.OrderedDict = collections.OrderedDict()
+_CACHE_LOCK = threading.Lock()
 
 
-@functools.lru_cache(maxsize=65536)
-def symbolic_equal(a: str, b: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
-  """sympy's verdict on normalised answers a and b, within `timeout` seconds (False if not)."""
-  return _WORKER.ask(a, b, float(timeout))
+def symbolic_equal(a: str, b: str, timeout: float = DEFAULT_TIMEOUT, *,
+                   deadline: float | None = None) -> bool:
+  """sympy's verdict on normalised answers a and b, within `timeout` seconds and before
+  `deadline` (False if none). Verdicts are cached per process; "no verdict" is not."""
+  with _CACHE_LOCK:
+    if (a, b) in _CACHE:
+      _CACHE.move_to_end((a, b))
+      return _CACHE[(a, b)]
+  verdict = _WORKER.ask(a, b, float(timeout), deadline)
+  if verdict is None:
+    return False
+  with _CACHE_LOCK:
+    _CACHE[(a, b)] = verdict
+    while len(_CACHE) > CACHE_SIZE:
+      _CACHE.popitem(last=False)
+  return verdict
 
 
 def worker_stats() -> dict:
-  """Counts of sympy requests, timeouts and (re)starts in this process."""
+  """Counts of sympy requests, timeouts, (re)starts and comparisons refused for lack of batch
+  time (over_budget) in this process."""
   return dict(_WORKER.stats)
 
 

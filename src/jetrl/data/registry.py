@@ -17,7 +17,7 @@ SYNTHETIC_TASKS = ("addition", "multiplication", "sorting")
 
 def task_kwargs(name: str) -> tuple[str, ...]:
   """The keyword arguments `get_task(name, ...)` accepts."""
-  cls = _task_class(name)
+  cls = task_class(name)
   names: list[str] = []
   for klass in cls.__mro__:
     init = klass.__dict__.get("__init__")
@@ -30,7 +30,8 @@ def task_kwargs(name: str) -> tuple[str, ...]:
   return tuple(names)
 
 
-def _task_class(name: str):
+def task_class(name: str):
+  """The class of task `name` (ValueError listing the accepted names)."""
   if name not in _CLASSES:
     raise ValueError(f"unknown task {name!r}; accepted: {list(TASKS)}")
   return _CLASSES[name]
@@ -41,9 +42,10 @@ def get_task(name: str, **kwargs) -> Task:
 
   Synthetic tasks take difficulty, length, seed, format_weight. Dataset tasks take path, split,
   seed, test_size, shuffle, template, tokenizer, format_weight, and order (gsm8k) or timeout,
-  symbolic (math500). An unknown name or argument is a ValueError listing the accepted ones.
+  batch_timeout, symbolic (math500). An unknown name or argument is a ValueError listing the
+  accepted ones.
   """
-  cls = _task_class(name)
+  cls = task_class(name)
   accepted = task_kwargs(name)
   unknown = sorted(set(kwargs) - set(accepted))
   if unknown:

@@ -14,7 +14,11 @@ answer may be the bare number ("1,080") or a whole GSM8K worked answer ending in
 
 MATH (`math_reward`): the completion's answer is the contents of its last `\\boxed{}` or
 `\\fbox{}`; it is compared with the reference by `math_equal` (normalised strings, exact
-rationals, tuples, then sympy with a time limit per answer).
+rationals, tuples, then sympy with a time limit per answer). The sympy comparisons of one call
+share a budget of `batch_timeout` seconds: every completion is first compared without sympy,
+then those still undecided go to sympy in order until the budget is spent; the rest score 0
+(counted as `over_budget` in `jetrl.data.math_equivalence.worker_stats()`). So a batch of
+hostile answers costs at most about `batch_timeout` seconds, however many there are.
 
 Format term: with `format_weight=w`, a completion also gets w when its answer is in the asked
 form (`####` or `\\boxed{}` holding a number for GSM8K; a balanced `\\boxed{}` for MATH), so a
@@ -23,6 +27,8 @@ right answer in the right form scores 1 + w. It is off (w = 0) by default.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any, Sequence
 
 from jetrl.data.answer_extraction import (DEFAULT_GSM8K_ORDER, GSM8K_EXTRACTORS,
@@ -30,6 +36,8 @@ from jetrl.data.answer_extraction import (DEFAULT_GSM8K_ORDER, GSM8K_EXTRACTORS,
                                           gsm8k_answer, hash_number)
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT, math_equal
 from jetrl.data.task import check_reward_args, completion_text
+
+DEFAULT_BATCH_TIMEOUT = 10.0  # seconds of sympy time per math_reward call
 
 
 def check_gsm8k_order(order: Sequence[str]) -> tuple[str, ...]:
@@ -79,28 +87,50 @@ def gsm8k_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
   return out
 
 
+def check_timeouts(timeout: Any, batch_timeout: Any) -> tuple[float, float]:
+  """(timeout, batch_timeout) as floats; ValueError unless both are positive and finite."""
+  for name, value in (("timeout", timeout), ("batch_timeout", batch_timeout)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0):
+      raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+  return float(timeout), float(batch_timeout)
+
+
 def math_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
                 answers: Sequence[Any], *, timeout: float = DEFAULT_TIMEOUT,
-                symbolic: bool = True, format_weight: float = 0.0) -> list[float]:
+                batch_timeout: float = DEFAULT_BATCH_TIMEOUT, symbolic: bool = True,
+                format_weight: float = 0.0) -> list[float]:
   """1.0 per completion whose last `\\boxed{}` equals the reference answer (+ format term)."""
   check_reward_args(prompts, completions, answers)
+  timeout, batch_timeout = check_timeouts(timeout, batch_timeout)
+  pairs = [_math_pair(c, a) for c, a in zip(completions, answers)]
+  ok = [p is not None and math_equal(*p, symbolic=False) for p in pairs]
+  if symbolic:
+    deadline = time.monotonic() + batch_timeout
+    for k, p in enumerate(pairs):
+      if p is not None and not ok[k]:
+        ok[k] = math_equal(*p, timeout=timeout, deadline=deadline)
   out = []
-  for completion, answer in zip(completions, answers):
-    try:
-      text = completion_text(completion)
-      found = None if text is None else extract_boxed(text)
-      gold = answer if isinstance(answer, str) else str(answer)
-      boxed_gold = extract_boxed(gold)
-      if boxed_gold is not None:
-        gold = boxed_gold
-      ok = found is not None and math_equal(found, gold, timeout=timeout, symbolic=symbolic)
-      score = 1.0 if ok else 0.0
-      if format_weight:
-        score += format_weight * (found is not None)
-    except Exception:  # never raise on a malformed completion
-      score = 0.0
+  for p, good in zip(pairs, ok):
+    score = 1.0 if good else 0.0
+    if format_weight:
+      score += format_weight * (p is not None)
     out.append(score)
   return out
+
+
+def _math_pair(completion: Any, answer: Any) -> tuple[str, str] | None:
+  """(boxed answer of the completion, reference answer), or None without a box."""
+  try:
+    text = completion_text(completion)
+    found = None if text is None else extract_boxed(text)
+    if found is None:
+      return None
+    gold = answer if isinstance(answer, str) else str(answer)
+    boxed_gold = extract_boxed(gold)
+    return found, gold if boxed_gold is None else boxed_gold
+  except Exception:  # never raise on a malformed completion
+    return None
 
 
 def gsm8k_format_reward(prompts: Sequence[str] | None, completions: Sequence[Any],

@@ -1,228 +1,185 @@
-"""Symbolic equivalence of two normalised LaTeX answers, run in a separate process.
+"""Symbolic equivalence of two normalised LaTeX answers, run in a separate, confined process.
 
-`jetrl.data.math_equivalence` starts this file as a script (`python -P sympy_worker.py`) and
-talks to it over pipes, one JSON object per line:
+`jetrl.data.math_equivalence` starts this file as a script (`python -I -B sympy_worker.py`,
+working directory `/`) and talks to it over pipes, one JSON object per line:
 
+  ready    {"ready": true}          (or {"ready": false, "error": "..."}, then it exits)
   request  {"id": 7, "a": "\\frac{1}{\\sqrt{2}}", "b": "\\frac{\\sqrt{2}}{2}"}
   reply    {"id": 7, "eq": true}
 
-It imports nothing from jetrl (only the standard library and sympy), so starting it is cheap and
-it cannot pick up modules from its own folder. The parent kills it when a reply takes longer
-than its time limit, so nothing here needs a timeout of its own. Address space is capped so that
-a huge power fails with MemoryError instead of taking the machine's memory.
+The answers are model output, so they are data, never code: `latex_grammar.py` (beside this
+file, loaded by path) builds sympy values from tokens, and nothing here passes a string to
+anything that parses it. As a second line of defence the process confines itself before it
+reads the first request:
 
-The LaTeX is translated to a restricted Python expression (a fixed set of commands; no quotes,
-no attribute access, no double underscores, no builtins) and parsed with
-`sympy.parsing.sympy_parser.parse_expr`.
+  - resource limits: address space (MEMORY_LIMIT), CPU time (REQUEST_CPU_SECONDS per request,
+    WORKER_CPU_SECONDS over the process's life; past either the kernel ends it), no core
+    files, no file writes (RLIMIT_FSIZE 0), at most MAX_OPEN_FILES descriptors, and no new
+    processes (RLIMIT_NPROC 0, once unprivileged);
+  - privileges: started as root, it switches to the unprivileged user `nobody` (uid/gid 65534
+    when that name is missing) with no supplementary groups. When that is impossible (no
+    CAP_SETUID in a restricted container, say), it refuses to run: it answers
+    {"ready": false, "error": ...} and exits; the parent then turns symbolic comparison off
+    for that process with a warning, and answers are compared without sympy (exact strings,
+    rationals, tuples).
+
+The parent kills the worker when a reply is late (its per-comparison time limit), and restarts
+it; the limits above hold even if the parent is gone. See docs/reliability.md.
 """
 
+import importlib.util
 import json
-import re
+import os
 import sys
 
-MAX_CHARS = 400
-MEMORY_LIMIT = 4 << 30
-
-FUNCS = {
-    "sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
-    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
-    "tanh": "tanh", "log": "log", "ln": "log", "exp": "exp",
-}
-CONSTANTS = {"pi": "pi", "infty": "oo", "infinity": "oo", "e": "E", "i": "I"}
-GREEK = {
-    "alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta",
-    "vartheta", "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon",
-    "phi", "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta", "Lambda", "Xi", "Pi",
-    "Sigma", "Phi", "Psi", "Omega",
-}
-TIMES = {"cdot", "times", "ast"}
-IGNORED = {"displaystyle", "left", "right", "mathrm", "mathbf", "text"}
-ALLOWED = re.compile(r"[0-9A-Za-z+\-*/().!, _]*")
-IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MEMORY_LIMIT = 4 << 30          # bytes of address space
+REQUEST_CPU_SECONDS = 30        # CPU seconds one request may use (the parent's limit is lower)
+WORKER_CPU_SECONDS = 3600       # CPU seconds over the worker's life; the parent restarts it
+MAX_OPEN_FILES = 16
+UNPRIVILEGED_USER = "nobody"
+UNPRIVILEGED_ID = 65534
+GRAMMAR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latex_grammar.py")
+# Comparisons run once before the privileges drop, so that every sympy module they need is
+# imported while the files are still readable.
+WARM_UP = (("\\frac{1}{2}", "0.5"), ("x^2+2x+1", "(x+1)^2"), ("\\sin\\frac{\\pi}{6}", "0.5"),
+           ("\\binom{5}{2}+3!", "\\sqrt[3]{8}\\cdot 8"), ("(1,2)", "(1,2)"),
+           ("\\log_2 8+\\tan x", "3+\\frac{\\sin x}{\\cos x}"))
 
 
-class Unsupported(Exception):
-  pass
+def load_grammar():
+  """The grammar module, loaded from its file (this process does not import jetrl)."""
+  spec = importlib.util.spec_from_file_location("jetrl_latex_grammar", GRAMMAR_PATH)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
-def _group(s, i):
-  """(contents, next index) of the argument at s[i]: a {group} or one character/command."""
-  while i < len(s) and s[i] == " ":
-    i += 1
-  if i >= len(s):
-    raise Unsupported("missing argument")
-  if s[i] == "{":
-    depth = 0
-    k = i
-    while k < len(s):
-      if s[k] == "\\":
-        k += 2
-        continue
-      if s[k] == "{":
-        depth += 1
-      elif s[k] == "}":
-        depth -= 1
-        if depth == 0:
-          return s[i + 1:k], k + 1
-      k += 1
-    raise Unsupported("unbalanced braces")
-  if s[i] == "\\":
-    m = re.match(r"\\[A-Za-z]+", s[i:])
-    if m:
-      return m.group(), i + len(m.group())
-  return s[i], i + 1
-
-
-def to_python(s):
-  """A Python expression string for LaTeX `s` (raises Unsupported)."""
-  out = []
-  i = 0
-  n = len(s)
-  while i < n:
-    c = s[i]
-    if c == "\\":
-      m = re.match(r"\\([A-Za-z]+|.)", s[i:])
-      name = m.group(1)
-      i += len(m.group())
-      if name in ("frac", "dfrac", "tfrac"):
-        a, i = _group(s, i)
-        b, i = _group(s, i)
-        out.append(f"(({to_python(a)})/({to_python(b)}))")
-      elif name == "binom":
-        a, i = _group(s, i)
-        b, i = _group(s, i)
-        out.append(f"binomial({to_python(a)},{to_python(b)})")
-      elif name == "sqrt":
-        root = None
-        if i < n and s[i] == "[":
-          close = s.find("]", i)
-          if close < 0:
-            raise Unsupported("unclosed root index")
-          root, i = s[i + 1:close], close + 1
-        a, i = _group(s, i)
-        if root is None:
-          out.append(f"sqrt({to_python(a)})")
-        else:
-          out.append(f"(({to_python(a)})**(1/({to_python(root)})))")
-      elif name in FUNCS:
-        out.append(f" {FUNCS[name]} ")
-      elif name in CONSTANTS:
-        out.append(f" {CONSTANTS[name]} ")
-      elif name in GREEK:
-        out.append(f" {'lamda' if name == 'lambda' else name} ")
-      elif name in TIMES:
-        out.append("*")
-      elif name == "div":
-        out.append("/")
-      elif name in IGNORED or name == " ":
-        pass
-      else:
-        raise Unsupported(f"command \\{name}")
-    elif c == "{":
-      a, i = _group(s, i)
-      out.append(f"({to_python(a)})")
-    elif c == "}":
-      raise Unsupported("unbalanced braces")
-    elif c == "^":
-      a, i = _group(s, i + 1)
-      out.append(f"**({to_python(a)})")
-    elif c == "_":
-      a, i = _group(s, i + 1)
-      if not re.fullmatch(r"[A-Za-z0-9]+", a) or not out or not re.search(r"[A-Za-z]$", out[-1]):
-        raise Unsupported("subscript")
-      out.append("_" + a)
-    elif c in "[]":
-      out.append("(" if c == "[" else ")")
-    else:
-      out.append(c)
-      i += 1
-  return "".join(out)
-
-
-def _parse(s):
-  from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application,
-                                          parse_expr, standard_transformations)
-  if len(s) > MAX_CHARS:
-    raise Unsupported("too long")
-  expr = to_python(s)
-  if not ALLOWED.fullmatch(expr) or "__" in expr:
-    raise Unsupported("characters")
-  for name in IDENT.findall(expr):
-    if name.startswith("_") or len(name) > 12:
-      raise Unsupported(f"name {name}")
-  transformations = standard_transformations + (implicit_multiplication_application,
-                                                convert_xor)
-  return parse_expr(expr, local_dict=dict(_LOCALS), global_dict=dict(_GLOBALS),
-                    transformations=transformations, evaluate=True)
-
-
-def _expr_equal(a, b):
-  import sympy
+def _expr_equal(a, b) -> bool:
+  import sympy  # pylint: disable=import-outside-toplevel
+  if isinstance(a, sympy.Tuple) or isinstance(b, sympy.Tuple):
+    return (isinstance(a, sympy.Tuple) and isinstance(b, sympy.Tuple) and len(a) == len(b)
+            and all(_expr_equal(x, y) for x, y in zip(a, b)))
   if a == b:
     return True
   if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
     return False
-  if a.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or b.has(sympy.oo, -sympy.oo, sympy.zoo,
-                                                              sympy.nan):
+  unbounded = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan)
+  if a.has(*unbounded) or b.has(*unbounded):
     return False
   diff = a - b
-  if diff.is_number:
-    value = complex(sympy.N(diff, 50))
-    scale = max(1.0, abs(complex(sympy.N(b, 50))))
-    return abs(value) <= 1e-9 * scale
+  if diff.is_number:  # relative 1e-9, in sympy Floats (a Python float overflows past 1e308)
+    error = sympy.Abs(sympy.N(diff, 50))
+    scale = sympy.Max(1, sympy.Abs(sympy.N(b, 50)))
+    return bool(error <= scale / 10**9)
   return sympy.simplify(diff) == 0
 
 
-def equivalent(a, b):
-  """Whether normalised LaTeX answers `a` and `b` have the same value (False if unsure)."""
+def equivalent(a: str, b: str, parse) -> bool:
+  """Whether normalised LaTeX answers `a` and `b` have the same value (False if unsure).
+
+  `parse` is the grammar's `parse_latex`. One equation on each side compares lhs - rhs up to
+  sign; any other relation is not compared.
+  """
   try:
     if a.count("=") == 1 and b.count("=") == 1:
-      la, ra = (_parse(x) for x in a.split("="))
-      lb, rb = (_parse(x) for x in b.split("="))
+      la, ra = (parse(x) for x in a.split("="))
+      lb, rb = (parse(x) for x in b.split("="))
       return _expr_equal(la - ra, lb - rb) or _expr_equal(la - ra, rb - lb)
-    if "=" in a or "=" in b or "<" in a or ">" in a or "<" in b or ">" in b:
+    if any(c in s for c in "=<>" for s in (a, b)):
       return False
-    return _expr_equal(_parse(a), _parse(b))
+    return _expr_equal(parse(a), parse(b))
   except Exception:  # anything unparsable or unsupported is "not shown equal"
     return False
 
 
-def _namespaces():
-  import sympy
-  names = ["Symbol", "Integer", "Float", "Rational", "Function", "Number", "factorial",
-           "binomial", "sqrt", "pi", "oo", "E", "I", "Mul", "Add", "Pow"]
-  names += list(set(FUNCS.values()))
-  glob = {name: getattr(sympy, name) for name in names}
-  glob["__builtins__"] = {}
-  local = {"e": sympy.E, "i": sympy.I}
-  for g in GREEK:
-    g = "lamda" if g == "lambda" else g
-    local[g] = sympy.Symbol(g)
-  return glob, local
+def _set_limit(resource, which, soft, hard=None) -> None:
+  hard = soft if hard is None else hard
+  _, current_hard = resource.getrlimit(which)
+  if current_hard != resource.RLIM_INFINITY:
+    soft, hard = min(soft, current_hard), min(hard, current_hard)
+  resource.setrlimit(which, (soft, hard))
+
+
+def limit_resources() -> None:
+  """Address space, lifetime CPU time, core files and file writes (before any request)."""
+  import resource  # pylint: disable=import-outside-toplevel
+  _set_limit(resource, resource.RLIMIT_AS, MEMORY_LIMIT)
+  _set_limit(resource, resource.RLIMIT_CORE, 0)
+  _set_limit(resource, resource.RLIMIT_FSIZE, 0)
+  _set_limit(resource, resource.RLIMIT_CPU, REQUEST_CPU_SECONDS, WORKER_CPU_SECONDS)
+
+
+def limit_descriptors_and_processes() -> None:
+  """At most MAX_OPEN_FILES descriptors and no child processes (after the privilege drop:
+  the kernel does not apply RLIMIT_NPROC to root)."""
+  import resource  # pylint: disable=import-outside-toplevel
+  _set_limit(resource, resource.RLIMIT_NOFILE, MAX_OPEN_FILES)
+  _set_limit(resource, resource.RLIMIT_NPROC, 0)
+
+
+def allow_cpu_for_next_request() -> None:
+  """Moves the soft CPU limit to REQUEST_CPU_SECONDS past the CPU time used so far."""
+  import resource  # pylint: disable=import-outside-toplevel
+  used = resource.getrusage(resource.RUSAGE_SELF)
+  spent = int(used.ru_utime + used.ru_stime) + 1
+  _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+  soft = spent + REQUEST_CPU_SECONDS
+  if hard != resource.RLIM_INFINITY:
+    soft = min(soft, hard)
+  resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def drop_privileges() -> None:
+  """Started as root: become `nobody` (no supplementary groups). Raises if that fails."""
+  if os.geteuid() != 0 and os.getuid() != 0:
+    return
+  try:
+    import pwd  # pylint: disable=import-outside-toplevel
+    entry = pwd.getpwnam(UNPRIVILEGED_USER)
+    uid, gid = entry.pw_uid, entry.pw_gid
+  except (ImportError, KeyError):
+    uid = gid = UNPRIVILEGED_ID
+  os.setgroups([])
+  os.setresgid(gid, gid, gid)
+  os.setresuid(uid, uid, uid)
+  if 0 in os.getresuid() or 0 in os.getresgid() or os.getgroups():
+    raise PermissionError("still privileged after the switch")
+
+
+def confine(grammar) -> None:
+  """Everything that must happen before the first request is read."""
+  limit_resources()
+  for a, b in WARM_UP:
+    equivalent(a, b, grammar.parse_latex)
+  drop_privileges()
+  limit_descriptors_and_processes()
 
 
 def main():
-  try:
-    import resource
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-  except Exception:
-    pass
-  global _GLOBALS, _LOCALS
-  _GLOBALS, _LOCALS = _namespaces()
-  sys.setrecursionlimit(10_000)
   out = sys.stdout
+  try:
+    grammar = load_grammar()
+    confine(grammar)
+  except Exception as e:  # pylint: disable=broad-except
+    out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
+    out.flush()
+    return 1
+  sys.setrecursionlimit(10_000)
   out.write('{"ready": true}\n')
   out.flush()
   for line in sys.stdin:
     try:
+      allow_cpu_for_next_request()
       req = json.loads(line)
-      eq = bool(equivalent(str(req["a"]), str(req["b"])))
       rid = req.get("id")
-    except Exception:
+      a, b = req["a"], req["b"]
+      eq = isinstance(a, str) and isinstance(b, str) and equivalent(a, b, grammar.parse_latex)
+    except Exception:  # pylint: disable=broad-except
       eq, rid = False, None
-    out.write(json.dumps({"id": rid, "eq": eq}) + "\n")
+    out.write(json.dumps({"id": rid, "eq": bool(eq)}) + "\n")
     out.flush()
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

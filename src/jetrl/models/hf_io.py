@@ -3,6 +3,10 @@
 Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM (Qwen2 / Qwen2.5) and
 Qwen3ForCausalLM. Weights are read with `safetensors` (numpy), converted to [in, out] and
 stacked along the layer axis on the host, then moved to the device in the requested dtype.
+
+Every tensor is checked as it is read: its stored dtype must be a float dtype (an int8 or FP8
+tensor would be cast to float silently, scale and all: 0.011 quantized to 11 became 11.0), and
+its values finite; either failure is a ValueError naming the tensor (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ _TOP_TENSORS = {"embed": ("model.embed_tokens.weight", False),
                 "final_norm": ("model.norm.weight", False),
                 "lm_head": ("lm_head.weight", True)}
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors dtype names that are read
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -246,11 +251,19 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
     file = files[name]
     if file not in handles:
       handles[file] = stack.enter_context(safe_open(file, framework="np"))
+    stored = handles[file].get_slice(name).get_dtype()
+    if stored not in FLOAT_DTYPES:
+      raise ValueError(f"checkpoint {path}: tensor {name!r} is stored as {stored}; accepted: "
+                       f"{', '.join(FLOAT_DTYPES)} (dequantize integer or FP8 weights first)")
     arr = handles[file].get_tensor(name)
     want = shape[::-1] if transposed else shape
     if tuple(arr.shape) != tuple(want):
       raise ValueError(f"checkpoint {path}: tensor {name!r} has shape {tuple(arr.shape)}, "
                        f"expected {tuple(want)} from config.json")
+    bad = int(np.count_nonzero(~np.isfinite(arr)))
+    if bad:
+      raise ValueError(f"checkpoint {path}: tensor {name!r} holds {bad} non-finite values "
+                       "(NaN or Inf)")
     return arr.T if transposed else arr
 
   target = _target_np_dtype(dtype)

@@ -134,10 +134,17 @@ def _compile(template: str):
 
 
 def check_vocab(config: ModelConfig, tokenizer: Tokenizer) -> None:
-  """ValueError when the tokenizer has ids the model's embedding cannot hold."""
+  """ValueError when the tokenizer has ids the model's embedding cannot hold: more tokens than
+  config.vocab_size, or a bos / eos / pad / end-of-generation id outside it."""
   if len(tokenizer) > config.vocab_size:
     raise ValueError(f"vocab size mismatch: the tokenizer has {len(tokenizer)} tokens but "
                      f"config.vocab_size is {config.vocab_size}")
+  special = {"bos": tokenizer.bos_token_id, "pad": tokenizer.pad_token_id}
+  special.update({f"eos ({i})": i for i in tokenizer.eos_token_ids})
+  bad = {k: v for k, v in special.items() if v is not None and not 0 <= v < config.vocab_size}
+  if bad:
+    raise ValueError(f"special token ids {bad} are not below config.vocab_size "
+                     f"{config.vocab_size}")
 
 
 def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> Tokenizer:

@@ -7,15 +7,20 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches, each split into
      `micro_batches` for gradient accumulation; every (micro-)loss returns (numerator,
      denominator) and the denominators are fixed per minibatch, so accumulation is exact;
-  3. optax (global-norm clipping, AdamW, warmup + cosine or constant schedule); a non-finite
-     loss or gradient skips that optimizer step (params and optimizer state unchanged),
-     and is counted.
+  3. optax (global-norm clipping, AdamW, warmup + cosine or constant schedule). An optimizer
+     step whose loss, gradients, new params or new optimizer state hold a NaN or Inf is
+     skipped (params and optimizer state stay as they were) and counted: checking the result
+     as well as the gradients catches what finite gradients can still produce (a NaN in the
+     optimizer state, an overflowing update), so nothing non-finite reaches the params. The
+     RL loop stops a run whose updates are all skipped for several steps in a row
+     (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -94,9 +99,22 @@ class UpdateConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
+    for name in ("clip_low", "kl_coef", "entropy_coef", "is_cap", "lr", "weight_decay",
+                 "max_grad_norm", "b1", "b2", "adam_eps", "temperature"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if self.clip_high is not None and not math.isfinite(self.clip_high):
+      raise ValueError(f"clip_high must be a finite number or None, got {self.clip_high!r}")
     if self.warmup_steps < 0 or self.lr <= 0 or self.max_grad_norm <= 0:
       raise ValueError("warmup_steps must be >= 0, lr > 0 and max_grad_norm > 0; got "
                        f"{self.warmup_steps}, {self.lr}, {self.max_grad_norm}")
+    if self.weight_decay < 0 or self.kl_coef < 0 or self.entropy_coef < 0:
+      raise ValueError("weight_decay, kl_coef and entropy_coef must be >= 0; got "
+                       f"{self.weight_decay}, {self.kl_coef}, {self.entropy_coef}")
+    if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.adam_eps > 0):
+      raise ValueError(f"b1 and b2 must be in [0, 1) and adam_eps > 0; got {self.b1}, "
+                       f"{self.b2}, {self.adam_eps}")
     if self.is_cap < 1:
       raise ValueError(f"is_cap must be >= 1, got {self.is_cap}")
     if self.temperature <= 0:
@@ -119,7 +137,7 @@ class TrainState(NamedTuple):
   params: Any
   opt_state: Any
   step: jax.Array          # int32: optimizer steps taken (skipped ones excluded)
-  skipped: jax.Array       # int32: updates skipped for non-finite loss or gradient
+  skipped: jax.Array       # int32: updates skipped for a non-finite loss, gradient or result
   ref_params: Any = None   # frozen reference policy (only when kl_coef > 0)
 
 
@@ -207,7 +225,8 @@ def _take(tree, idx):
   return jax.tree_util.tree_map(lambda a: a[idx], tree)
 
 
-def _finite(tree) -> jax.Array:
+def all_finite(tree) -> jax.Array:
+  """A bool scalar: every leaf of `tree` is free of NaN and Inf."""
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]
   return jnp.all(jnp.stack(leaves))
 
@@ -281,10 +300,11 @@ def update_step(state: TrainState, batch: TrainBatch, key: jax.Array, *, model_c
     aux0 = jax.tree_util.tree_map(jnp.float32, aux0)
     (grads, loss, aux), _ = jax.lax.scan(acc, (zeros_g, jnp.float32(0), aux0), micro)
     grad_norm = optax.tree.norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _finite(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite(grads)
     grads = jax.tree_util.tree_map(lambda g: jnp.where(ok, g, 0.0), grads)
     updates, new_opt = opt.update(grads, st.opt_state, st.params)
     new_params = optax.apply_updates(st.params, updates)
+    ok = ok & all_finite(new_params) & all_finite(new_opt)  # the result, not only its inputs
     keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
     st = st._replace(params=keep(new_params, st.params), opt_state=keep(new_opt, st.opt_state),
                      step=st.step + ok.astype(jnp.int32),

@@ -1,80 +1,198 @@
-"""Orbax checkpoints: the train state, the run's position and its full config.
+"""Orbax checkpoints: the train state, the run's position and its full config, verified.
 
 A checkpoint is written to a temporary directory and renamed into place when complete, so a
 run killed at any moment leaves either the previous checkpoint or the new one, never half of
-one. Rerunning the same command restores the latest complete checkpoint.
+one. Its metadata carries a checksum of every array (`jetrl.train.checksum`) and refuses to be
+written with a NaN or Inf in it.
+
+`restore_latest` restores the newest checkpoint that is intact: one that fails to load, whose
+arrays do not match their checksums, or that holds a non-finite value is moved aside to
+`<workdir>/checkpoints_damaged/<step>` with a warning, and the next older one is tried. A
+workdir with checkpoints but none intact is an error, never a silent restart from step 0.
+See docs/reliability.md.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import shutil
+import time
+import warnings
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jetrl.train import checksum
 from jetrl.train.config import incompatible_fields
+from jetrl.train.validation import FlagError, checkpoint_steps
+
+DAMAGED_DIR = "checkpoints_damaged"
+
+
+class CheckpointError(RuntimeError):
+  """No intact checkpoint could be restored."""
 
 
 class Checkpointer:
   """Save / restore {state pytree, meta JSON} under `<workdir>/checkpoints/<step>`."""
 
-  def __init__(self, workdir: str, keep: int = 2):
-    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
-    self._mngr = ocp.CheckpointManager(
+  def __init__(self, workdir: str, keep: int = 2, *, create: bool = True):
+    self.workdir = os.path.abspath(workdir)
+    self.directory = os.path.join(self.workdir, "checkpoints")
+    self.keep = keep
+    self.create = create
+    self._mngr = self._manager()
+
+  def _manager(self):
+    return ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+        options=ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=self.create,
                                              enable_async_checkpointing=False))
 
   def latest_step(self) -> Optional[int]:
     return self._mngr.latest_step()
 
+  def steps(self) -> list[int]:
+    return sorted(self._mngr.all_steps())
+
   def save(self, step: int, state: Any, meta: dict) -> None:
+    """Save `state` with `meta` (+ the arrays' checksums); refuses non-finite values."""
+    bad = checksum.non_finite(state)
+    if bad:
+      raise ValueError(f"refusing to save checkpoint {step}: non-finite values in {bad[:4]}")
+    meta = dict(meta, checksums=checksum.tree_checksums(state))
     self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                   meta=ocp.args.JsonSave(meta)), force=True)
     self._mngr.wait_until_finished()
 
   def restore(self, step: int, target: Any) -> tuple[Any, dict]:
-    """Restore the state into the structure, dtypes and shardings of `target`."""
+    """Restore the state into the structure, dtypes and shardings of `target`, verified
+    against its checksums (ValueError naming the arrays that differ or are not finite)."""
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
         if hasattr(x, "shape") else x, target)
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return out.state, dict(out.meta)
+    meta = dict(out.meta)
+    verify(out.state, meta, f"{self.directory}/{step}")
+    return out.state, meta
 
   def restore_meta(self, step: int) -> dict:
     out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(out.meta)
 
+  def restore_latest(self, target: Any, check_meta: Callable[[dict], None] = lambda m: None,
+                     log: Callable[[str], None] = print) -> Optional[tuple[Any, dict]]:
+    """(state, meta) of the newest intact checkpoint, or None when there is none at all.
+
+    `check_meta(meta)` runs before the arrays are read (a configuration check); what it raises
+    propagates. A damaged checkpoint is moved aside with a warning and the next older one is
+    tried; when every checkpoint is damaged, CheckpointError lists them.
+    """
+    failures = []
+    for step in reversed(self.steps()):
+      try:
+        meta = self.restore_meta(step)
+      except Exception as e:  # pylint: disable=broad-except
+        failures.append((step, f"metadata unreadable ({type(e).__name__}: {e})"))
+        self._set_aside(step, failures[-1][1], log)
+        continue
+      check_meta(meta)
+      try:
+        return self.restore(step, target)
+      except Exception as e:  # pylint: disable=broad-except
+        failures.append((step, f"{type(e).__name__}: {e}"))
+        self._set_aside(step, failures[-1][1], log)
+    if failures:
+      raise CheckpointError(
+          f"no intact checkpoint in {self.directory}; damaged ones were moved to "
+          f"{os.path.join(self.workdir, DAMAGED_DIR)}:\n  " +
+          "\n  ".join(f"step {s}: {why}" for s, why in failures))
+    return None
+
+  def _set_aside(self, step: int, why: str, log: Callable[[str], None]) -> None:
+    message = (f"checkpoint {self.directory}/{step} is damaged ({why[:300]}); moved to "
+               f"{DAMAGED_DIR}/ and trying the one before it")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    log(f"warning: {message}")
+    if jax.process_index() == 0:
+      dest = os.path.join(self.workdir, DAMAGED_DIR, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), dest)
+    self._mngr.close()
+    self._mngr = self._manager()  # forget the moved step
+
   def close(self):
     self._mngr.close()
 
 
-def check_compatible(meta: dict, config, path: str) -> None:
+def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
+  """ValueError unless `state` (the subtree at `prefix`, when given) matches the checksums in
+  `meta` and is finite."""
+  saved = meta.get("checksums")
+  if saved is not None:
+    wrong = checksum.mismatches(saved, state, prefix)
+    if wrong:
+      raise ValueError(f"{where}: {len(wrong)} arrays do not match their checksums: "
+                       f"{wrong[:4]}{' ...' if len(wrong) > 4 else ''}")
+  bad = checksum.non_finite(state)
+  if bad:
+    raise ValueError(f"{where}: non-finite values (NaN or Inf) in {bad[:4]}")
+
+
+def check_compatible(meta: dict, config, path: str, resumable=None) -> None:
   """Refuse a checkpoint written under a different configuration, naming the fields."""
-  diffs = incompatible_fields(meta.get("config", {}), config)
+  kw = {} if resumable is None else {"resumable": resumable}
+  diffs = incompatible_fields(meta.get("config", {}), config, **kw)
   if diffs:
-    raise ValueError(
-        f"checkpoint in {path} was written by an incompatible configuration; use another "
-        f"--workdir or the same flags. Differences:\n  " + "\n  ".join(diffs))
+    raise FlagError(None,
+                    f"checkpoint in {path} was written by an incompatible configuration; use "
+                    f"another --workdir or the same flags. Differences:\n  " + "\n  ".join(diffs))
 
 
-def load_params_from(workdir: str, target_params: Any) -> Any:
-  """The params of the latest checkpoint in `workdir` (a warm start), cast like target."""
-  ckpt = Checkpointer(workdir)
-  step = ckpt.latest_step()
-  if step is None:
-    raise ValueError(f"--init_from: no checkpoint found under {ckpt.directory}")
-  meta = ckpt.restore_meta(step)
+def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None] = print) -> Any:
+  """The params of the newest intact checkpoint in `workdir` (a warm start), cast like target.
+
+  Nothing in `workdir` is changed: a damaged checkpoint is skipped with a warning. An SFT run
+  that has not reached its last step is refused (its params are not the warm start it names).
+  """
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise FlagError("init_from",
+                    f"no checkpoint found under {os.path.join(workdir, 'checkpoints')}")
+  ckpt = Checkpointer(workdir, create=False)
+  problems = []
+  try:
+    for step in reversed(ckpt.steps()):
+      try:
+        meta = ckpt.restore_meta(step)
+        restored = ckpt._mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore()))  # structure from the checkpoint itself
+        # Only the params: without a target the optimizer state comes back as plain
+        # containers, whose leaf paths differ from the saved ones.
+        verify(restored.state["params"], meta, f"{ckpt.directory}/{step}", "['params']")
+      except Exception as e:  # pylint: disable=broad-except
+        problems.append(f"step {step}: {type(e).__name__}: {e}")
+        message = f"--init_from: checkpoint {ckpt.directory}/{step} is damaged ({e}); skipped"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        log(f"warning: {message}")
+        continue
+      break
+    else:
+      raise FlagError("init_from", f"no intact checkpoint under {ckpt.directory}:\n  " +
+                      "\n  ".join(problems))
+  finally:
+    ckpt.close()
   kind = meta.get("kind", "rl")
-  restored = ckpt._mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore()))  # structure from the checkpoint itself
-  ckpt.close()
+  total = meta.get("config", {}).get("steps")
+  if kind == "sft" and total is not None and int(meta["step"]) < int(total):
+    raise FlagError("init_from", f"the SFT run in {workdir} stopped at step {meta['step']} of "
+                    f"{total}; rerun it to finish (it resumes) before warm-starting from it")
   params = restored.state["params"]
   try:
     return jax.tree_util.tree_map(lambda t, p: np.asarray(p).astype(t.dtype), target_params, params)
   except ValueError as e:
-    raise ValueError(f"--init_from: the {kind} checkpoint's params do not match this model "
-                     f"(--model / --n_layers / tokenizer): {e}") from None
+    raise FlagError("init_from", f"the {kind} checkpoint's params do not match this model "
+                    f"(--model / --n_layers / tokenizer): {e}") from None

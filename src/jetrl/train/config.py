@@ -1,7 +1,9 @@
 """The RL run's configuration: one frozen dataclass of plain data, validated up front.
 
 Every field is a command-line flag of `experiments/train.py` (same name), and every field is
-read by the loop. `validate()` runs before anything is compiled and names the flag at fault.
+read by the loop. `validate()` runs before anything is compiled and names the flag at fault:
+every float is checked finite and in range, every int in range, and the synthetic task's knobs,
+the workdir and `--init_from` are checked too (`jetrl.train.validation`, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from jetrl.precision import RECIPES
 from jetrl.precision.formats import FORMATS
 from jetrl.rl.correction import IS_METHODS
 from jetrl.rl.update import LOSSES, MASTER_DTYPES, OLD_LOGP_SOURCES, SCHEDULES
+from jetrl.train.validation import (SEED_MAX, FlagError, check_float, check_init_from,
+                                    check_int, check_task_knobs, check_workdir)
 
 
 def _f(default, help_text: str, **kw):
@@ -73,6 +77,13 @@ class TrainConfig:
   keep_ckpts: int = _f(2, "Checkpoints kept.")
   tensorboard: bool = _f(True, "Write TensorBoard event files under workdir/tb.")
   plots: bool = _f(True, "Write PNG plots at the end.")
+  max_skipped_steps: int = _f(5, "Stop with an error when every update of this many steps in a "
+                              "row was skipped for non-finite values.")
+  overwrite: bool = _f(False, "Start afresh in a workdir that holds metrics but no checkpoint; "
+                       "the old files are moved to workdir/previous/<time>/, never deleted.")
+  allow_schedule_change: bool = _f(False, "Resume although a changed flag (e.g. --steps under "
+                                   "a cosine schedule) changes the learning-rate schedule; the "
+                                   "change is recorded in workdir/config_changes.jsonl.")
 
   def replace(self, **kw) -> "TrainConfig":
     return dataclasses.replace(self, **kw)
@@ -81,12 +92,12 @@ class TrainConfig:
     return dataclasses.asdict(self)
 
   def validate(self) -> "TrainConfig":
-    """Raise ValueError naming the flag for any invalid value or impossible combination."""
+    """Raise FlagError (a ValueError) naming the flag for any invalid value or combination."""
     from jetrl.data import TASKS
     from jetrl.models import PRESETS
 
     def bad(flag, msg):
-      raise ValueError(f"--{flag}: {msg}")
+      raise FlagError(flag, msg)
 
     def one_of(flag, accepted):
       if getattr(self, flag) not in accepted:
@@ -102,32 +113,33 @@ class TrainConfig:
     one_of("master_dtype", MASTER_DTYPES)
     if self.model not in PRESETS and not os.path.isdir(self.model):
       bad("model", f"{self.model!r} is neither a preset ({sorted(PRESETS)}) nor a directory")
-    if self.init_from and not os.path.isdir(self.init_from):
-      bad("init_from", f"{self.init_from!r} is not a directory")
-    if not self.workdir:
-      bad("workdir", "is required (where metrics and checkpoints go)")
+    check_workdir(self.workdir)
+    check_init_from(self.init_from)
     for flag in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs", "minibatches",
-                 "micro_batches", "eval_size", "ckpt_every", "keep_ckpts"):
-      if getattr(self, flag) < 1:
-        bad(flag, f"must be >= 1, got {getattr(self, flag)}")
+                 "micro_batches", "eval_size", "ckpt_every", "keep_ckpts", "max_skipped_steps"):
+      check_int(flag, getattr(self, flag), 1)
     for flag in ("n_layers", "eval_every", "warmup_steps", "overlong_buffer", "difficulty",
                  "length"):
-      if getattr(self, flag) < 0:
-        bad(flag, f"must be >= 0, got {getattr(self, flag)}")
+      check_int(flag, getattr(self, flag), 0)
+    check_int("seed", self.seed, 0, SEED_MAX)
     if self.group_size < 2:
       bad("group_size", f"must be >= 2 for group-relative advantages, got {self.group_size}")
-    if not self.temperature > 0:
-      bad("temperature", f"must be > 0 for RL sampling, got {self.temperature}")
-    if not self.lr > 0:
-      bad("lr", f"must be > 0, got {self.lr}")
-    if self.is_cap < 1:
-      bad("is_cap", f"must be >= 1, got {self.is_cap}")
-    if self.kl_coef < 0 or self.entropy_coef < 0:
-      bad("kl_coef" if self.kl_coef < 0 else "entropy_coef", "must be >= 0")
-    if not 0 <= self.clip_low < 1:
-      bad("clip_low", f"must be in [0, 1), got {self.clip_low}")
-    if self.clip_high != -1.0 and self.clip_high < 0:
-      bad("clip_high", f"must be >= 0 or -1 (the loss's default), got {self.clip_high}")
+    check_int("group_size", self.group_size, 2)
+    check_task_knobs(self.task, self.difficulty, self.length)
+    # Floats: finite and in range (NaN fails every comparison, so `x < 0` alone lets it in).
+    if isinstance(self.temperature, (int, float)) and self.temperature == 0:
+      bad("temperature", "must be > 0 for RL sampling, got 0")
+    check_float("temperature", self.temperature, 0.01, 100.0)
+    check_float("lr", self.lr, 0.0, 1.0, lo_open=True)
+    check_float("weight_decay", self.weight_decay, 0.0, 10.0)
+    check_float("max_grad_norm", self.max_grad_norm, 0.0, 1e6, lo_open=True)
+    check_float("is_cap", self.is_cap, 1.0, 1e6)
+    check_float("clip_low", self.clip_low, 0.0, 1.0)
+    if self.clip_low == 1.0:
+      bad("clip_low", "must be < 1 (a ratio clipped at 0 has no gradient), got 1.0")
+    check_float("clip_high", self.clip_high, 0.0, 10.0, also=(-1.0,))
+    check_float("kl_coef", self.kl_coef, 0.0, 100.0)
+    check_float("entropy_coef", self.entropy_coef, 0.0, 100.0)
     rows = self.prompts_per_step * self.group_size
     if rows % (self.minibatches * self.micro_batches):
       bad("minibatches", f"prompts_per_step x group_size = {rows} rows do not split into "
@@ -142,13 +154,24 @@ class TrainConfig:
     return self
 
 
-# Fields that may change when a run resumes; all others must match the checkpoint.
+# Fields that may change when a run resumes; all others must match the checkpoint. A change
+# of `steps` that changes the learning-rate schedule is refused separately (schedule_key).
 RESUMABLE_FIELDS = ("steps", "workdir", "eval_every", "ckpt_every", "keep_ckpts", "tensorboard",
-                    "plots", "mesh")
+                    "plots", "mesh", "max_skipped_steps", "overwrite", "allow_schedule_change")
 
 
-def incompatible_fields(saved: dict, current) -> list[str]:
-  """Fields whose values differ between a checkpoint's config and the current one."""
+def incompatible_fields(saved: dict, current, resumable=RESUMABLE_FIELDS) -> list[str]:
+  """Fields whose values differ between a checkpoint's config and the current one (a field the
+  checkpoint does not record counts as its default, so older checkpoints stay usable)."""
   now = dataclasses.asdict(current)
-  return [f"--{k}: checkpoint has {saved.get(k)!r}, this run has {now[k]!r}"
-          for k in now if k not in RESUMABLE_FIELDS and saved.get(k) != now[k]]
+  defaults = {f.name: f.default for f in dataclasses.fields(current)}
+  return [f"--{k}: checkpoint has {saved.get(k, defaults[k])!r}, this run has {now[k]!r}"
+          for k in now if k not in resumable and saved.get(k, defaults[k]) != now[k]]
+
+
+def schedule_key(cfg: TrainConfig) -> tuple:
+  """What the learning-rate schedule depends on (jetrl.rl.update.make_optimizer): two configs
+  with the same key follow the same schedule, step for step."""
+  total = cfg.steps * cfg.ppo_epochs * cfg.minibatches
+  warm = min(cfg.warmup_steps, total)
+  return (cfg.schedule, cfg.lr, warm, total if cfg.schedule == "cosine" else None)

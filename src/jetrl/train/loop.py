@@ -2,8 +2,13 @@
 (recipe.train) -> metrics -> periodic greedy evaluation -> checkpoint.
 
 `run(config)` is what `experiments/train.py` calls; it is importable from notebooks.
-Rerunning the same config on the same workdir resumes from the latest checkpoint; PRNG keys
-are derived from (seed, step), so a resumed run reproduces an uninterrupted one.
+Rerunning the same config on the same workdir resumes from the latest intact checkpoint; PRNG
+keys are derived from (seed, step), so a resumed run reproduces an uninterrupted one.
+
+Before anything compiles, the flags, the tokenizer against the model, the memory a step needs
+and the device mesh are checked (a FlagError names the flag); the workdir is locked for the
+run, and earlier metrics in it are never deleted. A run whose updates are all skipped for
+`--max_skipped_steps` steps in a row stops with an error (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -23,9 +28,14 @@ from jetrl.rl import (DEFAULT_EDGES, UpdateConfig, dynamic_sampling_mask, group_
                       update_step)
 from jetrl.rl.update import TrainState
 from jetrl.sampling import STOP_LENGTH, SamplingConfig, sample
-from jetrl.train import setup
-from jetrl.train.checkpoint import Checkpointer, check_compatible, load_params_from
-from jetrl.train.config import TrainConfig
+from jetrl.train import resume, setup
+from jetrl.train.checkpoint import Checkpointer, load_params_from
+from jetrl.train.config import TrainConfig, schedule_key
+from jetrl.train.memory import check_step_memory, step_bytes
+from jetrl.train.resume import CHANGES_FILE, record_changes
+from jetrl.train.skips import SkipTracker
+from jetrl.train.validation import FlagError
+from jetrl.train.workdir import WorkdirLock, make_workdir, start_fresh
 from jetrl.train.writers import MetricWriter, Progress, read_jsonl
 
 
@@ -49,68 +59,110 @@ def _bin_edges(max_new_tokens: int) -> tuple[int, ...]:
   return tuple(e for e in DEFAULT_EDGES if e < max_new_tokens) or (0,)
 
 
+RUN_FILES = ("summary.json", "config.json", CHANGES_FILE, "tb", "plots")
+
+
+def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
+  """FlagError when the batch-shaped flags cannot fit in this machine's memory (a floor)."""
+  rows = cfg.prompts_per_step * cfg.group_size
+  parts = step_bytes(mcfg, rows=rows, seq_len=width + cfg.max_new_tokens,
+                     micro_rows=max(1, rows // (cfg.minibatches * cfg.micro_batches)),
+                     master_bytes=2 if cfg.master_dtype == "bfloat16" else 4,
+                     compute_bytes=4 if cfg.recipe == "fp32" else 2, ref_params=cfg.kl_coef > 0)
+  check_step_memory(parts, "--prompts_per_step / --group_size / --max_new_tokens",
+                    processes=jax.process_count())
+
+
+def resume_check(cfg: TrainConfig, directory: str, changes: list):
+  """The RL run's resume check: the same flags, and the same learning-rate schedule."""
+  describe = f"--schedule={cfg.schedule}, --warmup_steps={cfg.warmup_steps}"
+  return resume.resume_check(cfg, directory, changes, schedule=describe,
+                             schedule_of=lambda steps: schedule_key(cfg.replace(steps=steps)))
+
+
 def run(cfg: TrainConfig, *, log=print) -> dict:
-  """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json)."""
+  """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json).
+
+  Raises FlagError (a ValueError naming the flag) for anything wrong with the flags or the
+  workdir, before compiling; SkippedUpdatesError when the updates of --max_skipped_steps steps
+  in a row were all skipped; CheckpointError when the workdir has checkpoints but none intact.
+  """
   cfg = cfg.validate()
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
+  make_workdir(cfg.workdir)
+  lock = WorkdirLock(cfg.workdir, log) if jax.process_index() == 0 else None
+  try:
+    return _run(cfg, log)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _run(cfg: TrainConfig, log) -> dict:
   recipe = get_recipe(cfg.recipe, grad_fmt=cfg.grad_fmt)
-  os.makedirs(cfg.workdir, exist_ok=True)
-  task = setup.make_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
-                         data_path=cfg.data_path, seed=cfg.seed)
   tok = setup.make_tokenizer(cfg.model, cfg.task)
   ids = setup.token_ids(tok)
   # Width of prompts seen in training: fixed from a sample of the task's prompts.
-  probe = [setup.encode_prompt(tok, p.prompt) for p in task.batch("train", 0, 64)]
-  width = setup.prompt_width(probe) + 16
-  mcfg, params = setup.make_model(cfg.model, cfg.n_layers, tok, cfg.seed,
-                                  width + cfg.max_new_tokens)
-  if cfg.init_from:
-    params = load_params_from(cfg.init_from, params)
-  ucfg = update_config(cfg)
+  task, width = setup.load_task(cfg.task, difficulty=cfg.difficulty, length=cfg.length,
+                                data_path=cfg.data_path, seed=cfg.seed, tok=tok)
+  mcfg = setup.model_config(cfg.model, cfg.n_layers, tok, width + cfg.max_new_tokens)
+  setup.check_tokenizer(mcfg, tok)
+  check_memory(cfg, mcfg, width)
   # Device mesh: the train state in the training layout; the sampler gets the params in the
   # sampling layout (no FSDP) by a device-to-device copy each step when the two differ.
   layout = sample_layout = None
   step_fn = update_step
   if cfg.mesh or jax.device_count() > 1:
-    mesh = parallel.make_mesh(cfg.mesh)
-    layout = parallel.make_layout(mesh, mcfg, "train", recipe)
-    sample_layout = parallel.make_layout(mesh, mcfg, "sample", recipe)
-    layout.rows_sharding(cfg.prompts_per_step * cfg.group_size, strict=True,
-                         what="--prompts_per_step x --group_size")
-    params = layout.shard_params(params)  # the optimizer state is then built sharded
+    try:
+      mesh = parallel.make_mesh(cfg.mesh)
+      layout = parallel.make_layout(mesh, mcfg, "train", recipe)
+      sample_layout = parallel.make_layout(mesh, mcfg, "sample", recipe)
+      layout.rows_sharding(cfg.prompts_per_step * cfg.group_size, strict=True,
+                           what="--prompts_per_step x --group_size")
+    except ValueError as e:
+      raise FlagError("mesh", str(e)) from None
     step_fn = parallel.sharded_update_step(layout)
     log(f"mesh {parallel.mesh_str(mesh)} over {jax.device_count()} devices "
         f"({jax.process_count()} processes)")
+  params = setup.make_params(cfg.model, mcfg, cfg.seed)
+  if cfg.init_from:
+    params = load_params_from(cfg.init_from, params, log)
+  ucfg = update_config(cfg)
+  if layout is not None:
+    params = layout.shard_params(params)  # the optimizer state is then built sharded
   state = init_train_state(params, ucfg)
   if layout is not None:
     state = layout.shard_state(state)
+  else:  # committed like a restored state, so a resumed run reuses the compiled steps
+    state = jax.device_put(state, jax.local_devices()[0])
   del params
 
   ckpt = Checkpointer(cfg.workdir, cfg.keep_ckpts)
+  start, data_pos = 0, 0
+  changes = []
+  restored = ckpt.restore_latest(_state_tree(state), resume_check(cfg, ckpt.directory, changes),
+                                 log)
+  if restored is not None:
+    tree, meta = restored
+    state = TrainState(**tree)
+    start, data_pos = int(meta["step"]), int(meta["data_pos"])
+    for name in ("metrics.jsonl", "eval.jsonl"):
+      MetricWriter(cfg.workdir, name[:-6], tensorboard=False).truncate_after(start)
+    record_changes(cfg.workdir, start, changes, log)
+    log(f"resumed from {ckpt.directory}/{start} (step {start}, data position {data_pos})")
+  else:
+    start_fresh(cfg.workdir, ("metrics.jsonl", "eval.jsonl"), RUN_FILES,
+                first_checkpoint=min(cfg.ckpt_every, cfg.steps), overwrite=cfg.overwrite,
+                log=log, move=jax.process_index() == 0)
   writer = MetricWriter(cfg.workdir, "metrics", cfg.tensorboard)
   eval_writer = MetricWriter(cfg.workdir, "eval", tensorboard=False)
-  start, data_pos = 0, 0
-  latest = ckpt.latest_step()
-  if latest is not None:
-    meta = ckpt.restore_meta(latest)
-    check_compatible(meta, cfg, ckpt.directory)
-    restored, meta = ckpt.restore(latest, _state_tree(state))
-    state = TrainState(**restored)
-    start, data_pos = int(meta["step"]), int(meta["data_pos"])
-    writer.truncate_after(start)
-    eval_writer.truncate_after(start)
-    log(f"resumed from {ckpt.directory}/{latest} (step {start}, data position {data_pos})")
-  else:
-    # A run killed before its first checkpoint restarts from scratch: drop its partial lines.
-    writer.truncate_after(-1)
-    eval_writer.truncate_after(-1)
   with open(os.path.join(cfg.workdir, "config.json"), "w") as f:
     json.dump(cfg.to_dict(), f, indent=1)
   log(f"jetrl RL: recipe={cfg.recipe} model={cfg.model} ({mcfg.n_layers} layers, d_model "
       f"{mcfg.d_model}) task={cfg.task} steps={cfg.steps} rows/step="
       f"{cfg.prompts_per_step * cfg.group_size} on {jax.devices()[0].platform}")
 
-  def do_eval(step):
+  def run_evaluation(step):
     t0 = time.time()
     res = setup.evaluate(state.params, mcfg, task, tok, recipe.rollout, size=cfg.eval_size,
                          max_new_tokens=cfg.max_new_tokens)
@@ -120,12 +172,14 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
     return res
 
   if start == 0:
-    do_eval(0)
+    run_evaluation(0)
   sc = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                       n=cfg.group_size, stop_ids=(ids.eos,), pad_id=ids.pad, prompt_len=width)
   base_key = jax.random.PRNGKey(cfg.seed)
   edges = _bin_edges(cfg.max_new_tokens)
   progress = Progress(cfg.steps, start)
+  skips = SkipTracker(cfg.max_skipped_steps, "Check --lr, --temperature, --kl_coef and the "
+                      "initial params (--model / --init_from).")
   for step in range(start, cfg.steps):
     k_sample, k_update = jax.random.split(jax.random.fold_in(base_key, step))
     problems = task.batch("train", data_pos, cfg.prompts_per_step)
@@ -185,17 +239,18 @@ def run(cfg: TrainConfig, *, log=print) -> dict:
                                "len": metrics["response_length"],
                                "|dlogp|": float(m["agree/abs_diff_mean"])},
                     extra=f"{t_roll:.1f}s rollout {t_update:.1f}s update")
+    skips.update(step + 1, int(metrics["skipped_updates"]), ucfg.ppo_epochs * ucfg.minibatches)
 
     done = step + 1 == cfg.steps
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not done:
-      do_eval(step + 1)
+      run_evaluation(step + 1)
     if (step + 1) % cfg.ckpt_every == 0 or done:
       ckpt.save(step + 1, _state_tree(state),
                 {"step": step + 1, "data_pos": data_pos, "seed": cfg.seed, "kind": "rl",
                  "config": cfg.to_dict()})
 
   if start < cfg.steps:
-    do_eval(cfg.steps)
+    run_evaluation(cfg.steps)
   writer.close()
   ckpt.close()
   evals = read_jsonl(eval_writer.path)

@@ -1,4 +1,9 @@
-"""Metric writers: JSON lines (the source of truth), TensorBoard, and a console progress line."""
+"""Metric writers: JSON lines (the source of truth), TensorBoard, and a console progress line.
+
+A process killed while appending can leave a last line cut short. Readers drop such a torn
+last line with a warning (the run that resumes writes that step again); a bad line anywhere
+else is damage, not a kill, and is an error naming the file and line.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -36,11 +42,11 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, "tb"))
 
   def truncate_after(self, step: int) -> None:
-    """Drop records past `step` (written after the checkpoint a resumed run restarts from)."""
+    """Drop records past `step` (written after the checkpoint a resumed run restarts from),
+    and a torn last line."""
     if not os.path.exists(self.path):
       return
-    with open(self.path) as f:
-      keep = [line for line in f if line.strip() and json.loads(line).get("step", -1) <= step]
+    keep = [json.dumps(r) + "\n" for r in read_jsonl(self.path) if r.get("step", -1) <= step]
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
       f.writelines(keep)
@@ -63,8 +69,23 @@ class MetricWriter:
 
 
 def read_jsonl(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of a JSON-lines metrics file; a torn last line is dropped with a warning."""
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+  records = []
+  for k, (n, line) in enumerate(lines):
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    except ValueError as e:
+      if k == len(lines) - 1:
+        warnings.warn(f"{path}:{n}: dropping a torn last line ({e}): {line[:80]!r}",
+                      RuntimeWarning, stacklevel=2)
+        break
+      raise ValueError(f"{path}:{n}: not a JSON record ({e}); the file is damaged") from None
+    records.append(record)
+  return records
 
 
 class Progress:

@@ -1,0 +1,100 @@
+"""Checkpoint checksums: one flipped bit is found, a damaged checkpoint is set aside and the
+newest intact one restored, nothing non-finite is saved."""
+
+import glob
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jetrl.train.checkpoint import DAMAGED_DIR, CheckpointError, Checkpointer
+from jetrl.train.checksum import mismatches, non_finite, tree_checksums
+
+
+def small_tree(offset=0.0):
+  return {"w": jnp.arange(20000, dtype=jnp.float32).reshape(100, 200) / 7 + offset,
+          "b": (jnp.arange(64, dtype=jnp.float32) + offset).astype(jnp.bfloat16),
+          "count": jnp.int32(3), "flag": jnp.array([True, False])}
+
+
+def test_one_flipped_bit_in_any_leaf_is_found():
+  tree = jax.tree_util.tree_map(np.asarray, small_tree())
+  saved = tree_checksums(tree)
+  assert tree_checksums(jax.tree_util.tree_map(np.copy, tree)) == saved
+  rng = np.random.default_rng(0)
+  for name, nbits in (("w", 32), ("b", 16), ("count", 32)):
+    for _ in range(5):
+      changed = jax.tree_util.tree_map(np.copy, tree)
+      flat = changed[name].reshape(-1).view(np.uint32 if nbits == 32 else np.uint16)
+      flat[rng.integers(flat.size)] ^= np.array(1 << int(rng.integers(nbits)), flat.dtype)
+      assert mismatches(saved, changed) == [f"['{name}']"]
+  swapped = dict(tree, w=tree["w"][::-1].copy())  # same values, other places
+  assert mismatches(saved, swapped) == ["['w']"]
+
+
+def test_non_finite_names_the_leaf():
+  tree = small_tree()
+  assert non_finite(tree) == []
+  tree["w"] = tree["w"].at[5, 5].set(jnp.inf)
+  assert non_finite(tree) == ["['w']"]
+
+
+def _flip_data_bytes(step_dir):
+  """Flips bits in the middle of the largest array file, as disk damage would."""
+  files = sorted(glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True),
+                 key=os.path.getsize)
+  data = bytearray(open(files[-1], "rb").read())
+  for k in range(len(data) // 2, len(data) // 2 + 8):
+    data[k] ^= 0x10
+  with open(files[-1], "wb") as f:
+    f.write(bytes(data))
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_intact_one(tmp_path):
+  ck = Checkpointer(str(tmp_path), keep=3)
+  for step in (1, 2, 3):
+    ck.save(step, small_tree(step), {"step": step})
+  ck.close()
+  _flip_data_bytes(tmp_path / "checkpoints" / "3")               # values silently changed
+  with open(tmp_path / "checkpoints" / "2" / "meta" / "metadata", "w") as f:
+    f.write('{"step": 2, "chec')                                  # a torn metadata file
+  ck = Checkpointer(str(tmp_path), keep=3)
+  logs = []
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state, meta = ck.restore_latest(small_tree(), log=logs.append)
+  assert meta["step"] == 1
+  np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(small_tree(1)["w"]))
+  messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+  assert any("checkpoints/3 is damaged" in m and "do not match their checksums" in m
+             for m in messages), messages
+  assert any("checkpoints/2 is damaged" in m and "metadata" in m for m in messages), messages
+  assert ck.steps() == [1] and len(os.listdir(tmp_path / DAMAGED_DIR)) == 2
+  ck.save(2, small_tree(2), {"step": 2})  # the step numbers are free again
+  ck.close()
+
+
+def test_no_intact_checkpoint_is_an_error_not_a_restart(tmp_path):
+  ck = Checkpointer(str(tmp_path), keep=2)
+  ck.save(1, small_tree(1), {"step": 1})
+  ck.close()
+  _flip_data_bytes(tmp_path / "checkpoints" / "1")
+  ck = Checkpointer(str(tmp_path), keep=2)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    with pytest.raises(CheckpointError, match="(?s)no intact checkpoint.*step 1: ValueError"):
+      ck.restore_latest(small_tree(), log=lambda *a: None)
+  assert Checkpointer(str(tmp_path / "empty")).restore_latest(small_tree()) is None
+
+
+def test_non_finite_state_is_never_saved(tmp_path):
+  ck = Checkpointer(str(tmp_path))
+  bad = small_tree()
+  bad["w"] = bad["w"].at[0, 0].set(jnp.nan)
+  with pytest.raises(ValueError, match=r"refusing to save checkpoint 1: non-finite values in "
+                                       r"\[\"\['w'\]\"\]"):
+    ck.save(1, bad, {"step": 1})
+  assert ck.latest_step() is None
