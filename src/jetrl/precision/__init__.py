@@ -5,10 +5,12 @@ from jetrl.precision.formats import E4M3, E5M2, FORMATS, fp8_max
 from jetrl.precision.gemm_pallas import Fp8Check, check_fp8_in_compiled, scaled_matmul_nt
 from jetrl.precision.linear import QuantizedWeight, linear, prequantize_weight, quantize_weight
 from jetrl.precision.quantize import dequantize, quantize, scale_shape
-from jetrl.precision.recipes import RECIPES, Fp8Gemm, Precision, Recipe, get_recipe
+from jetrl.precision.recipes import (RECIPES, Fp8Gemm, Precision, Recipe, get_recipe,
+                                     is_batch_invariant)
 
 __all__ = [
     "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "QuantizedWeight", "prequantize_weight", "dequantize",
     "quantize", "scale_shape", "RECIPES", "Fp8Gemm", "Precision", "Recipe", "get_recipe",
+    "is_batch_invariant",
     "GEMM_BACKENDS", "with_gemm_backend", "Fp8Check", "check_fp8_in_compiled", "scaled_matmul_nt",
 ]

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.precision import backend as _backend
+from jetrl.precision import exact as _exact
 from jetrl.precision import gemm_pallas as _gp
 from jetrl.precision.formats import compute_dtype as _compute_dtype
 from jetrl.precision.formats import format_dtype
@@ -96,8 +97,10 @@ def prequantize_weight(w: jax.Array, g: Fp8Gemm) -> QuantizedWeight:
   return fn(w)
 
 
-def _fprop(x2, q, s, g: Fp8Gemm, cd, w_shape):
+def _fprop(x2, q, s, g: Fp8Gemm, cd, w_shape, exact: bool = False):
   """The FP8 forward GEMM from quantized weights: one function for training and rollout."""
+  if exact:  # batch-invariant: exact float64 block sums in a fixed order (precision/exact.py)
+    return _exact.fp8_fprop(x2, q, s, g)
   kern = _kernel(g)
   if kern is not None:
     return _gp.fprop(x2, q, s, g, cd, **kern)
@@ -152,7 +155,8 @@ def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
                      f"quantizes weights to {g.fmt}")
   cd = _compute_dtype(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
-  y = _fprop(x.reshape(-1, k).astype(cd), w.q, w.scale, g, cd, w.shape)
+  y = _fprop(x.reshape(-1, k).astype(cd), w.q, w.scale, g, cd, w.shape,
+             precision.batch_invariant)
   return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
 
 
@@ -172,7 +176,7 @@ def _fwd(x, w, precision: Precision):
   else:
     q, s, _ = quantize_weight(w, g)
     wq = (q, s)
-    y = _fprop(x2, q, s, g, cd, w.shape)
+    y = _fprop(x2, q, s, g, cd, w.shape, precision.batch_invariant)
   y = y.astype(cd).reshape(*lead, n)
   return y, (x2, w, wq)
 
