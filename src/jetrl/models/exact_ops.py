@@ -169,8 +169,8 @@ def _attend(q, k, v, allowed, *, cd):
     # Scores: exact float64 dots of grid integers, scaled back by powers of two (exact).
     nq, eq = to_grid(qg.astype(cd), -1, qk_bits[0])          # eq [B, Hkv, G, T, 1]
     nk, ek = to_grid(k.astype(cd), -1, qk_bits[1])           # ek [B, Hkv, S, 1]
-    if small:  # keys as [Dh, S]: XLA's small batched float64 dots are much faster so
-      dots = _dot64("bkgtd,bkds->bkgts", nq, jnp.swapaxes(nk, -1, -2))
+    if small:  # XLA:CPU's batched float64 dots are slow for a few query rows: multiply-sum
+      dots = jnp.sum(nq.astype(F64)[:, :, :, :, None] * nk.astype(F64)[:, :, None, None], -1)
     else:
       dots = _dot64("bkgtd,bksd->bkgts", nq, nk)
     scores = dots * pow2(eq - sum(qk_bits)) * pow2(jnp.swapaxes(ek, -1, -2))[:, :, None]

@@ -79,12 +79,15 @@ def to_grid(x: jax.Array, axis: int, bits: int):
   the grid of 2^(bits - 127), to keep the scale finite); anything else in float64.
   """
   if x.dtype in (jnp.bfloat16, jnp.float32) and bits <= 24:
-    x = x.astype(jnp.float32)
+    # The max in x's own dtype (exact): no float32 copy of a bfloat16 KV cache to read twice.
     top = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
-    e = ((jax.lax.bitcast_convert_type(top, jnp.int32) >> 23) & 0xFF) - 126
-    e = jnp.maximum(e, bits - 126)
+    if x.dtype == jnp.bfloat16:
+      top = jax.lax.bitcast_convert_type(top, jnp.uint16).astype(jnp.int32) << 16
+    else:
+      top = jax.lax.bitcast_convert_type(top, jnp.int32)
+    e = jnp.maximum(((top >> 23) & 0xFF) - 126, bits - 126)
     scale = jax.lax.bitcast_convert_type((bits - e + 127) << 23, jnp.float32)
-    return jnp.round(x * scale), e
+    return jnp.round(x.astype(jnp.float32) * scale), e
   x = x.astype(F64)
   e = exponent_bound(jnp.max(jnp.abs(x), axis=axis, keepdims=True))
   return jnp.round(x * pow2(bits - e)), e
