@@ -46,7 +46,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
 
   q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (kv heads before slots, the KV cache's layout);
   allowed [B, T, S] bool (query t may see key s). Returns [B, T, H * Dh] in cd.
-  exact: the batch-invariant forward (exact sums, fixed key chunks; models/exact_ops.py).
+  exact: the batch-invariant forward (exact sums; models/exact_ops.py).
   """
   b, t, h, dh = q.shape
   hkv, s = k.shape[1], k.shape[2]
