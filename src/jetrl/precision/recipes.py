@@ -58,7 +58,7 @@ class Precision:
     attention, norms, LM head and log-softmax on fixed-point grids; jetrl.precision.exact and
     jetrl.models.exact_ops), so a token's log-probs do not depend on the batch, the padding or
     the program that computes them. Needs a block-scaled E4M3 fprop; the backward is the
-    usual one.
+    usual one. The exact forward GEMM runs in XLA whatever the fprop's `gemm_backend` says.
   """
   compute_dtype: str = "bfloat16"
   fprop: Optional[Fp8Gemm] = None
