@@ -31,7 +31,8 @@ flags.DEFINE_integer("batch", 32, "Rows.")
 flags.DEFINE_integer("prompt_len", 64, "Filled slots before the first step.")
 flags.DEFINE_integer("new_tokens", 128, "Decode steps per timed call.")
 flags.DEFINE_integer("slots_extra", 0, "Extra empty cache slots (a longer max_len).")
-flags.DEFINE_enum("precision", "float32", ["float32", "bf16", "jet"], "Rollout precision.")
+flags.DEFINE_enum("precision", "float32", ["float32", "bf16", "jet", "jet_exact"],
+                  "Rollout precision.")
 flags.DEFINE_integer("repeats", 5, "Timed calls (the median is reported).")
 
 

@@ -6,7 +6,7 @@
 Both sides sample (temperature 1) the full budget with no stop token, from one random model
 built by jetrl and exported with `save_pretrained` (so transformers runs the same weights).
 jetrl runs in float32 (plain matmuls: the same arithmetic as torch's float32), and under the
-bf16 and jet recipes. The first jetrl call of each setting compiles and is not timed.
+bf16, jet and jet_exact recipes. The first jetrl call of each setting compiles and is not timed.
 
 On a CPU, one XLA device runs a decode step's small GEMMs on one core, while torch spreads
 its ops over all cores. `--host_devices=N` (default 2, this machine's core count) also runs
@@ -107,7 +107,8 @@ def main(argv):
     mesh = make_mesh(f"data:{FLAGS.host_devices}")
     settings.append((f"jetrl sample, data:{FLAGS.host_devices} host devices", mesh))
   for engine, mesh in settings:
-    for label, recipe in (("float32", None), ("bf16", "bf16"), ("jet", "jet")):
+    for label, recipe in (("float32", None), ("bf16", "bf16"), ("jet", "jet"),
+                          ("jet_exact", "jet_exact")):
       prec = get_recipe(recipe).rollout if recipe else None
       layout, p = None, params
       if mesh is not None:

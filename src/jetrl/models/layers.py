@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.precision import Precision, linear
 from jetrl.precision.formats import compute_dtype as _dtype_of
@@ -29,8 +30,13 @@ def compute_dtype(precision: Optional[Precision], params) -> jnp.dtype:
   return jnp.dtype(_dtype_of(precision.compute_dtype))
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd) -> jax.Array:
-  """x / rms(x) * weight over the last axis; the statistic in float32, the output in cd."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, exact: bool = False) -> jax.Array:
+  """x / rms(x) * weight over the last axis; the statistic in float32, the output in cd.
+
+  exact: the batch-invariant forward (exact sum of squares; models/exact_ops.py).
+  """
+  if exact:
+    return exact_ops.rms_norm(x, weight, eps, cd, reference=rms_norm)
   x32 = x.astype(jnp.float32)
   var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
   y = (x32 * jax.lax.rsqrt(var + eps)).astype(cd)
@@ -90,9 +96,16 @@ def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array
   return project(jax.nn.silu(gate) * up, layer["w_down"], precision, cd)
 
 
-def lm_head(h: jax.Array, params, config: ModelConfig, cd) -> jax.Array:
-  """float32 logits [..., V] from hidden states [..., D]: not quantized, f32 accumulation."""
+def lm_head(h: jax.Array, params, config: ModelConfig, cd, exact: bool = False) -> jax.Array:
+  """float32 logits [..., V] from hidden states [..., D]: not quantized, f32 accumulation.
+
+  exact: the batch-invariant forward (exact dots; models/exact_ops.py).
+  """
   chex.assert_axis_dimension(h, -1, config.d_model)
+  if exact:
+    key = "embed" if config.tie_embeddings else "lm_head"
+    return exact_ops.lm_head(h, params[key], config.tie_embeddings, cd,
+                             reference=lambda a, w: lm_head(a, {key: w}, config, cd))
   if config.tie_embeddings:
     w, dims = params["embed"], (((h.ndim - 1,), (1,)), ((), ()))
   else:

@@ -15,16 +15,25 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.decoder import hidden_states
 from jetrl.models.layers import compute_dtype, lm_head
-from jetrl.precision import Precision
+from jetrl.precision import Precision, is_batch_invariant
 
 DEFAULT_CHUNK = 128
 
 
-def _chunk_stats(h, targets, params, config, cd, temperature):
-  """(logp [B, C], entropy [B, C]) from hidden states [B, C, D]."""
+def _chunk_stats(h, targets, params, config, cd, temperature, exact=False):
+  """(logp [B, C], entropy [B, C]) from hidden states [B, C, D].
+
+  exact: the batch-invariant forward (exact LM head and log-softmax; models/exact_ops.py).
+  """
+  if exact:
+    key = "embed" if config.tie_embeddings else "lm_head"
+    ref = lambda hc, tc, w, temp: _chunk_stats(hc, tc, {key: w}, config, cd, temp)
+    return exact_ops.chunk_stats(h, targets, params[key], temperature, config.tie_embeddings,
+                                 cd, reference=ref)
   z = lm_head(h, params, config, cd) / temperature  # float32 [B, C, V]
   lse = jax.nn.logsumexp(z, axis=-1)
   z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
@@ -49,7 +58,8 @@ def logprobs_from_hidden(params, config: ModelConfig, h: jax.Array, targets: jax
   temperature = jnp.asarray(temperature, jnp.float32)
   targets = targets.astype(jnp.int32)
   stats = jax.checkpoint(
-      lambda hc, tc: _chunk_stats(hc, tc, params, config, cd, temperature))
+      lambda hc, tc: _chunk_stats(hc, tc, params, config, cd, temperature,
+                                  is_batch_invariant(precision)))
   if t <= chunk_size:
     logp, ent = stats(h, targets)
   else:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.precision import backend as _backend
+from jetrl.precision import exact as _exact
 from jetrl.precision import gemms as _gemms
 from jetrl.precision.formats import compute_dtype as _compute_dtype
 from jetrl.precision.formats import dot_precision, format_dtype
@@ -30,6 +31,13 @@ from jetrl.precision.weights import QuantizedWeight, quantize_2d
 
 def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
   return (a.scaling, a.block, a.fmt, a.pow2_scale) == (b.scaling, b.block, b.fmt, b.pow2_scale)
+
+
+def _fprop(x2, w: QuantizedWeight, g: Fp8Gemm, cd, exact: bool):
+  """The FP8 forward GEMM from quantized weights: one function for training and rollout."""
+  if exact:  # batch-invariant: exact float64 block sums in a fixed order (precision/exact.py)
+    return _exact.fp8_fprop(x2, *w.kn(), g)
+  return _gemms.fprop(x2, w, g, cd)
 
 
 def _check(x: jax.Array, w):
@@ -74,7 +82,7 @@ def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
                      f"quantizes weights to {g.fmt}")
   cd = _compute_dtype(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
-  y = _gemms.fprop(x.reshape(-1, k).astype(cd), w, g, cd)
+  y = _fprop(x.reshape(-1, k).astype(cd), w, g, cd, precision.batch_invariant)
   return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
 
 
@@ -92,8 +100,8 @@ def _fwd(x, w, precision: Precision):
     y = _gemms.matmul_f32(x2, w.astype(cd))
     wq = None
   else:
-    wq = quantize_2d(w, g, _backend.wants_k_major(g))
-    y = _gemms.fprop(x2, wq, g, cd)
+    wq = quantize_2d(w, g, _backend.wants_k_major(g) and not precision.batch_invariant)
+    y = _fprop(x2, wq, g, cd, precision.batch_invariant)
   y = y.astype(cd).reshape(*lead, n)
   return y, (x2, w, wq)
 

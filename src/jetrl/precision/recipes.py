@@ -53,16 +53,33 @@ class Fp8Gemm:
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
-  """Precision of a linear layer. `None` for a GEMM means: plain matmul in compute_dtype."""
+  """Precision of a linear layer. `None` for a GEMM means: plain matmul in compute_dtype.
+
+  batch_invariant: the forward computes every sum exactly (the FP8 GEMM's blocks in float64,
+    attention, norms, LM head and log-softmax on fixed-point grids; jetrl.precision.exact and
+    jetrl.models.exact_ops), so a token's log-probs do not depend on the batch, the padding or
+    the program that computes them. Needs a block-scaled E4M3 fprop; the backward is the
+    usual one. The exact forward GEMM runs in XLA whatever the fprop's `gemm_backend` says.
+  """
   compute_dtype: str = "bfloat16"
   fprop: Optional[Fp8Gemm] = None
   dgrad: Optional[Fp8Gemm] = None
   wgrad: Optional[Fp8Gemm] = None
+  batch_invariant: bool = False
 
   def __post_init__(self):
     if self.compute_dtype not in COMPUTE_DTYPES:
       raise ValueError(
           f"unknown compute dtype {self.compute_dtype!r}; accepted: {sorted(COMPUTE_DTYPES)}")
+    if not isinstance(self.batch_invariant, bool):
+      raise ValueError(f"batch_invariant must be a bool, got {self.batch_invariant!r}")
+    g = self.fprop
+    if self.batch_invariant and (g is None or g.scaling != "block" or g.fmt != "e4m3"
+                                 or g.block > 128):
+      raise ValueError(
+          "batch_invariant needs an fprop with block scaling, fmt 'e4m3' and block <= 128 "
+          "(its block sums are exact in float64); got "
+          + ("no fprop" if g is None else f"scaling={g.scaling!r}, fmt={g.fmt!r}, block={g.block}"))
 
   @property
   def forward(self) -> "Precision":
@@ -71,11 +88,17 @@ class Precision:
     This is what a rollout under the unified flow runs; it shares `fprop` with the training
     precision by identity, so the two cannot diverge.
     """
-    return Precision(compute_dtype=self.compute_dtype, fprop=self.fprop)
+    return Precision(compute_dtype=self.compute_dtype, fprop=self.fprop,
+                     batch_invariant=self.batch_invariant)
 
   @property
   def is_fp8(self) -> bool:
     return any(g is not None for g in (self.fprop, self.dgrad, self.wgrad))
+
+
+def is_batch_invariant(precision: Optional[Precision]) -> bool:
+  """True for a precision whose forward is batch-invariant (see Precision.batch_invariant)."""
+  return precision is not None and precision.batch_invariant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +141,18 @@ def _build(name: str, grad_fmt: str = "e4m3") -> Recipe:
   if name == "jet":
     return Recipe(name, Precision("bfloat16", fprop=block, dgrad=block, wgrad=block),
                   description="FP8 fprop/dgrad/wgrad; rollout = the training fprop")
+  if name == "jet_exact":
+    return Recipe(name, Precision("bfloat16", fprop=block, dgrad=block, wgrad=block,
+                                  batch_invariant=True),
+                  description="jet with a batch-invariant forward: rollout log-probs equal the "
+                              "training forward's bit for bit")
   if name == "fp8_tensor":
     return Recipe(name, Precision("bfloat16", fprop=tensor, dgrad=tensor, wgrad=tensor),
                   description="FP8 per-tensor current scaling (batch-dependent baseline)")
   raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
 
 
-RECIPES = ("fp32", "bf16", "fp8_rollout", "jet", "fp8_tensor")
+RECIPES = ("fp32", "bf16", "fp8_rollout", "jet", "fp8_tensor", "jet_exact")
 
 
 def get_recipe(name: str, *, grad_fmt: str = "e4m3") -> Recipe:

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.models import ModelConfig, forward_cached, init_cache, rollout_weights
-from jetrl.precision import Precision
+from jetrl.models.exact_ops import token_logprobs_from_logits
+from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import sample_categorical
 
 STOP_TOKEN = 0
@@ -134,8 +135,12 @@ def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   return x
 
 
-def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig):
-  """Next tokens [R] and their recorded log-probs [R]."""
+def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, exact: bool = False):
+  """Next tokens [R] and their recorded log-probs [R].
+
+  exact: record the log-prob with the batch-invariant log-softmax the training forward of a
+  batch-invariant precision uses (models/exact_ops.py), bit for bit.
+  """
   logits = logits.astype(jnp.float32)
   if config.greedy:
     tok = jnp.argmax(logits, axis=-1)
@@ -143,6 +148,8 @@ def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig):
   else:
     scaled = logits / config.temperature
     tok = sample_categorical(key, _process_logits(logits, config))
+  if exact:
+    return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, config.temperature)
   logp = jax.nn.log_softmax(scaled, axis=-1)
   return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
@@ -192,7 +199,7 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
 
   def body(s):
     key, sub = jax.random.split(s["key"])
-    tok, lp = _choose(s["logits"], sub, config)
+    tok, lp = _choose(s["logits"], sub, config, is_batch_invariant(precision))
     active = ~s["done"]
     tok = jnp.where(active, tok, config.pad_id)
     lp = jnp.where(active, lp, 0.0)

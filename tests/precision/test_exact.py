@@ -1,0 +1,131 @@
+"""The batch-invariant arithmetic of `jet_exact`: the FP8 GEMM against a float64 numpy
+reference of its blockwise formula, batch invariance bit for bit, exact fixed-point sums,
+float64 exp / log, and the recipe's definition."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8_reference import ref_quantize, to_bf16
+from jetrl.models.exact_ops import exp64, log64
+from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, linear, quantize_weight
+from jetrl.precision.exact import exact_sum, fp8_fprop, x64
+
+EXACT = get_recipe("jet_exact")
+G = EXACT.train.fprop
+M, K, N = 130, 300, 200  # partial token groups, partial K and N blocks
+
+
+def ref_exact_gemm(x, w, b=128):
+  """The blockwise formula in numpy: per K block, an exact float64 dot of the E4M3 values,
+  times float64(sx) * float64(sw), rounded to float32; the blocks added in float32 in order."""
+  xq, sx = ref_quantize(x, (1, b))
+  wq, sw = ref_quantize(w, (b, b))
+  xq, wq = xq.astype(np.float64), wq.astype(np.float64)
+  sw_cols = np.repeat(sw, b, axis=1)[:, :w.shape[1]].astype(np.float64)
+  acc = None
+  for kb in range(sx.shape[1]):
+    blk = slice(kb * b, (kb + 1) * b)
+    d = xq[:, blk] @ wq[blk]   # exact in float64 whatever numpy's order (<= 128 E4M3 products)
+    t = (d * (sx[:, kb].astype(np.float64)[:, None] * sw_cols[kb][None, :])).astype(np.float32)
+    acc = t if acc is None else (acc + t).astype(np.float32)
+  return acc
+
+
+@pytest.fixture(scope="module")
+def xw():
+  rng = np.random.default_rng(0)
+  # Rows of very different magnitudes, a zero row, and weights with small and large blocks.
+  x = rng.standard_normal((M, K)).astype(np.float32) * np.exp(2 * rng.standard_normal((M, 1)))
+  x[3] = 0.0
+  x[5, :128] *= 1e-6
+  w = (rng.standard_normal((K, N)) * 0.05).astype(np.float32)
+  w[128:256, :128] *= 1e4
+  return to_bf16(x), w
+
+
+_fprop = jax.jit(lambda x, w: fp8_fprop(x, *quantize_weight(w, G)[:2], G))
+
+
+def test_exact_gemm_equals_the_float64_blockwise_reference(xw):
+  x, w = xw
+  y = np.asarray(_fprop(jnp.asarray(x, jnp.bfloat16), w))
+  ref = ref_exact_gemm(x, w)
+  assert y.dtype == np.float32
+  np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))
+  # linear() under the recipe: the same values rounded to bf16, in training and in rollout.
+  want = ref.astype(ml_dtypes.bfloat16).view(np.uint16)
+  for prec in (EXACT.train, EXACT.rollout):
+    got = np.asarray(jax.jit(lambda a, b: linear(a, b, prec))(x, w))
+    np.testing.assert_array_equal(got.view(np.uint16), want)
+
+
+def test_exact_gemm_is_batch_invariant(xw):
+  x, w = xw
+  rng = np.random.default_rng(1)
+  many = to_bf16(rng.standard_normal((257, K)).astype(np.float32))
+  many[100] = x[7]
+  alone = np.asarray(_fprop(jnp.asarray(x[7:8], jnp.bfloat16), w))
+  inside = np.asarray(_fprop(jnp.asarray(many, jnp.bfloat16), w))[100:101]
+  np.testing.assert_array_equal(alone.view(np.uint32), inside.view(np.uint32))
+  np.testing.assert_array_equal(alone.view(np.uint32), ref_exact_gemm(x[7:8], w).view(np.uint32))
+
+
+def test_exact_sum_does_not_depend_on_the_order():
+  rng = np.random.default_rng(2)
+  terms = rng.standard_normal((4, 1000)) * np.exp(rng.uniform(-30, 30, (4, 1000)))
+  perms = [np.arange(1000)] + [rng.permutation(1000) for _ in range(3)]
+  f = jax.jit(exact_sum)
+  with x64():
+    sums = [np.asarray(f(jnp.asarray(terms[:, p]))) for p in perms]
+    rows = [float(f(jnp.asarray(terms[i:i + 1, ::-1]))[0]) for i in range(4)]
+  for s in sums[1:]:
+    np.testing.assert_array_equal(s, sums[0])
+  np.testing.assert_array_equal(np.asarray(rows), sums[0])   # one row alone, reversed
+  for i in range(4):
+    ref = math.fsum(terms[i])
+    assert abs(sums[0][i] - ref) <= 2.0 ** -40 * np.abs(terms[i]).max(), (sums[0][i], ref)
+
+
+def test_exp64_and_log64_match_float64_references():
+  rng = np.random.default_rng(3)
+  x = np.concatenate([rng.uniform(-50, 0, 3000), rng.uniform(-700, 700, 1000),
+                      [0.0, -1e-300, 1e-12, -745.0]])
+  y = np.concatenate([np.exp(rng.uniform(-700, 700, 3000)), [1.0, 2.0, 0.5, 2.3e-308]])
+  with x64():
+    e = np.asarray(jax.jit(exp64)(jnp.asarray(x)))
+    lg = np.asarray(jax.jit(log64)(jnp.asarray(y)))
+    special = np.asarray(jax.jit(log64)(jnp.asarray([0.0, -1.0, np.inf, np.nan])))
+  ok = x > -700
+  np.testing.assert_allclose(e[ok], np.exp(x[ok]), rtol=4e-16, atol=0)
+  assert (e[~ok] == 0).all() and e[x == 0.0] == 1.0
+  np.testing.assert_allclose(lg, np.log(y), rtol=4e-16, atol=1e-300)
+  assert special[0] == -np.inf and np.isnan(special[1]) and special[2] == np.inf
+  assert np.isnan(special[3])
+  with x64():  # the same values whatever the array's shape (vector or scalar code paths)
+    for n in (1, 3, 7, 17):
+      np.testing.assert_array_equal(np.asarray(jax.jit(exp64)(jnp.asarray(x[:n]))), e[:n])
+
+
+def test_recipe():
+  assert "jet_exact" in RECIPES
+  r = EXACT
+  assert r.unified and r.train.batch_invariant and r.rollout.batch_invariant
+  assert r.rollout.fprop is r.train.fprop and r.rollout.dgrad is None
+  assert dataclasses.replace(get_recipe("jet").train, batch_invariant=True) == r.train
+  assert not get_recipe("jet").train.batch_invariant
+  assert get_recipe("jet_exact", grad_fmt="e5m2").train.dgrad.grad_fmt == "e5m2"
+  hash(r.train), hash(r.rollout)
+
+
+@pytest.mark.parametrize("fprop,match", [
+    (None, "no fprop"), (Fp8Gemm(scaling="tensor"), "scaling='tensor'"),
+    (Fp8Gemm(fmt="e5m2"), "fmt='e5m2'"), (Fp8Gemm(block=256), "block=256")])
+def test_batch_invariant_needs_an_exact_fprop(fprop, match):
+  with pytest.raises(ValueError, match=match):
+    Precision("bfloat16", fprop=fprop, batch_invariant=True)

@@ -1,0 +1,154 @@
+"""`jet_exact`: the sampler's recorded log-probs equal the training forward's bit for bit.
+
+Compared with max |delta| == 0.0 on a random and on a briefly SFT-trained tiny model, against
+`token_logprobs` on the rollout batch, on every row alone with another left padding, and in
+the update step's pre-update forward of a short RL run; varied: batch size, samples per
+prompt, prompt lengths and padding, temperature (greedy too), log-prob chunk size, position
+in the sequence. `jet`, the same comparison, is close but not exact. (Host devices of a data
+mesh: tests/parallel/_multi_device_cases.py.)
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jetrl.data import char_tokenizer, get_task
+from jetrl.models import token_logprobs
+from jetrl.precision import get_recipe
+from jetrl.rl import (UpdateConfig, group_advantages, init_train_state, make_train_batch,
+                      policy_logprobs, update_step)
+from jetrl.sampling import SamplingConfig, sample
+from jetrl.train import setup
+from jetrl.train.sft import _solution_batch, sft_step
+
+EXACT, JET = get_recipe("jet_exact"), get_recipe("jet")
+TOK = char_tokenizer()
+IDS = setup.token_ids(TOK)
+TASK = get_task("addition", difficulty=1, length=2, seed=0)
+MAX_NEW = 40
+WIDTH = 63  # inputs of a re-padded row: any prompt + completion here fits
+# A: 4 prompts x 2 samples, temperature 0.8. B: 8 prompts of 5, 7 and 9 tokens x 1 sample,
+# greedy. Both 8 rows of prompt width 16 (one compiled training forward for both).
+SC_A = SamplingConfig(max_new_tokens=MAX_NEW, temperature=0.8, n=2, stop_ids=(IDS.eos,),
+                      pad_id=IDS.pad, prompt_len=16)
+SC_B = SamplingConfig(max_new_tokens=MAX_NEW, temperature=0.0, n=1, stop_ids=(IDS.eos,),
+                      pad_id=IDS.pad, prompt_len=16)
+
+# Temperature is traced: one compiled training forward serves every temperature.
+_lp = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "chunk_size"))
+_lp_row = jax.jit(token_logprobs, static_argnames=("config", "precision", "chunk_size"))
+
+
+def _prompts(which):
+  if which == "A":
+    return TASK.batch("train", 0, 4)
+  return [get_task("addition", difficulty=1, length=n, seed=0).batch("test", i, 1)[0]
+          for i, n in enumerate((1, 3, 2, 3, 1, 2, 2, 3))]
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg, params = setup.make_model("tiny", 2, TOK, 0, 64)
+  # Sharpen the random model a little so sampled tokens are not uniform noise.
+  return cfg, jax.tree_util.tree_map(lambda a: a * 3.0 if a.ndim >= 2 else a, params)
+
+
+@pytest.fixture(scope="module")
+def sft_params(model):
+  """The random model after 30 supervised steps on gold solutions (bf16)."""
+  cfg, params = model
+  opt = optax.adam(3e-3)
+  params = jax.tree_util.tree_map(jnp.array, params)
+  state, losses = opt.init(params), []
+  for step in range(30):
+    batch = _solution_batch(TOK, TASK.batch("train", 100 + 16 * step, 16), 16, MAX_NEW)
+    params, state, loss, _ = sft_step(params, state, batch, model_config=cfg,
+                                      precision=get_recipe("bf16").train, opt=opt)
+    losses.append(float(loss))
+  assert losses[-1] < 0.5 * losses[0], losses
+  return params
+
+
+def _rollout(cfg, params, which, recipe, seed=0):
+  problems = _prompts(which)
+  prompts = [setup.encode_prompt(TOK, p.prompt) for p in problems]
+  sc = SC_A if which == "A" else SC_B
+  out = sample(params, cfg, prompts, jax.random.PRNGKey(seed), sc, recipe.rollout)
+  return problems, sc, jax.tree_util.tree_map(np.asarray, out)
+
+
+def _batch(out, adv=None):
+  return make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
+                          out.logprobs, np.zeros(len(out.tokens)) if adv is None else adv)
+
+
+def _diffs(cfg, params, out, temperature, recipe):
+  """max |rollout - training forward| over the generated tokens: on the whole batch (chunks
+  of 16 positions), and each row alone, shifted right by a random padding, one 64 chunk."""
+  m = out.mask
+  lp, _ = _lp(params, model_config=cfg, batch=_batch(out), precision=recipe.train,
+              temperature=temperature, chunk_size=16)
+  whole = np.abs(np.asarray(lp) - out.logprobs)[m].max()
+  rng = np.random.default_rng(0)
+  alone = 0.0
+  for r in range(len(out.tokens)):
+    n = int(out.lengths[r])
+    seq = np.concatenate([out.prompt_tokens[r][out.prompt_mask[r]], out.tokens[r, :n]])
+    pad = int(rng.integers(0, WIDTH + 1 - len(seq) + 1))
+    row = np.full(WIDTH + 1, IDS.pad, np.int32)
+    row[pad:pad + len(seq)] = seq
+    mask = np.zeros(WIDTH + 1, bool)
+    mask[pad:pad + len(seq)] = True
+    pos = np.maximum(np.cumsum(mask) - 1, 0)
+    lp1, _ = _lp_row(params, cfg, row[None, :-1], row[None, 1:], precision=recipe.train,
+                     positions=pos[None, :-1], attention_mask=mask[None, :-1],
+                     temperature=temperature, chunk_size=64)
+    got = np.asarray(lp1)[0, pad + len(seq) - n - 1:pad + len(seq) - 1]
+    alone = max(alone, float(np.abs(got - out.logprobs[r, :n]).max()))
+  return float(whole), alone
+
+
+@pytest.mark.parametrize("which", ["A", "B"])
+@pytest.mark.parametrize("trained", [False, True], ids=["random", "sft"])
+def test_rollout_logprobs_equal_the_training_forward_bitwise(model, sft_params, which,
+                                                            trained):
+  cfg, params = model
+  params = sft_params if trained else params
+  _, sc, out = _rollout(cfg, params, which, EXACT)
+  assert out.mask.sum() >= 40
+  whole, alone = _diffs(cfg, params, out, np.float32(sc.temperature or 1.0), EXACT)
+  assert whole == 0.0 and alone == 0.0, (whole, alone)
+
+
+def test_jet_is_close_but_not_bitwise(model):
+  cfg, params = model
+  _, sc, out = _rollout(cfg, params, "A", JET)
+  lp, _ = _lp(params, model_config=cfg, batch=_batch(out), precision=JET.train,
+              temperature=np.float32(sc.temperature), chunk_size=16)
+  d = np.abs(np.asarray(lp) - out.logprobs)[out.mask]
+  print(f"jet: max |dlogp| {d.max():.3g}, mean {d.mean():.3g} over {d.size} tokens")
+  assert 0.0 < d.max() < 1.0 and d.mean() < 0.05
+
+
+def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
+  """Sample, reward, update (the pre-update forward in micro-batches of half the rows), three
+  times: the agreement metrics are exactly zero and the first PPO ratio exactly one."""
+  cfg, _ = model
+  ucfg = UpdateConfig(loss="grpo", lr=1e-3, temperature=SC_A.temperature, micro_batches=2,
+                      chunk_size=16)
+  state = init_train_state(sft_params, ucfg)
+  before = np.asarray(state.params["embed"]).copy()
+  for step in range(3):
+    problems, sc, out = _rollout(cfg, state.params, "A", EXACT, seed=step)
+    _, rewards = setup.completions_and_rewards(TASK, TOK, problems, out, sc.n)
+    adv = group_advantages(jnp.asarray(rewards) + 0.1 * np.arange(len(rewards)), sc.n)
+    state, m = update_step(state, _batch(out, adv), jax.random.PRNGKey(step), model_config=cfg,
+                           cfg=ucfg, precision=EXACT.train)
+    agree = {k: float(v) for k, v in m.items() if k.startswith("agree/") and np.ndim(v) == 0}
+    assert agree["agree/n_tokens"] > 20, agree
+    assert agree["agree/abs_diff_max"] == 0.0 and agree["agree/abs_diff_mean"] == 0.0, agree
+    assert agree["agree/kl_k3"] == 0.0 and agree["agree/prob_ratio_error"] == 1.0, agree
+    assert float(m["ratio_mean"]) == 1.0 and float(m["skipped_updates"]) == 0
+  assert np.abs(np.asarray(state.params["embed"]) - before).max() > 0  # it did train
