@@ -64,7 +64,7 @@ def sft_params(model):
   state, losses = opt.init(params), []
   for step in range(30):
     batch = _solution_batch(TOK, TASK.batch("train", 100 + 16 * step, 16), 16, MAX_NEW)
-    params, state, loss, _ = sft_step(params, state, batch, model_config=cfg,
+    params, state, loss, _, _ = sft_step(params, state, batch, model_config=cfg,
                                       precision=get_recipe("bf16").train, opt=opt)
     losses.append(float(loss))
   assert losses[-1] < 0.5 * losses[0], losses
