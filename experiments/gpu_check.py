@@ -17,6 +17,7 @@ out of time is stopped and reported as such, and the rest still runs.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shlex
 import subprocess
@@ -105,10 +106,13 @@ def pytest_summary(log: Path) -> dict:
   lines = log.read_text(errors="replace").splitlines()
   counts = next((l.strip("= ") for l in reversed(lines)
                  if (" passed" in l or " failed" in l) and (" in " in l)), "")
-  failed = [l.split(" ")[1] for l in lines if l.startswith(("FAILED ", "ERROR "))]
-  # -v progress lines ("path::test FAILED"), for a run stopped before its summary.
-  failed += [l.split(" ")[0] for l in lines if l.rstrip().endswith((" FAILED", " ERROR"))
-             and "::" in l and l.split(" ")[0] not in failed]
+  # Summary lines ("FAILED path::test - msg"), -v progress lines ("path::test FAILED") and
+  # xdist's ("[gw0] [ 12%] FAILED path::test"): a run stopped before its summary still names them.
+  failed = []
+  for l in lines:
+    m = re.search(r"\b(?:FAILED|ERROR) (\S+::\S+)", l) or re.search(r"^(\S+::\S+) (?:FAILED|ERROR)", l)
+    if m and m.group(1) not in failed:
+      failed.append(m.group(1))
   return dict(counts=counts, failed=failed)
 
 
