@@ -37,9 +37,9 @@ flags.DEFINE_float("peers_share", 0.15, "Share of the budget for the peers.")
 flags.DEFINE_string("bench_flags", "", "Extra flags for bench_device.py (space separated).")
 flags.DEFINE_string("peers_ms", "4096,16384,64", "Token counts M of the peers' GEMMs.")
 flags.DEFINE_string("peers_sections", "gemm,generate", "Peers' parts.")
-flags.DEFINE_string("pytest_args", "-m 'not slow' -v tests/precision tests/models tests/sampling "
-                    "tests/rl tests/parallel tests/train tests/data tests/test_notebooks.py",
-                    "What pytest runs (shell words).")
+flags.DEFINE_string("pytest_args", "-n 12 -v -m 'not slow' tests",
+                    "What pytest runs (shell words; keep -v, so that failures are named as they "
+                    "happen; -n needs pytest-xdist, which the GPU image has).")
 flags.DEFINE_integer("test_timeout_s", 150, "Per-test time limit (pytest-timeout, if present).")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +209,8 @@ def main(argv):
       result["parts"].append(run_part("peers", cmd, limit, out, _env()))
     elif part == "tests":
       limit = left() - 5 if i == n_parts - 1 else left() / (n_parts - i)
-      cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+      # -v (not -q): a run stopped at its limit still names each failed test in its log.
+      cmd = [sys.executable, "-m", "pytest", "-rfE", "-p", "no:cacheprovider"]
       try:
         import pytest_timeout  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
         cmd.append(f"--timeout={FLAGS.test_timeout_s}")
