@@ -103,12 +103,12 @@ def pytest_summary(log: Path) -> dict:
   if not log.exists():
     return {}
   lines = log.read_text(errors="replace").splitlines()
-  counts = next((l.strip("= ") for l in reversed(lines)
-                 if (" passed" in l or " failed" in l) and (" in " in l)), "")
-  failed = [l.split(" ")[1] for l in lines if l.startswith(("FAILED ", "ERROR "))]
+  counts = next((ln.strip("= ") for ln in reversed(lines)
+                 if (" passed" in ln or " failed" in ln) and (" in " in ln)), "")
+  failed = [ln.split(" ")[1] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
   # -v progress lines ("path::test FAILED"), for a run stopped before its summary.
-  failed += [l.split(" ")[0] for l in lines if l.rstrip().endswith((" FAILED", " ERROR"))
-             and "::" in l and l.split(" ")[0] not in failed]
+  failed += [ln.split(" ")[0] for ln in lines if ln.rstrip().endswith((" FAILED", " ERROR"))
+             and "::" in ln and ln.split(" ")[0] not in failed]
   return dict(counts=counts, failed=failed)
 
 
