@@ -95,5 +95,5 @@ def test_run_plots(tmp_path, monkeypatch):
   assert figures["agreement.png"].axes[0].get_yscale() == "log"  # 1e-5 .. 0.2
   time_ax = figures["time.png"].axes[0]
   assert time_ax.get_ylim()[1] == pytest.approx(1.3 * 2.1)  # the 61 s step is clipped ...
-  assert any(t.get_text() == "61s" for t in time_ax.texts)  # ... and its height printed
+  assert any(t.get_text() == "61s (clipped)" for t in time_ax.texts)  # ... its height printed
   assert "includes compilation" in [t.get_text() for t in time_ax.get_legend().get_texts()]

@@ -150,7 +150,16 @@ def _time_plot(plt, recs: list[dict], path: str) -> str:
       top = 1.3 * steady.max()
       ax.set_ylim(0, top)
       for s, t in zip(steps[compiled], total[compiled]):
-        ax.text(s, 0.97 * top, f"{t:.0f}s", ha="center", va="top", fontsize=7)
+        ax.annotate(
+          f"{t:.0f}s (clipped)",
+          xy=(s, top),
+          xytext=(3, 2),
+          textcoords="offset points",
+          ha="left",
+          va="bottom",
+          fontsize=7,
+          annotation_clip=False,
+        )
   ax.set_xlabel("RL step"), ax.set_ylabel("seconds"), ax.set_title("Time per step")
   legend_outside(ax)
   return save(fig, path)
