@@ -237,7 +237,7 @@ def _run(cfg: TrainConfig, log) -> dict:
   eval_hook = EvalHook(evaluate, eval_writer, cfg.eval.every, cfg.eval.size, log)
   plot_hook = PlotHook(lambda: write_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
-    MetricsHook(writer, Progress(cfg.steps, start), cfg.logging.every, console_fields),
+    MetricsHook(writer, Progress(cfg.steps, start, write=log), cfg.logging.every, console_fields),
     SkipHook(
       SkipTracker(
         cfg.max_skipped_steps,

@@ -206,7 +206,7 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
   hooks = [
     MetricsHook(
       MetricWriter(cfg.workdir, "sft_metrics", tb),
-      Progress(cfg.steps, start),
+      Progress(cfg.steps, start, write=log),
       cfg.logging.every,
       lambda r: ({"loss": float(r["loss"])}, None),
     ),

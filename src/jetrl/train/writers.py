@@ -122,12 +122,14 @@ class Progress:
   compiles) times the steps left; until a second step has run it says so instead."""
 
   def __init__(self, total: int, start: int = 0, stream=None,
-               clock: Callable[[], float] = time.monotonic):
+               clock: Callable[[], float] = time.monotonic,
+               write: Optional[Callable[[str], None]] = None):
     self.total, self.start = total, start
     self.clock = clock
     self.t0 = clock()
     self.first: Optional[tuple[int, float]] = None  # (step, time) at the end of the first step
     self.stream = stream or sys.stdout
+    self.write = write  # a run's `log` (None: print to `stream`)
 
   def eta(self, step: int) -> Optional[float]:
     """Seconds left after `step`, or None while only the compiling step has run."""
@@ -152,4 +154,7 @@ class Progress:
     line = f"[{bar}] step {step}/{self.total} {parts} | {elapsed:.0f}s elapsed, {when}"
     if extra:
       line += f" | {extra}"
-    print(line, file=self.stream, flush=True)
+    if self.write is not None:
+      self.write(line)
+    else:
+      print(line, file=self.stream, flush=True)
