@@ -64,7 +64,7 @@ class FlagError(ConfigError):
 def field(
   default: Any = dataclasses.MISSING,
   help: str = "",
-  *,  # noqa: A002 (absl's name)
+  *,
   choices: Optional[tuple] = None,
   lo: Optional[float] = None,
   hi: Optional[float] = None,
@@ -88,7 +88,7 @@ def field(
   return dataclasses.field(default=default, metadata=metadata)
 
 
-def node(default: Any, help: str = "") -> Any:  # noqa: A002
+def node(default: Any, help: str = "") -> Any:
   """A nested sub-config; `default` is an instance (frozen, so it can be shared) or a class."""
   factory = default if isinstance(default, type) else (lambda: default)
   return dataclasses.field(default_factory=factory, metadata={"help": help, "flag": True})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -89,7 +89,7 @@ def main(
   *,
   doc: str,
   exclude: Sequence[str] = (),
-  renamed: Mapping[str, str] = {},  # noqa: B006 (read only)
+  renamed: Optional[Mapping[str, str]] = None,
   errors: tuple[type, ...] = (),
 ) -> None:
   """Run an entry point: flags from `default`'s tree, then `run_fn(config)`.
@@ -100,7 +100,7 @@ def main(
   if any(a in HELP_ARGS for a in sys.argv[1:]):
     print(usage(default, doc, exclude))
     sys.exit(0)
-  check_renamed(sys.argv, renamed)
+  check_renamed(sys.argv, renamed or {})
 
   def _main(argv):
     if len(argv) > 1:

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Optional
 
-from jetrl.config import INT_MAX, SEED_MAX, FlagError, check_float, check_int  # noqa: F401
+from jetrl.config import FlagError
 
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
