@@ -531,7 +531,7 @@ def run_update(model: str, rows_n: int, prompt_len: int, completion_len: int, in
                recipes=("bf16", "jet")):
   try:
     from jetrl.rl import UpdateConfig, init_train_state, update_step  # pylint: disable=import-outside-toplevel
-    from jetrl.rl.update import resolve_remat  # pylint: disable=import-outside-toplevel
+    from jetrl.rl.remat import resolve_remat  # pylint: disable=import-outside-toplevel
     cfg, params = _model(model, jnp.float32)
     batch = _update_batch(cfg, rows_n, prompt_len, completion_len)
     ucfg = UpdateConfig()
@@ -715,7 +715,7 @@ def main(argv):
         agree = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
       result.setdefault("kernel_agreement", []).append(agree)
       print(f"  kernel vs XLA path (jet GEMMs, float32 between operators): {agree}")
-    print(f"\n(a) GEMMs: TFLOP/s, microseconds, speed-up over bf16 (train_jet: over train_bf16)")
+    print("\n(a) GEMMs: TFLOP/s, microseconds, speed-up over bf16 (train_jet: over train_bf16)")
     print(gemm_header())
     result["gemm"] = run_gemms(prefill + decode, models, interpret,
                                1 if smoke else FLAGS.repeats, decode_ms=decode)

@@ -24,7 +24,7 @@ import numpy as np
 
 from jetrl.models import get_config, init_params
 from jetrl.precision import RECIPES, get_recipe
-from jetrl.rl import UpdateConfig, init_train_state, make_train_batch, update_step
+from jetrl.rl import OptimizerConfig, UpdateConfig, init_train_state, make_train_batch, update_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "tiny", "Model preset (random weights).")
@@ -55,16 +55,17 @@ def main(argv):
       rng.integers(3, cfg.vocab_size, (r, p)).astype(np.int32), np.ones((r, p), bool),
       rng.integers(3, cfg.vocab_size, (r, t)).astype(np.int32), np.ones((r, t), bool),
       np.full((r, t), -4.0, np.float32), rng.standard_normal(r).astype(np.float32))
-  ucfg = UpdateConfig(loss="grpo", lr=1e-5, micro_batches=FLAGS.micro_batches)
+  ucfg = UpdateConfig(loss="grpo", micro_batches=FLAGS.micro_batches)
+  opt = OptimizerConfig(lr=1e-5)
   rows = []
   for name in FLAGS.recipes:
     prec = get_recipe(name).train
-    state = init_train_state(params, ucfg)
+    state = init_train_state(params, ucfg, opt)
     times = []
     for i in range(FLAGS.repeats + 1):
       t0 = time.perf_counter()
       state, _ = update_step(state, batch, jax.random.PRNGKey(i), model_config=cfg, cfg=ucfg,
-                             precision=prec)
+                             optimizer=opt, precision=prec)
       jax.block_until_ready(state.params)
       if i:  # the first call compiles
         times.append(time.perf_counter() - t0)

@@ -4,8 +4,9 @@ the unified FP8 flow (`jet`), and print the held-out greedy accuracy before and 
   python experiments/demo.py                       # the default, a few minutes on 2 CPU cores
   python experiments/demo.py --rl_steps=80 --workdir=runs/demo_long
 
-It is a thin wrapper over experiments/sft.py and experiments/train.py (same library calls);
-the workdir is cleared first unless --keep.
+It is a thin wrapper over experiments/sft.py and experiments/train.py (same library calls; the
+configs are those of experiments/configs/addition_sft.py and addition_jet.py); the workdir is
+cleared first unless --keep.
 """
 
 from __future__ import annotations
@@ -16,7 +17,18 @@ import time
 
 from absl import app, flags
 
-from jetrl.train import SFTConfig, TrainConfig, run, run_sft
+from jetrl.rl import OptimizerConfig
+from jetrl.sampling import SamplingConfig
+from jetrl.train import (
+  CheckpointConfig,
+  EvalConfig,
+  SFTConfig,
+  TaskConfig,
+  TrainConfig,
+  run,
+  run_sft,
+)
+from jetrl.train.cli import quiet_third_party_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/demo", "Output directory (cleared first unless --keep).")
@@ -36,25 +48,46 @@ flags.DEFINE_integer("seed", 0, "Random seed.")
 
 def main(argv):
   del argv
+  quiet_third_party_logs()
   if os.path.isdir(FLAGS.workdir) and not FLAGS.keep:
     shutil.rmtree(FLAGS.workdir)
   t0 = time.time()
   sft_dir, rl_dir = os.path.join(FLAGS.workdir, "sft"), os.path.join(FLAGS.workdir, "rl")
-  task = dict(task=FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length)
+  task = TaskConfig(name=FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length)
   print(f"== 1/2 supervised warm start: {FLAGS.sft_steps} steps on {FLAGS.task} gold solutions")
-  run_sft(SFTConfig(**task, steps=FLAGS.sft_steps, max_new_tokens=FLAGS.max_new_tokens,
-                    eval_size=FLAGS.eval_size, seed=FLAGS.seed, workdir=sft_dir))
+  run_sft(
+    SFTConfig(
+      task=task,
+      steps=FLAGS.sft_steps,
+      max_new_tokens=FLAGS.max_new_tokens,
+      eval=EvalConfig(every=None, size=FLAGS.eval_size),
+      seed=FLAGS.seed,
+      workdir=sft_dir,
+    )
+  )
   print(f"== 2/2 GRPO under recipe {FLAGS.recipe!r}: {FLAGS.rl_steps} steps")
-  summary = run(TrainConfig(
-      **task, recipe=FLAGS.recipe, init_from=sft_dir, steps=FLAGS.rl_steps,
-      max_new_tokens=FLAGS.max_new_tokens, lr=FLAGS.lr, warmup_steps=5,
-      temperature=FLAGS.temperature, eval_every=max(FLAGS.rl_steps // 4, 1),
-      eval_size=FLAGS.eval_size, ckpt_every=max(FLAGS.rl_steps // 2, 1), seed=FLAGS.seed,
-      workdir=rl_dir))
+  summary = run(
+    TrainConfig(
+      task=task,
+      recipe=FLAGS.recipe,
+      init_from=sft_dir,
+      steps=FLAGS.rl_steps,
+      seed=FLAGS.seed,
+      sampling=SamplingConfig(
+        max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature, n=8
+      ),
+      optimizer=OptimizerConfig(lr=FLAGS.lr, warmup_steps=5),
+      eval=EvalConfig(every=max(FLAGS.rl_steps // 4, 1), size=FLAGS.eval_size),
+      checkpoint=CheckpointConfig(every=max(FLAGS.rl_steps // 2, 1)),
+      workdir=rl_dir,
+    )
+  )
   before, after = summary["eval_before"], summary["eval_after"]
   print()
-  print(f"held-out greedy accuracy ({FLAGS.eval_size} problems): before RL {before:.3f}, "
-        f"after RL {after:.3f} ({100 * (after - before):+.1f} points)")
+  print(
+    f"held-out greedy accuracy ({FLAGS.eval_size} problems): before RL {before:.3f}, "
+    f"after RL {after:.3f} ({100 * (after - before):+.1f} points)"
+  )
   print(f"metrics: {os.path.join(rl_dir, 'metrics.jsonl')}")
   print("plots:   " + "\n         ".join(summary.get("plots", [])))
   print(f"total {time.time() - t0:.0f}s")

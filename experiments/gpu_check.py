@@ -104,13 +104,14 @@ def pytest_summary(log: Path) -> dict:
   if not log.exists():
     return {}
   lines = log.read_text(errors="replace").splitlines()
-  counts = next((l.strip("= ") for l in reversed(lines)
-                 if (" passed" in l or " failed" in l) and (" in " in l)), "")
+  counts = next((ln.strip("= ") for ln in reversed(lines)
+                 if (" passed" in ln or " failed" in ln) and (" in " in ln)), "")
   # Summary lines ("FAILED path::test - msg"), -v progress lines ("path::test FAILED") and
   # xdist's ("[gw0] [ 12%] FAILED path::test"): a run stopped before its summary still names them.
   failed = []
-  for l in lines:
-    m = re.search(r"\b(?:FAILED|ERROR) (\S+::\S+)", l) or re.search(r"^(\S+::\S+) (?:FAILED|ERROR)", l)
+  for ln in lines:
+    m = (re.search(r"\b(?:FAILED|ERROR) (\S+::\S+)", ln)
+         or re.search(r"^(\S+::\S+) (?:FAILED|ERROR)", ln))
     if m and m.group(1) not in failed:
       failed.append(m.group(1))
   return dict(counts=counts, failed=failed)

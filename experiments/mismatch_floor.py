@@ -22,7 +22,7 @@ import numpy as np
 from jetrl.precision import RECIPES, get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.sampling import SamplingConfig, sample
-from jetrl.train import setup
+from jetrl.train import ModelSpec, TaskConfig, setup
 from jetrl.train.checkpoint import load_params_from
 
 FLAGS = flags.FLAGS
@@ -48,13 +48,14 @@ def main(argv):
   rows = FLAGS.prompts * FLAGS.group_size
   if rows % FLAGS.chunk_rows:
     raise app.UsageError(f"--chunk_rows must divide prompts x group_size = {rows}")
-  task = setup.make_task(FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length,
-                         data_path="", seed=FLAGS.seed)
-  tok = setup.make_tokenizer(FLAGS.model, FLAGS.task)
+  task_cfg = TaskConfig(name=FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length)
+  model = ModelSpec(name=FLAGS.model)
+  task = setup.make_task(task_cfg, seed=FLAGS.seed)
+  tok = setup.make_tokenizer(model, task_cfg)
   problems = task.batch("train", 0, FLAGS.prompts)
   prompts = [setup.encode_prompt(tok, p.prompt) for p in problems]
   width = setup.prompt_width(prompts)
-  mcfg, params = setup.make_model(FLAGS.model, 0, tok, FLAGS.seed, width + FLAGS.max_new_tokens)
+  mcfg, params = setup.make_model(model, tok, FLAGS.seed, width + FLAGS.max_new_tokens)
   if FLAGS.init_from:
     params = load_params_from(FLAGS.init_from, params)
   ids = setup.token_ids(tok)
@@ -64,7 +65,7 @@ def main(argv):
   for name in FLAGS.recipes:
     r = get_recipe(name)
     sc = SamplingConfig(max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                        n=FLAGS.group_size, stop_ids=(ids.eos,), pad_id=ids.pad, prompt_len=width)
+                        n=FLAGS.group_size, stop_ids=ids.stop, pad_id=ids.pad, prompt_len=width)
     out = sample(params, mcfg, prompts, jax.random.PRNGKey(FLAGS.seed), sc, r.rollout)
     batch = make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
                              out.logprobs, jnp.zeros(rows))

@@ -1,40 +1,36 @@
-"""RL training run: `python experiments/train.py --workdir=runs/jet --recipe=jet ...`.
+"""RL training run: GRPO / DAPO / Dr.GRPO under a precision recipe, from a preset or a checkpoint.
 
-Every flag is a field of jetrl.train.TrainConfig (see `--helpfull`). Metrics go to
-<workdir>/metrics.jsonl (+ eval.jsonl, TensorBoard under tb/, PNG plots under plots/).
-Rerunning the same command resumes from the latest checkpoint in the workdir.
+  python experiments/train.py --workdir=runs/jet --recipe=jet --init_from=runs/sft \
+      --task.name=addition --task.length=3 --sampling.temperature=0.7 --optimizer.lr=3e-5
+  python experiments/train.py --config=experiments/configs/addition_jet.py --workdir=runs/jet
+
+Every flag is a field of jetrl.train.TrainConfig, named by its path in the configuration
+(--optimizer.lr, --sampling.n, --update.loss, ...); --config=FILE reads a whole configuration
+(a Python file with get_config(), or JSON / YAML such as a run's config.json) and the flags
+given override it. Metrics go to <workdir>/metrics.jsonl (+ eval.jsonl, TensorBoard under tb/,
+PNG plots under plots/). Rerunning the same command resumes from the latest checkpoint.
 """
-
-import sys
-
-from absl import app, flags
 
 from jetrl.train import TrainConfig, run
 from jetrl.train.checkpoint import CheckpointError
-from jetrl.train.flags import config_from_flags, define_flags
+from jetrl.train.cli import main
+from jetrl.train.config import RENAMED_FLAGS
 from jetrl.train.skips import SkippedUpdatesError
-from jetrl.train.validation import FlagError
-
-define_flags(TrainConfig)
-FLAGS = flags.FLAGS
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    cfg = config_from_flags(TrainConfig).validate()
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
-  try:
-    summary = run(cfg)
-  except FlagError as e:  # found at start-up (devices, memory, workdir, checkpoint flags)
-    raise app.UsageError(str(e)) from None
-  except (SkippedUpdatesError, CheckpointError) as e:
-    sys.exit(f"error: {e}")
-  print(f"done: held-out greedy accuracy {summary['eval_before']} -> {summary['eval_after']}; "
-        f"plots: {', '.join(summary.get('plots', []))}")
+def train(cfg: TrainConfig) -> None:
+  summary = run(cfg)
+  print(
+    f"done: held-out greedy accuracy {summary['eval_before']} -> {summary['eval_after']}; "
+    f"plots: {', '.join(summary.get('plots', []))}"
+  )
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(
+    TrainConfig(),
+    train,
+    doc=__doc__,
+    renamed=RENAMED_FLAGS,
+    errors=(SkippedUpdatesError, CheckpointError),
+  )

@@ -31,9 +31,10 @@ SMALLEST = {
         "                 temperature=0.7, eval_size=4)\n"),
     "precision_study.ipynb": (
         "SMALL = True\n"
-        "OVERRIDES = dict(recipes=('fp8_rollout', 'jet'), lengths=(1,), seeds=(0,), n_layers=1,\n"
-        "                 token_margin=2, steps=2, prompts_per_step=2, group_size=2,\n"
-        "                 eval_every=0, eval_size=4, sft_steps=10, sft_batch_size=8)\n"
+        "OVERRIDES = dict(recipes=('fp8_rollout', 'jet'), lengths=(1,), seeds=(0,),\n"
+        "                 token_margin=2, steps=2, prompts_per_step=2, model={'n_layers': 1},\n"
+        "                 sampling={'n': 2}, eval={'every': None, 'size': 4},\n"
+        "                 sft={'steps': 10, 'batch_size': 8})\n"
         "REPORT_DIR = ''\n"),
 }
 

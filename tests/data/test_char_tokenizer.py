@@ -1,39 +1,47 @@
-"""The character tokenizer: ids, round trips, specials, unknown characters, tokenizer.json."""
+"""The character tokenizer: ids, round trips, specials, unknown characters, tokenizer.json, and
+the tokenizer interface it shares with `tokenizers` / `transformers` tokenizers."""
 
 import json
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jetrl.data import ALPHABET, CharTokenizer, char_tokenizer, get_task
+from jetrl.data import ALPHABET, CharTokenizer, Tokenizer, char_tokenizer, get_task, stop_token_ids
 
 TOK = char_tokenizer()
 texts = st.text(alphabet=ALPHABET, max_size=300)
 
 
+def bare(text):
+  return TOK.encode(text, add_special_tokens=False)
+
+
 def test_specials_and_size():
-  assert (TOK.pad_id, TOK.bos_id, TOK.eos_id) == (0, 1, 2)
-  assert TOK.vocab_size == len(ALPHABET) + 3 <= 128
-  # Written out by hand: the documented id layout.
-  assert TOK.encode("\n 09+az") == [3, 4, 5, 14, 15, 27, 52]
-  assert len(set(TOK.encode(ALPHABET))) == len(ALPHABET)
-  assert sorted(TOK.encode(ALPHABET)) == list(range(3, TOK.vocab_size))
+  assert (TOK.pad_token_id, TOK.bos_token_id, TOK.eos_token_id) == (0, 1, 2)
+  assert TOK.eos_token_ids == (2,) and stop_token_ids(TOK) == (2,)
+  assert TOK.vocab_size == len(TOK) == len(ALPHABET) + 3 <= 128
+  assert isinstance(TOK, Tokenizer)
+  # Written out by hand: the documented id layout; bos first when special tokens are added.
+  assert bare("\n 09+az") == [3, 4, 5, 14, 15, 27, 52]
+  assert TOK.encode("\n 09+az") == [1, 3, 4, 5, 14, 15, 27, 52]
+  assert len(set(bare(ALPHABET))) == len(ALPHABET)
+  assert sorted(bare(ALPHABET)) == list(range(3, TOK.vocab_size))
 
 
 @given(texts)
 def test_round_trip(text):
-  ids = TOK.encode(text)
+  ids = bare(text)
   assert len(ids) == len(text)
   assert all(3 <= i < TOK.vocab_size for i in ids)
   assert TOK.decode(ids) == text
-  assert TOK.decode(TOK.encode(text, add_bos=True, add_eos=True)) == text
+  assert TOK.decode(TOK.encode(text) + [TOK.eos_token_id]) == text
 
 
 @given(texts, texts)
 def test_decode_stops_at_eos_and_drops_pad_bos(a, b):
-  ids = [TOK.bos_id] + TOK.encode(a) + [TOK.pad_id] + [TOK.eos_id] + TOK.encode(b)
+  ids = TOK.encode(a) + [TOK.pad_token_id] + [TOK.eos_token_id] + bare(b)
   assert TOK.decode(ids) == a
-  assert TOK.decode(TOK.encode(a) + [TOK.pad_id] * 5) == a
+  assert TOK.decode(bare(a) + [TOK.pad_token_id] * 5) == a
 
 
 @pytest.mark.parametrize("text", ["A", "1|2", "é", "\t", "٣", "x\u00a0y", "<|eos|>"])
@@ -79,9 +87,9 @@ def test_save_load(tmp_path):
 @given(texts)
 def test_tokenizers_library_agrees(text):
   lib = TOK.to_tokenizers()
-  assert lib.encode(text, add_special_tokens=False).ids == TOK.encode(text)
-  ids = TOK.encode(text)
-  assert lib.decode(ids) == text
+  assert lib.encode(text, add_special_tokens=False).ids == bare(text)
+  assert lib.encode(text).ids == TOK.encode(text)  # bos first, the same way
+  assert lib.decode(bare(text)) == text
 
 
 def test_tokenizers_library_reads_the_file(tmp_path):
@@ -90,7 +98,7 @@ def test_tokenizers_library_reads_the_file(tmp_path):
   text = "sort 52 7\n52>7\n= 7 52\nanswer: 7 52"
   assert lib.encode(text).ids == TOK.encode(text)
   assert lib.get_vocab_size() == TOK.vocab_size
-  assert lib.token_to_id("<|eos|>") == TOK.eos_id
+  assert lib.token_to_id("<|eos|>") == TOK.eos_token_id
   with pytest.raises(Exception):
     lib.encode("A")  # unknown characters are refused there too
 
@@ -100,8 +108,12 @@ def test_transformers_reads_the_file(tmp_path):
   hf = transformers.PreTrainedTokenizerFast(tokenizer_file=TOK.save(tmp_path), pad_token="<|pad|>",
                                             bos_token="<|bos|>", eos_token="<|eos|>")
   text = "123*45\n123*5=615 615\nanswer: 5535"
-  assert hf(text, add_special_tokens=False)["input_ids"] == TOK.encode(text)
+  assert hf(text, add_special_tokens=False)["input_ids"] == bare(text)
+  # The same interface and ids: what the runner uses of a tokenizer.
+  assert isinstance(hf, Tokenizer) and stop_token_ids(hf) == (2,) and len(hf) == len(TOK)
+  assert hf.encode(text) == TOK.encode(text)
   assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (0, 1, 2)
+  assert hf.decode(bare(text)) == TOK.decode(bare(text))
 
 
 @settings(max_examples=60, deadline=None)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from jetrl import models as M
+from jetrl.data import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -94,11 +95,13 @@ def test_special_ids_must_fit_the_model(tmp_path):
   (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [n - 2, n + 7]}))
   config = M.ModelConfig(vocab_size=n + 2, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                          head_dim=16, d_ff=32)
-  with pytest.raises(ValueError, match=f"'eos \\({n + 7}\\)': {n + 7}"):
+  with pytest.raises(ValueError, match=f"does not fit the model: end-of-generation id #1 "
+                                       f"{n + 7} not in \\[0, vocab_size={n + 2}\\)"):
     M.load_tokenizer(str(tmp_path), config=config)
   from jetrl.train import setup
   tok = M.load_tokenizer(str(tmp_path))  # the training path loads it without a config
-  with pytest.raises(ValueError, match=f"--model: .*end-of-generation id #1 {n + 7}"):
+  assert setup.token_ids(tok).stop == (n - 2, n + 7) and isinstance(tok, Tokenizer)
+  with pytest.raises(ValueError, match=f"--model.name: .*end-of-generation id #1 {n + 7}"):
     setup.check_tokenizer(config, tok)
   setup.check_tokenizer(dataclasses.replace(config, vocab_size=n + 8), tok)
 

@@ -28,7 +28,8 @@ import pytest
 from jetrl import parallel
 from jetrl.models import forward, get_config, init_params
 from jetrl.precision import get_recipe
-from jetrl.rl import UpdateConfig, init_train_state, make_train_batch, update_step
+from jetrl.rl import (OptimizerConfig, UpdateConfig, init_train_state, make_train_batch,
+                      update_step)
 from jetrl.sampling import SamplingConfig, sample
 
 assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
@@ -137,13 +138,14 @@ def _batch():
   return make_train_batch(prompt, pmask, toks, mask, lp, adv)
 
 
-UCFG = UpdateConfig(lr=1e-6, micro_batches=1, minibatches=1)
+UCFG = UpdateConfig(micro_batches=1, minibatches=1)
+OPT = OptimizerConfig(lr=1e-6)
 
 
 @pytest.mark.parametrize("mesh_spec", MESHES)
 def test_update_step_matches_one_device(mesh_spec):
   key = jax.random.PRNGKey(7)
-  kw = dict(model_config=CFG, cfg=UCFG, precision=RECIPE.train)
+  kw = dict(model_config=CFG, cfg=UCFG, optimizer=OPT, precision=RECIPE.train)
   if "update" not in _REF:
     st, m = update_step(init_train_state(_params(), UCFG), _batch(), key, **kw)
     _REF["update"] = (jax.tree_util.tree_map(np.asarray, st.params), float(m["loss"]))
@@ -210,21 +212,23 @@ def test_invalid_meshes_are_clear_errors():
 
 def test_runner_with_mesh(tmp_path):
   from jetrl.train import TrainConfig, run
-  cfg = TrainConfig(model="tiny", n_layers=1, task="addition", difficulty=1, length=2, steps=1,
-                    prompts_per_step=4, group_size=2, max_new_tokens=4, eval_every=0,
-                    eval_size=2, ckpt_every=1, tensorboard=False, plots=False, lr=1e-4,
-                    recipe="jet", mesh="data:4,fsdp:2", workdir=str(tmp_path))
+  cfg = TrainConfig(steps=1, prompts_per_step=4, recipe="jet", mesh="data:4,fsdp:2",
+                    workdir=str(tmp_path)).replace(
+      model={"n_layers": 1}, task={"difficulty": 1, "length": 2},
+      sampling={"n": 2, "max_new_tokens": 4}, eval={"every": None, "size": 2},
+      checkpoint={"every": 1}, logging={"tensorboard": False, "plots": False},
+      optimizer={"lr": 1e-4})
   lines = []
   summary = run(cfg, log=lines.append)
   assert summary["skipped_updates"] == 0
-  assert any("mesh data:4,fsdp:2" in l for l in lines), lines
-  assert any("params train -> sample layout" in l for l in lines), lines
+  assert any("mesh data:4,fsdp:2" in line for line in lines), lines
+  assert any("params train -> sample layout" in line for line in lines), lines
   with open(tmp_path / "metrics.jsonl") as f:
     assert '"time/reshard"' in f.read()
   # The finished run, resumed under another mesh: its checkpoint restores into data:8.
   lines.clear()
   run(cfg.replace(mesh="data:8"), log=lines.append)
-  assert any("resumed" in l for l in lines), lines
+  assert any("resumed" in line for line in lines), lines
 
 
 def test_exact_recipe_sampler_on_a_data_mesh_equals_one_device_training_forward():

@@ -1,4 +1,4 @@
-"""Independent numpy references for the FP8 numerics (DESIGN.md, "FP8 numerics").
+"""Independent numpy references for the FP8 numerics (docs/numerics.md).
 
 Written from the spec with explicit tile loops, float64 amax and ml_dtypes casts; shares no
 code with jetrl.precision.

@@ -11,16 +11,16 @@ mesh: tests/parallel/_multi_device_cases.py.)
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from jetrl.data import char_tokenizer, get_task
 from jetrl.models import token_logprobs
 from jetrl.precision import get_recipe
-from jetrl.rl import (UpdateConfig, group_advantages, init_train_state, make_train_batch,
-                      policy_logprobs, update_step)
+from jetrl.rl import (OptimizerConfig, UpdateConfig, group_advantages, init_train_state, make_train_batch,
+                      make_optimizer, policy_logprobs, update_step)
 from jetrl.sampling import SamplingConfig, sample
 from jetrl.train import setup
+from jetrl.train.config import ModelSpec
 from jetrl.train.sft import _solution_batch, sft_step
 
 EXACT, JET = get_recipe("jet_exact"), get_recipe("jet")
@@ -50,7 +50,7 @@ def _prompts(which):
 
 @pytest.fixture(scope="module")
 def model():
-  cfg, params = setup.make_model("tiny", 2, TOK, 0, 64)
+  cfg, params = setup.make_model(ModelSpec("tiny", 2), TOK, 0, 64)
   # Sharpen the random model a little so sampled tokens are not uniform noise.
   return cfg, jax.tree_util.tree_map(lambda a: a * 3.0 if a.ndim >= 2 else a, params)
 
@@ -59,13 +59,15 @@ def model():
 def sft_params(model):
   """The random model after 30 supervised steps on gold solutions (bf16)."""
   cfg, params = model
-  opt = optax.adam(3e-3)
+  opt = OptimizerConfig(lr=3e-3, max_grad_norm=1e6)
   params = jax.tree_util.tree_map(jnp.array, params)
-  state, losses = opt.init(params), []
+  state, losses = make_optimizer(opt, 30).init(params), []
   for step in range(30):
     batch = _solution_batch(TOK, TASK.batch("train", 100 + 16 * step, 16), 16, MAX_NEW)
-    params, state, loss, _, _ = sft_step(params, state, batch, model_config=cfg,
-                                      precision=get_recipe("bf16").train, opt=opt)
+    params, state, loss, _, ok, _ = sft_step(params, state, batch, model_config=cfg,
+                                             precision=get_recipe("bf16").train, optimizer=opt,
+                                             total_steps=30)
+    assert bool(ok)
     losses.append(float(loss))
   assert losses[-1] < 0.5 * losses[0], losses
   return params
@@ -136,16 +138,17 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
   """Sample, reward, update (the pre-update forward in micro-batches of half the rows), three
   times: the agreement metrics are exactly zero and the first PPO ratio exactly one."""
   cfg, _ = model
-  ucfg = UpdateConfig(loss="grpo", lr=1e-3, temperature=SC_A.temperature, micro_batches=2,
-                      chunk_size=16)
-  state = init_train_state(sft_params, ucfg)
+  ucfg = UpdateConfig(loss="grpo", micro_batches=2, chunk_size=16)
+  opt = OptimizerConfig(lr=1e-3)
+  state = init_train_state(sft_params, ucfg, opt)
   before = np.asarray(state.params["embed"]).copy()
   for step in range(3):
     problems, sc, out = _rollout(cfg, state.params, "A", EXACT, seed=step)
     _, rewards = setup.completions_and_rewards(TASK, TOK, problems, out, sc.n)
     adv = group_advantages(jnp.asarray(rewards) + 0.1 * np.arange(len(rewards)), sc.n)
     state, m = update_step(state, _batch(out, adv), jax.random.PRNGKey(step), model_config=cfg,
-                           cfg=ucfg, precision=EXACT.train)
+                           cfg=ucfg, optimizer=opt, total_steps=3, precision=EXACT.train,
+                           temperature=SC_A.temperature)
     agree = {k: float(v) for k, v in m.items() if k.startswith("agree/") and np.ndim(v) == 0}
     assert agree["agree/n_tokens"] > 20, agree
     assert agree["agree/abs_diff_max"] == 0.0 and agree["agree/abs_diff_mean"] == 0.0, agree

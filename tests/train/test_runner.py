@@ -1,6 +1,6 @@
-"""The RL runner end to end: every recipe, metrics fields, flag validation, kill and resume."""
+"""The RL runner end to end: every recipe, metrics fields, kill and resume, damaged and foreign
+checkpoints, the workdir rules, the skipped-updates stop, SFT resume."""
 
-import dataclasses
 import glob
 import json
 import os
@@ -15,17 +15,30 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import quiet
 from jetrl.precision import RECIPES
-from jetrl.train import TrainConfig, run
+from jetrl.train import run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = dict(model="tiny", n_layers=1, task="addition", difficulty=1, length=2, steps=2,
-            prompts_per_step=2, group_size=2, max_new_tokens=16, eval_every=0, eval_size=4,
-            ckpt_every=1, tensorboard=False, plots=False, lr=1e-4)
-STEP_FIELDS = ["reward_mean", "accuracy", "response_length", "entropy", "loss", "kl",
-               "grad_norm", "agree/abs_diff_mean", "agree/abs_diff_max", "agree/kl_k3",
-               "agree/bin_abs_diff_mean", "skipped_updates", "time/rollout", "time/reward",
-               "time/update", "tokens_per_s/rollout"]
+STEP_FIELDS = [
+  "reward_mean",
+  "accuracy",
+  "response_length",
+  "entropy",
+  "loss",
+  "kl",
+  "grad_norm",
+  "learning_rate",
+  "agree/abs_diff_mean",
+  "agree/abs_diff_max",
+  "agree/kl_k3",
+  "agree/bin_abs_diff_mean",
+  "skipped_updates",
+  "time/rollout",
+  "time/reward",
+  "time/update",
+  "time/compiled",
+  "tokens_per_s/rollout",
+]
 
 
 def read(path):
@@ -33,69 +46,108 @@ def read(path):
     return [json.loads(line) for line in f if line.strip()]
 
 
+def _comparable(recs):
+  return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_s"))} for r in recs]
+
+
 @pytest.mark.slow
 # jet_exact's sampler-update loop (zero mismatch at every step) is
 # tests/sampling/test_exact_rollout.py; one more end-to-end run would cost ~50 s.
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "jet_exact"])
-def test_short_run_every_recipe(tmp_path, recipe):
-  cfg = TrainConfig(**dict(TINY, plots=recipe == "jet", tensorboard=recipe == "jet"),
-                    recipe=recipe, workdir=str(tmp_path))
-  summary = run(cfg, log=lambda *a: None)
+def test_short_run_every_recipe(tmp_path, recipe, tiny_train_config):
+  jet = recipe == "jet"
+  cfg = tiny_train_config(tmp_path, recipe=recipe, logging={"plots": jet, "tensorboard": jet})
+  summary = run(cfg, log=quiet)
   recs = read(tmp_path / "metrics.jsonl")
   assert [r["step"] for r in recs] == [1, 2]
+  assert [r["time/compiled"] for r in recs][1] == 0.0
   for r in recs:
     for k in STEP_FIELDS:
       assert k in r, k
       assert np.all(np.isfinite(np.asarray(r[k], float))), (k, r[k])
+    assert r["learning_rate"] == pytest.approx(1e-4)
   evals = read(tmp_path / "eval.jsonl")
   assert [e["step"] for e in evals] == [0, 2]
   assert summary["eval_before"] is not None and summary["skipped_updates"] == 0
-  if recipe == "jet":
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved["recipe"] == recipe and saved["sampling"]["n"] == 2
+  if jet:
+    names = sorted(os.path.basename(p) for p in summary["plots"])
+    assert names == ["agreement.png", "agreement_by_position.png", "reward.png", "time.png"]
     assert all(os.path.getsize(p) > 1000 for p in summary["plots"])
-    assert any(n.startswith("events") for n in os.listdir(tmp_path / "tb"))
+    (events,) = glob.glob(str(tmp_path / "tb" / "events*"))
+    data = open(events, "rb").read()
+    for tag in (b"reward_mean", b"learning_rate", b"agree/abs_diff_mean", b"eval/accuracy"):
+      assert tag in data, tag
 
 
-def _train_cmd(workdir, **kw):
-  args = dict(TINY, steps=6, ckpt_every=2, recipe="jet", workdir=str(workdir))
-  args.update(kw)
-  return [sys.executable, os.path.join(ROOT, "experiments", "train.py")] + [
-      f"--{k}={v}" for k, v in args.items()]
+def _cli(root, *args, env=None):
+  return subprocess.run(
+    [sys.executable, str(root / "experiments" / "train.py"), *args],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=env,
+  )
 
 
-def _comparable(recs):
-  return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_s"))}
-          for r in recs]
+def _flags(cfg) -> list[str]:
+  """The command-line flags of a config (every flag whose value differs from the default)."""
+  from jetrl.config import leaf_paths
+  from jetrl.config.flags import flag_specs
+  from jetrl.train import TrainConfig
+
+  values = leaf_paths(cfg)
+  out = []
+  for spec in flag_specs(TrainConfig()):
+    value = values[spec.path]
+    if value != spec.default:
+      text = "none" if value is None else str(value).lower() if isinstance(value, bool) else value
+      out.append(f"--{spec.path}={text}")
+  return out
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_equals_uninterrupted(tmp_path):
+def test_sigkill_and_resume_equals_uninterrupted(tmp_path, root, tiny_train_config):
+  # The three processes share a compilation cache: the first compiles, the others reuse.
+  env = dict(
+    os.environ,
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
   ref_dir, dir_ = tmp_path / "ref", tmp_path / "killed"
-  subprocess.run(_train_cmd(ref_dir), check=True, capture_output=True, timeout=600)
-  proc = subprocess.Popen(_train_cmd(dir_), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  ckpt = dir_ / "checkpoints" / "4"
+  flags = _flags(tiny_train_config("x", recipe="jet", steps=4, checkpoint={"every": 2}))
+  flags = [f for f in flags if not f.startswith("--workdir")]
+  out = _cli(root, f"--workdir={ref_dir}", *flags, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  proc = subprocess.Popen(
+    [sys.executable, str(root / "experiments" / "train.py"), f"--workdir={dir_}", *flags],
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  ckpt = dir_ / "checkpoints" / "2"
   deadline = time.time() + 600
   while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGKILL)  # mid-run: after checkpoint 4 appeared, before the end
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)  # mid-run: after checkpoint 2 appeared, before the end
   proc.wait()
-  assert ckpt.exists(), "the run never reached its second checkpoint"
-  out = subprocess.run(_train_cmd(dir_), check=True, capture_output=True, text=True, timeout=600)
+  assert ckpt.exists(), "the run never reached its first checkpoint"
+  out = _cli(root, f"--workdir={dir_}", *flags, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
   assert "resumed from" in out.stdout
   ref, got = _comparable(read(ref_dir / "metrics.jsonl")), _comparable(read(dir_ / "metrics.jsonl"))
-  assert [r["step"] for r in got] == list(range(1, 7))
+  assert [r["step"] for r in got] == list(range(1, 5))
   assert got == ref
   assert read(ref_dir / "eval.jsonl")[-1] == read(dir_ / "eval.jsonl")[-1]
 
 
-QUIET = dict(log=lambda *a: None)
-
-
 @pytest.fixture(scope="module")
-def done_run(tmp_path_factory):
+def done_run(tmp_path_factory, tiny_train_config):
   """A finished 2-step bf16 run (checkpoints 1 and 2); tests work on copies of it."""
-  workdir = tmp_path_factory.mktemp("done") / "run"
-  cfg = TrainConfig(**TINY, recipe="bf16", workdir=str(workdir))
-  run(cfg, **QUIET)
+  cfg = tiny_train_config(tmp_path_factory.mktemp("done") / "run")
+  run(cfg, log=quiet)
   return cfg
 
 
@@ -107,14 +159,31 @@ def copy_run(cfg, tmp_path):
 
 def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
   cfg = copy_run(done_run, tmp_path)
-  with pytest.raises(ValueError, match="--recipe: checkpoint has 'bf16', this run has 'jet'"):
-    run(cfg.replace(recipe="jet"), **QUIET)
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)written with other settings.*"
+    r"--recipe: checkpoint has 'bf16', this run has 'jet'.*"
+    r"--optimizer.lr: checkpoint has 0.0001, this run has 0.001",
+  ):
+    run(cfg.replace(recipe="jet", optimizer={"lr": 1e-3}), log=quiet)
+  # A checkpoint written by a configuration with other fields (an older layout) is named too.
+  meta = os.path.join(cfg.workdir, "checkpoints", "2", "meta", "metadata")
+  saved = json.load(open(meta))
+  saved["config"]["lr"] = 1e-4
+  json.dump(saved, open(meta, "w"))
+  with pytest.raises(
+    ValueError,
+    match=r"--lr: the checkpoint has this field \(0.0001\), this "
+    r"version has no such field",
+  ):
+    run(cfg, log=quiet)
 
 
 def test_damaged_latest_checkpoint_resumes_from_the_one_before(done_run, tmp_path):
   cfg = copy_run(done_run, tmp_path)
-  files = sorted(glob.glob(f"{cfg.workdir}/checkpoints/2/state/**/d/*", recursive=True),
-                 key=os.path.getsize)
+  files = sorted(
+    glob.glob(f"{cfg.workdir}/checkpoints/2/state/**/d/*", recursive=True), key=os.path.getsize
+  )
   data = bytearray(open(files[-1], "rb").read())
   data[len(data) // 2] ^= 0x40  # one flipped bit
   open(files[-1], "wb").write(bytes(data))
@@ -134,7 +203,7 @@ def test_torn_last_metric_line_does_not_stop_a_resume(done_run, tmp_path):
   with open(path, "a") as f:
     f.write('{"step": 3, "reward_mean": 0.')
   with pytest.warns(RuntimeWarning, match="torn last line"):
-    run(cfg, **QUIET)
+    run(cfg, log=quiet)
   assert read(path) == before
 
 
@@ -142,64 +211,77 @@ def test_metrics_without_checkpoints_need_overwrite_and_are_moved_aside(done_run
   cfg = copy_run(done_run, tmp_path)
   shutil.rmtree(os.path.join(cfg.workdir, "checkpoints"))
   before = open(os.path.join(cfg.workdir, "metrics.jsonl")).read()
-  with pytest.raises(ValueError, match="--workdir: .* holds metrics of an earlier run "
-                                       ".*pass --overwrite"):
-    run(cfg, **QUIET)
+  with pytest.raises(
+    ValueError, match="--workdir: .* holds metrics of an earlier run .*pass --overwrite"
+  ):
+    run(cfg, log=quiet)
   assert open(os.path.join(cfg.workdir, "metrics.jsonl")).read() == before
-  run(cfg.replace(overwrite=True), **QUIET)
+  run(cfg.replace(overwrite=True), log=quiet)
   (moved,) = os.listdir(os.path.join(cfg.workdir, "previous"))
   assert open(os.path.join(cfg.workdir, "previous", moved, "metrics.jsonl")).read() == before
   # The fresh run from step 0 reproduces the earlier one.
-  assert _comparable(read(os.path.join(cfg.workdir, "metrics.jsonl"))) == \
-      _comparable(read(os.path.join(done_run.workdir, "metrics.jsonl")))
+  assert _comparable(read(os.path.join(cfg.workdir, "metrics.jsonl"))) == _comparable(
+    read(os.path.join(done_run.workdir, "metrics.jsonl"))
+  )
 
 
 def test_a_second_run_in_a_locked_workdir_is_refused(done_run, tmp_path):
   from jetrl.train.workdir import WorkdirLock
+
   cfg = copy_run(done_run, tmp_path)
   with WorkdirLock(cfg.workdir):
     with pytest.raises(ValueError, match="--workdir: .* is in use by another run"):
-      run(cfg, **QUIET)
+      run(cfg, log=quiet)
 
 
-def test_a_run_whose_updates_are_all_skipped_stops(tmp_path, monkeypatch):
+def test_a_run_whose_updates_are_all_skipped_stops(tmp_path, monkeypatch, tiny_train_config):
   """A NaN in the optimizer state: every update is skipped; the run stops, nothing is saved."""
   from jetrl.train import loop
   from jetrl.train.skips import SkippedUpdatesError
 
   original = loop.init_train_state
 
-  def poisoned(params, ucfg):
-    state = original(params, ucfg)
-    return state._replace(opt_state=jax.tree_util.tree_map(
-        lambda x: x * jnp.nan if x.ndim == 2 else x, state.opt_state))
+  def poisoned(params, *args):
+    state = original(params, *args)
+    return state._replace(
+      opt_state=jax.tree_util.tree_map(lambda x: x * jnp.nan if x.ndim == 2 else x, state.opt_state)
+    )
 
   monkeypatch.setattr(loop, "init_train_state", poisoned)
-  cfg = TrainConfig(**dict(TINY, ckpt_every=10, max_skipped_steps=2), recipe="bf16",
-                    workdir=str(tmp_path))
-  with pytest.raises(SkippedUpdatesError, match=r"stopped at step 2: every update of the last "
-                                                r"2 steps \(1\.\.2\) was skipped"):
-    run(cfg, **QUIET)
+  cfg = tiny_train_config(tmp_path, max_skipped_steps=2, checkpoint={"every": 10})
+  with pytest.raises(
+    SkippedUpdatesError,
+    match=r"stopped at step 2: every update of the last "
+    r"2 steps \(1\.\.2\) was skipped",
+  ):
+    run(cfg, log=quiet)
   assert [r["skipped_updates"] for r in read(tmp_path / "metrics.jsonl")] == [1.0, 1.0]
   assert not os.listdir(tmp_path / "checkpoints")
 
 
-def test_sft_checkpoints_periodically_and_resumes_exactly(tmp_path):
-  from jetrl.train import SFTConfig, run_sft
-  from jetrl.train.checkpoint import Checkpointer
-  sft = SFTConfig(model="tiny", n_layers=1, task="addition", difficulty=1, length=2, steps=4,
-                  batch_size=4, max_new_tokens=40, eval_size=4, ckpt_every=2,
-                  workdir=str(tmp_path / "a"))
-  run_sft(sft, **QUIET)
+def test_sft_checkpoints_periodically_and_resumes_exactly(
+  tmp_path, tiny_sft_config, tiny_train_config
+):
+  from jetrl.train import run_sft
+  from jetrl.train.checkpoint import Checkpointer, load_params_from
+
+  sft = tiny_sft_config(tmp_path / "a", checkpoint={"every": 2}, logging={"every": 1})
+  run_sft(sft, log=quiet)
   assert sorted(os.listdir(tmp_path / "a" / "checkpoints")) == ["2", "4"]
+  lrs = [r["learning_rate"] for r in read(tmp_path / "a" / "sft_metrics.jsonl")]
+  # Warmup over the 4 steps the run has (the schedule's warmup is cut to the run's length).
+  assert lrs == pytest.approx([0.0, 1e-3 / 4, 2e-3 / 4, 3e-3 / 4])
   # Killed after checkpoint 2: its checkpoint and a torn metric line are all that is left.
   shutil.copytree(tmp_path / "a", tmp_path / "b")
   shutil.rmtree(tmp_path / "b" / "checkpoints" / "4")
   os.remove(tmp_path / "b" / "sft_summary.json")
-  (tmp_path / "b" / "sft_metrics.jsonl").write_text('{"step": 4, "lo')
+  (tmp_path / "b" / "sft_metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in read(tmp_path / "a" / "sft_metrics.jsonl")[:2])
+    + '{"step": 3, "lo'
+  )
   logs = []
   with pytest.warns(RuntimeWarning, match="torn"):
-    run_sft(dataclasses.replace(sft, workdir=str(tmp_path / "b")), log=logs.append)
+    run_sft(sft.replace(workdir=str(tmp_path / "b")), log=logs.append)
   assert "resumed SFT at step 2" in logs
   assert read(tmp_path / "b" / "sft_metrics.jsonl") == read(tmp_path / "a" / "sft_metrics.jsonl")
   states = []
@@ -210,61 +292,12 @@ def test_sft_checkpoints_periodically_and_resumes_exactly(tmp_path):
   for x, y in zip(jax.tree_util.tree_leaves(states[0]), jax.tree_util.tree_leaves(states[1])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   # The RL warm start reads the finished run's params (verified against their checksums).
-  from jetrl.train.checkpoint import load_params_from
-  warm = load_params_from(str(tmp_path / "b"), states[0], log=lambda *a: None)
+  warm = load_params_from(str(tmp_path / "b"), states[0], log=quiet)
   for x, y in zip(jax.tree_util.tree_leaves(warm), jax.tree_util.tree_leaves(states[0])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   shutil.rmtree(tmp_path / "b" / "checkpoints" / "4")  # an SFT run that has not finished
   with pytest.raises(ValueError, match="--init_from: the SFT run in .* stopped at step 2 of 4"):
-    load_params_from(str(tmp_path / "b"), states[0], log=lambda *a: None)
-
-
-@pytest.mark.parametrize("flag,value,message", [
-    ("recipe", "fp8", "--recipe: 'fp8' is not accepted"),
-    ("group_size", "1", "--group_size: must be >= 2"),
-    ("temperature", "0", "--temperature: must be > 0"),
-    ("minibatches", "3", "--minibatches: prompts_per_step x group_size = 4 rows"),
-    ("model", "/no/such/dir", "--model: '/no/such/dir' is neither a preset"),
-    ("task", "chess", "--task: 'chess' is not accepted"),
-    ("is_correction", "clip", "--is_correction: 'clip' is not accepted"),
-])
-def test_bad_flags_fail_fast_naming_the_flag(tmp_path, flag, value, message):
-  t0 = time.time()
-  out = subprocess.run(_train_cmd(tmp_path, **{flag: value}), capture_output=True, text=True,
-                       timeout=120)
-  assert out.returncode != 0
-  assert message in out.stderr, out.stderr[-2000:]
-  assert not (tmp_path / "metrics.jsonl").exists()
-  assert time.time() - t0 < 60, "validation must happen before any compilation"
-
-
-# The rest of the reproductions are checked in-process (tests/train/test_validation.py); these
-# show that the command line turns checks made by validate() and at start-up (devices, memory)
-# into flag errors without a traceback.
-@pytest.mark.parametrize("flag,value,message", [
-    ("seed", str(2 ** 64), "--seed: must be in [0, 4294967295]"),
-    ("workdir", "{tmp}/afile", "--workdir: "),
-    ("mesh", "data:3", "--mesh: mesh 'data:3': axis sizes"),
-    ("prompts_per_step", "100000000", "--prompts_per_step / --group_size / --max_new_tokens: "
-                                      "one step needs at least"),
-])
-def test_reproduced_bad_flags_fail_fast_naming_the_flag(tmp_path, flag, value, message):
-  (tmp_path / "afile").write_text("x")
-  kw = {"workdir": tmp_path / "w", flag: value.format(tmp=tmp_path)}
-  t0 = time.time()
-  out = subprocess.run(_train_cmd(kw.pop("workdir"), **kw), capture_output=True, text=True,
-                       timeout=120)
-  assert out.returncode != 0
-  assert message in out.stderr, out.stderr[-2000:]
-  assert "Traceback" not in out.stderr, out.stderr[-2000:]
-  assert not (tmp_path / "w" / "metrics.jsonl").exists()
-  assert not (tmp_path / "checkpoints").exists()
-  assert time.time() - t0 < 60, "validation must happen before any compilation"
-
-
-def test_every_config_field_is_a_flag():
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "train.py"), "--helpfull"],
-                       capture_output=True, text=True, timeout=120)
-  import dataclasses
-  for f in dataclasses.fields(TrainConfig):
-    assert f"--{f.name}:" in out.stdout or f"--[no]{f.name}:" in out.stdout, f.name
+    load_params_from(str(tmp_path / "b"), states[0], log=quiet)
+  # An RL run pointed at an SFT workdir is told to warm-start from it instead.
+  with pytest.raises(ValueError, match="holds checkpoints of an SFT run .* pass it as --init_from"):
+    run(tiny_train_config(tmp_path / "a"), log=quiet)

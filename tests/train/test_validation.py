@@ -1,92 +1,138 @@
-"""Flag checks before anything runs: every reproduction of a bad flag gets a flag-style error;
-the memory floor against hand-computed bytes; schedule changes refused on resume."""
+"""Config checks before anything runs: every reproduction of a bad value gets an error naming
+the field; paths checked at start-up; the memory floor against hand-computed bytes; schedule
+changes refused on resume."""
 
-import dataclasses
 import json
 
 import pytest
 
+from jetrl.config import ConfigError, FlagError
 from jetrl.models import get_config
 from jetrl.train import SFTConfig, TrainConfig
-from jetrl.train.config import schedule_key
 from jetrl.train.loop import resume_check
-from jetrl.train.resume import record_changes
 from jetrl.train.memory import check_step_memory, step_bytes
-from jetrl.train.validation import FlagError
+from jetrl.train.resume import record_changes
 
 NAN, INF = float("nan"), float("inf")
 
 
 @pytest.fixture()
 def base(tmp_path):
-  return TrainConfig(workdir=str(tmp_path / "run"), task="addition", difficulty=1, length=2)
+  return TrainConfig(workdir=str(tmp_path / "run")).replace(task={"difficulty": 1, "length": 2})
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"seed": 2 ** 64}, r"--seed: must be in \[0, 4294967295\], got 18446744073709551616"),
-    ({"seed": -1}, r"--seed: must be in \[0, 4294967295\]"),
-    ({"difficulty": 100}, r"--difficulty: must be in \[1, 9\], got 100"),
-    ({"length": 0}, r"--length: must be in \[1, 300\], got 0"),
-    ({"task": "sorting", "length": 1}, r"--length: must be in \[2, 60\], got 1"),
-    ({"lr": INF}, r"--lr: must be a finite number in \(0, 1\], got inf"),
-    ({"lr": 2.0}, r"--lr: must be in \(0, 1\], got 2.0"),
-    ({"max_grad_norm": NAN}, r"--max_grad_norm: must be a finite number"),
-    ({"weight_decay": NAN}, r"--weight_decay: must be a finite number"),
-    ({"kl_coef": NAN}, r"--kl_coef: must be a finite number in \[0, 100\], got nan"),
-    ({"entropy_coef": -1.0}, r"--entropy_coef: must be in \[0, 100\]"),
-    ({"temperature": 1e-30}, r"--temperature: must be in \[0.01, 100\], got 1e-30"),
-    ({"temperature": NAN}, r"--temperature: must be a finite number"),
-    ({"is_cap": NAN}, r"--is_cap: must be a finite number"),
-    ({"clip_low": NAN}, r"--clip_low: must be a finite number"),
-    ({"clip_high": INF}, r"--clip_high: must be a finite number in \[0, 10\] or -1.0"),
-    ({"steps": 2 ** 40}, r"--steps: must be in \[1, 2147483647\]"),
-    ({"max_skipped_steps": 0}, r"--max_skipped_steps: must be in \[1, "),
-])
-def test_bad_values_are_refused_naming_the_flag(base, change, message):
-  with pytest.raises(FlagError, match=message):
-    base.replace(**change).validate()
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    ({"seed": 2**64}, r"^seed: must be in \[0, 4294967295\], got 18446744073709551616"),
+    ({"seed": -1}, r"^seed: must be in \[0, 4294967295\]"),
+    ({"task.difficulty": 100}, r"^task.difficulty: must be in \[1, 9\], got 100"),
+    ({"task.length": 0}, r"^task.length: must be in \[1, 300\], got 0"),
+    ({"task.name": "sorting", "task.length": 1}, r"^task.length: must be in \[2, 60\], got 1"),
+    ({"optimizer.lr": INF}, r"^optimizer.lr: must be a finite number in \(0, 1\], got inf"),
+    ({"optimizer.lr": 2.0}, r"^optimizer.lr: must be in \(0, 1\], got 2.0"),
+    ({"optimizer.max_grad_norm": NAN}, r"^optimizer.max_grad_norm: must be a finite number"),
+    ({"optimizer.weight_decay": NAN}, r"^optimizer.weight_decay: must be a finite number"),
+    ({"update.kl_coef": NAN}, r"^update.kl_coef: must be a finite number in \[0, 100\], got nan"),
+    ({"update.entropy_coef": -1.0}, r"^update.entropy_coef: must be in \[0, 100\]"),
+    (
+      {"sampling.temperature": 1e-30},
+      r"^sampling.temperature: must be in \[0.01, 100\], got "
+      r"1e-30",
+    ),
+    ({"sampling.temperature": 0.0}, r"^sampling.temperature: must be > 0 for RL sampling"),
+    ({"sampling.temperature": NAN}, r"^sampling.temperature: must be a finite number"),
+    ({"sampling.n": 1}, r"^sampling.n: must be >= 2 for group-relative advantages"),
+    ({"update.is_cap": NAN}, r"^update.is_cap: must be a finite number"),
+    ({"update.clip_low": NAN}, r"^update.clip_low: must be a finite number"),
+    ({"update.clip_low": 1.0}, r"^update.clip_low: must be < 1"),
+    (
+      {"update.clip_high": INF},
+      r"^update.clip_high: must be a finite number in \[0, 10\], "
+      r"got inf",
+    ),
+    (
+      {"update.minibatches": 3},
+      r"^update.minibatches: prompts_per_step x sampling.n = 128 rows "
+      r"do not split into update.minibatches=3",
+    ),
+    (
+      {"update.overlong_buffer": 64},
+      r"^update.overlong_buffer: must be < "
+      r"sampling.max_new_tokens \(64\)",
+    ),
+    ({"update.loss": "ppo"}, r"^update.loss: 'ppo' is not accepted; choose one of \['grpo', "),
+    ({"recipe": "fp8"}, r"^recipe: 'fp8' is not accepted; choose one of \['fp32', 'bf16', "),
+    ({"mesh": "data:0"}, r"^mesh: "),
+    ({"steps": 2**40}, r"^steps: must be in \[1, 2147483647\]"),
+    ({"max_skipped_steps": 0}, r"^max_skipped_steps: must be in \[1, "),
+  ],
+)
+def test_bad_values_are_refused_naming_the_field(base, change, message):
+  with pytest.raises(ConfigError, match=message):
+    base.replace(**change)
 
 
-def test_workdir_and_init_from_are_checked(base, tmp_path):
+def test_paths_are_checked_when_a_run_starts(base, tmp_path):
   (tmp_path / "afile").write_text("x")
   with pytest.raises(FlagError, match="--workdir: .*afile' is a file; give a directory"):
-    base.replace(workdir=str(tmp_path / "afile")).validate()
+    base.replace(workdir=str(tmp_path / "afile")).check_paths()
   with pytest.raises(FlagError, match="--workdir: .* is inside a file"):
-    base.replace(workdir=str(tmp_path / "afile" / "sub")).validate()
+    base.replace(workdir=str(tmp_path / "afile" / "sub")).check_paths()
+  with pytest.raises(FlagError, match="--workdir: is required"):
+    base.replace(workdir=None).check_paths()
+  with pytest.raises(FlagError, match="--workdir: 'gs://bucket/run' is a remote path"):
+    base.replace(workdir="gs://bucket/run").check_paths()
   (tmp_path / "notarun").mkdir()
   with pytest.raises(FlagError, match="--init_from: no checkpoint under .*notarun/checkpoints"):
-    base.replace(init_from=str(tmp_path / "notarun")).validate()
+    base.replace(init_from=str(tmp_path / "notarun")).check_paths()
   assert not (tmp_path / "notarun" / "checkpoints").exists()  # nothing created inside it
-  base.validate()
+  with pytest.raises(FlagError, match="--model.name: '/no/such/dir' is neither a preset"):
+    base.replace(**{"model.name": "/no/such/dir"}).check_paths()
+  base.check_paths()
 
 
-def test_sft_flags_are_checked(tmp_path):
-  sft = SFTConfig(workdir=str(tmp_path), task="addition", difficulty=1, length=2)
-  for change, message in (({"lr": NAN}, "--lr: must be a finite number"),
-                          ({"seed": 2 ** 33}, "--seed: must be in"),
-                          ({"difficulty": 10}, r"--difficulty: must be in \[1, 9\]"),
-                          ({"ckpt_every": 0}, "--ckpt_every: must be in")):
-    with pytest.raises(FlagError, match=message):
-      dataclasses.replace(sft, **change).validate()
-  sft.validate()
+def test_sft_values_are_checked(tmp_path):
+  sft = SFTConfig(workdir=str(tmp_path)).replace(task={"difficulty": 1, "length": 2})
+  for change, message in (
+    ({"optimizer.lr": NAN}, "optimizer.lr: must be a finite number"),
+    ({"seed": 2**33}, "seed: must be in"),
+    ({"task.difficulty": 10}, r"task.difficulty: must be in \[1, 9\]"),
+    ({"checkpoint.every": 0}, "checkpoint.every: must be in"),
+  ):
+    with pytest.raises(ConfigError, match=message):
+      sft.replace(**change)
+  sft.check_paths()
 
 
 def test_memory_floor_matches_hand_computed_bytes():
   cfg = get_config("tiny")
   n, d, layers, vocab = cfg.n_params, cfg.d_model, cfg.n_layers, cfg.vocab_size
-  parts = step_bytes(cfg, rows=16, seq_len=80, micro_rows=4, master_bytes=4, compute_bytes=2,
-                     ref_params=True, chunk=256)
+  parts = step_bytes(
+    cfg,
+    rows=16,
+    seq_len=80,
+    micro_rows=4,
+    master_bytes=4,
+    compute_bytes=2,
+    ref_params=True,
+    chunk=256,
+  )
   assert parts["params, AdamW state, gradients"] == n * (4 + 4 + 4 + 4 + 4)
   assert parts["rollout KV cache"] == 2 * layers * 16 * 80 * cfg.n_kv_heads * cfg.head_dim * 2
   assert parts["rollout logits"] == 16 * vocab * 4
-  per_token = 2 * d + 2 * cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim + \
-      3 * cfg.d_ff
+  per_token = (
+    2 * d + 2 * cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim + 3 * cfg.d_ff
+  )
   assert parts["update activations"] == 4 * 80 * layers * per_token * 2
   assert parts["update log-prob chunk"] == 4 * 80 * vocab * 4
   total = sum(parts.values())
   assert check_step_memory(parts, "--x", available=(total, "test")) == total
-  with pytest.raises(FlagError, match=r"--x: one step needs at least .* GiB .*more than the "
-                                      r"0\.0 GiB of test"):
+  with pytest.raises(
+    FlagError,
+    match=r"--x: one step needs at least .* GiB .*more than the "
+    r"0\.0 GiB of test",
+  ):
     check_step_memory(parts, "--x", available=(total - 1, "test"))
 
 
@@ -96,24 +142,27 @@ def test_a_huge_batch_is_refused_before_anything_is_built(base):
   parts = step_bytes(cfg, rows=rows, seq_len=64, micro_rows=rows)
   with pytest.raises(FlagError, match="--prompts_per_step / --group_size: one step needs"):
     check_step_memory(parts, "--prompts_per_step / --group_size")
-  assert parts["rollout KV cache"] > 2 ** 40  # terabytes: no machine this test runs on
+  assert parts["rollout KV cache"] > 2**40  # terabytes: no machine this test runs on
 
 
 def test_schedule_change_on_resume(base, tmp_path):
-  cosine = base.replace(schedule="cosine", steps=30)
-  saved = {"config": cosine.to_dict()}
+  cosine = base.replace(optimizer={"schedule": "cosine"}, steps=30)
+  saved = {"config": cosine.to_dict(), "kind": "rl"}
   changes = []
   resume_check(cosine, "ckpts", changes)(saved)  # same flags
-  resume_check(cosine.replace(eval_every=5), "ckpts", changes)(saved)  # not schedule-shaping
-  with pytest.raises(FlagError, match=r"--steps: the checkpoint in ckpts was written with "
-                                      r"--steps=30, and the learning-rate schedule "
-                                      r"\(--schedule=cosine, --warmup_steps=0\) depends on it"):
+  resume_check(cosine.replace(eval={"every": 5}), "ckpts", changes)(saved)  # not schedule-shaping
+  schedule = "--optimizer.schedule=cosine, --optimizer.warmup_steps=0"
+  with pytest.raises(
+    FlagError,
+    match=r"--steps: the checkpoint in ckpts was written with "
+    r"--steps=30, and the learning-rate schedule "
+    rf"\({schedule}\) depends on it",
+  ):
     resume_check(cosine.replace(steps=40), "ckpts", changes)(saved)
   assert changes == []
   forced = cosine.replace(steps=40, allow_schedule_change=True)
   resume_check(forced, "ckpts", changes)(saved)
-  assert changes == [{"field": "steps", "checkpoint": 30, "now": 40,
-                      "schedule": "--schedule=cosine, --warmup_steps=0"}]
+  assert changes == [{"field": "steps", "checkpoint": 30, "now": 40, "schedule": schedule}]
   logs = []
   record_changes(str(tmp_path), 12, changes, logs.append)
   text = (tmp_path / "config_changes.jsonl").read_text()
@@ -122,23 +171,28 @@ def test_schedule_change_on_resume(base, tmp_path):
   # new end it does.
   constant = base.replace(steps=30)
   resume_check(constant.replace(steps=40), "ckpts", [])({"config": constant.to_dict()})
-  assert schedule_key(constant.replace(steps=40)) == schedule_key(constant)
-  warm = base.replace(steps=30, warmup_steps=35)
-  assert schedule_key(warm.replace(steps=40)) != schedule_key(warm)
+  warm = base.replace(steps=30, optimizer={"warmup_steps": 35})
+  with pytest.raises(FlagError, match="--steps: the checkpoint in ckpts was written with"):
+    resume_check(warm.replace(steps=40), "ckpts", [])({"config": warm.to_dict()})
   # Older checkpoints without the newer fields still resume (defaults stand in).
-  old = {k: v for k, v in constant.to_dict().items() if k not in ("overwrite",
-                                                                  "max_skipped_steps")}
+  old = constant.to_dict()
+  del old["overwrite"], old["logging"]["plot_every"], old["update"]["remat"]
   resume_check(constant, "ckpts", [])({"config": old})
 
 
 def test_a_bad_data_row_is_a_flag_error_before_anything_is_built(tmp_path):
   from jetrl.data import char_tokenizer
   from jetrl.train import setup
+
   rows = [{"question": f"what is {i}", "answer": f"so\n#### {i}"} for i in range(300)]
   del rows[186]["answer"]
   path = tmp_path / "train.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  with pytest.raises(FlagError, match=r"--data_path: gsm8k: .*train\.jsonl:187: the row lacks "
-                                      r"columns \['answer'\]"):
-    setup.load_task("gsm8k", difficulty=0, length=0, data_path=str(path), seed=0,
-                    tok=char_tokenizer())
+  from jetrl.train import TaskConfig
+
+  with pytest.raises(
+    FlagError,
+    match=r"--task.data_path: gsm8k: .*train\.jsonl:187: the row "
+    r"lacks columns \['answer'\]",
+  ):
+    setup.load_task(TaskConfig(name="gsm8k", data_path=str(path)), seed=0, tok=char_tokenizer())

@@ -18,7 +18,7 @@ from jetrl.data.rewards import (gsm8k_format_reward, gsm8k_reward, math_format_r
 from jetrl.data.sorting import Sorting
 from jetrl.data.synthetic import SyntheticTask, final_answer
 from jetrl.data.task import SPLITS, Problem, Task
-from jetrl.data.tokenizer import ALPHABET, CharTokenizer, char_tokenizer
+from jetrl.data.tokenizer import ALPHABET, CharTokenizer, Tokenizer, char_tokenizer, stop_token_ids
 
 __all__ = [
     "canonical_number", "extract_boxed", "gsm8k_answer", "Addition", "Multiplication", "GSM8K",
@@ -26,4 +26,5 @@ __all__ = [
     "SYNTHETIC_TASKS", "TASKS", "get_task", "task_kwargs", "gsm8k_format_reward",
     "gsm8k_reward", "math_format_reward", "math_reward", "Sorting", "SyntheticTask",
     "final_answer", "SPLITS", "Problem", "Task", "ALPHABET", "CharTokenizer", "char_tokenizer",
+    "Tokenizer", "stop_token_ids",
 ]

@@ -1,4 +1,13 @@
-"""A character-level tokenizer for the synthetic tasks.
+"""The tokenizer interface, and a character-level tokenizer for the synthetic tasks.
+
+`Tokenizer` is the one interface the runner uses: the character tokenizer below, the
+checkpoint tokenizer of `jetrl.models.load_tokenizer` (over the `tokenizers` library) and a
+`transformers` tokenizer all satisfy it, with the same names for the same ids. `encode(text)`
+gives the token ids of a sequence as the model expects it to start (bos first where the
+tokenizer adds one); `encode(text, add_special_tokens=False)` gives the bare ids (a completion).
+`stop_token_ids(tok)` gives every id that ends a generation.
+
+The character tokenizer:
 
 One token per character of a small fixed alphabet, plus three special tokens:
 pad (id 0), bos (id 1), eos (id 2). The alphabet (ids 3, 4, ...) is, in order:
@@ -19,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+from typing import Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
@@ -28,8 +37,39 @@ MAX_VOCAB = 128
 FILENAME = "tokenizer.json"
 
 
+@runtime_checkable
+class Tokenizer(Protocol):
+  """What the runner needs of a tokenizer (`transformers` tokenizers have it too)."""
+
+  @property
+  def bos_token_id(self) -> Optional[int]: ...
+
+  @property
+  def eos_token_id(self) -> Optional[int]: ...
+
+  @property
+  def pad_token_id(self) -> Optional[int]: ...
+
+  def __len__(self) -> int: ...
+
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+def stop_token_ids(tok: Tokenizer) -> tuple[int, ...]:
+  """Every id that ends a generation: `tok.eos_token_ids` where the tokenizer lists several
+  (a checkpoint's generation_config.json may), else its eos token; () when it has none."""
+  ids = getattr(tok, "eos_token_ids", None)  # a `transformers` tokenizer may answer one int
+  if ids is None:
+    ids = tok.eos_token_id
+  if ids is None:
+    return ()
+  return (int(ids),) if isinstance(ids, int) else tuple(int(i) for i in ids)
+
+
 class CharTokenizer:
-  """Character-level tokenizer: `encode(text) -> ids`, `decode(ids) -> text`."""
+  """Character-level tokenizer: `encode(text) -> ids`, `decode(ids) -> text` (a `Tokenizer`)."""
 
   def __init__(self, alphabet: str = ALPHABET):
     if not isinstance(alphabet, str) or not alphabet:
@@ -46,9 +86,10 @@ class CharTokenizer:
     self._ids = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(alphabet)}
     self._chars = list(SPECIAL_TOKENS) + list(alphabet)
 
-  pad_id = 0
-  bos_id = 1
-  eos_id = 2
+  pad_token_id = 0
+  bos_token_id = 1
+  eos_token_id = 2
+  eos_token_ids = (2,)
 
   @property
   def vocab_size(self) -> int:
@@ -66,8 +107,9 @@ class CharTokenizer:
   def __repr__(self) -> str:
     return f"CharTokenizer(vocab_size={self.vocab_size})"
 
-  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-    """Ids of the characters of `text` (optionally with bos first / eos last)."""
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Ids of the characters of `text`, with bos first when `add_special_tokens` (as the
+    `tokenizers` library does with this tokenizer's tokenizer.json)."""
     if not isinstance(text, str):
       raise ValueError(f"encode expects a str, got {type(text).__name__}")
     try:
@@ -77,21 +119,21 @@ class CharTokenizer:
       raise ValueError(
           f"character {bad!r} (U+{ord(bad):04X}) at position {pos} is not in the tokenizer's "
           f"alphabet {self.alphabet!r}") from None
-    if add_bos:
-      ids.insert(0, self.bos_id)
-    if add_eos:
-      ids.append(self.eos_id)
+    if add_special_tokens:
+      ids.insert(0, self.bos_token_id)
     return ids
 
-  def decode(self, ids: Iterable[int]) -> str:
-    """Text of `ids`: stops at the first eos, leaves out pad and bos."""
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+    """Text of `ids`: stops at the first eos, leaves out pad and bos (whether or not
+    `skip_special_tokens`: the special tokens have no text)."""
+    del skip_special_tokens
     out = []
     n = self.vocab_size
     for i in ids:
       i = int(i)
-      if i == self.eos_id:
+      if i == self.eos_token_id:
         break
-      if i in (self.pad_id, self.bos_id):
+      if i in (self.pad_token_id, self.bos_token_id):
         continue
       if not 0 <= i < n:
         raise ValueError(f"token id {i} is out of range [0, {n})")
@@ -119,7 +161,14 @@ class CharTokenizer:
         "normalizer": None,
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"},
                           "behavior": "Isolated", "invert": False},
-        "post_processor": None,
+        # bos first when special tokens are added, as `encode` does.
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": BOS, "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}},
+                                    {"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {BOS: {"id": BOS, "ids": [1], "tokens": [BOS]}}},
         "decoder": {"type": "Fuse"},
         # The unk token is deliberately absent from the vocabulary: the `tokenizers` library
         # then refuses unknown characters instead of mapping them to some id.

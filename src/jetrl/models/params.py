@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from jetrl.models.config import ModelConfig
 
 INIT_STD = 0.02
-MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# The projection weights of a layer: every `linear` of the model, so every FP8 GEMM.
+LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def param_shapes(config: ModelConfig) -> dict:

@@ -21,13 +21,9 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from jetrl.models.params import unstack_layers
+from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, unstack_layers
 from jetrl.precision import Precision, prequantize_weight
 from jetrl.precision.backend import wants_k_major
-
-LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
-
 
 def prequantize_linear_weights(params, precision: Optional[Precision]):
   """params with FP8 projection weights for `precision`; unchanged if it has no FP8 fprop."""
@@ -35,7 +31,7 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
     return params
   g = precision.fprop
   layers = dict(params["layers"])
-  for name in LINEAR_WEIGHTS + tuple(FUSED):
+  for name in LINEAR_WEIGHTS + tuple(FUSED_PROJECTIONS):
     if name in layers:
       layers[name] = prequantize_weight(layers[name], g, k_major=wants_k_major(g))
   return dict(params, layers=layers)
@@ -55,7 +51,7 @@ def _fusable(layers, parts, precision: Optional[Precision]) -> bool:
 def fuse_projections(params, precision: Optional[Precision]):
   """params with q / k / v and gate / up fused where the precision allows (see module doc)."""
   layers = dict(params["layers"])
-  for fused, parts in FUSED.items():
+  for fused, parts in FUSED_PROJECTIONS.items():
     if _fusable(layers, parts, precision):
       layers[fused] = jnp.concatenate([layers.pop(p) for p in parts], axis=-1)
   return dict(params, layers=layers)

@@ -2,7 +2,8 @@
 
 `load_tokenizer(path)` reads tokenizer.json, the special tokens of tokenizer_config.json, the
 chat template (from tokenizer_config.json, chat_template.jinja or chat_template.json) and the
-end-of-generation ids of generation_config.json.
+end-of-generation ids of generation_config.json, as an `HFTokenizer` (a
+`jetrl.data.Tokenizer`, like the character tokenizer and `transformers` tokenizers).
 Chat templates are rendered with jinja2 in a sandbox, the way `transformers` renders them.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 from typing import Optional, Sequence
 
+from jetrl.data.tokenizer import Tokenizer, stop_token_ids
 from jetrl.models.config import ModelConfig
 
 
@@ -42,7 +44,7 @@ def _chat_template(path: str, tok_cfg: dict) -> Optional[str]:
   return template
 
 
-class Tokenizer:
+class HFTokenizer:
   """A `tokenizers.Tokenizer` with the checkpoint's special tokens and chat template."""
 
   def __init__(self, backend, *, bos_token=None, eos_token=None, pad_token=None,
@@ -81,12 +83,12 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return len(self)
 
-  def encode(self, text: str, *, add_special_tokens: bool = True) -> list:
+  def encode(self, text: str, add_special_tokens: bool = True) -> list:
     """Token ids of `text` (add_special_tokens as in `transformers`; text rendered by a chat
     template already holds its special tokens: pass False, or use `encode_chat`)."""
     return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-  def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
   def apply_chat_template(self, messages, *, add_generation_prompt: bool = True,
@@ -136,18 +138,19 @@ def _compile(template: str):
 def check_vocab(config: ModelConfig, tokenizer: Tokenizer) -> None:
   """ValueError when the tokenizer has ids the model's embedding cannot hold: more tokens than
   config.vocab_size, or a bos / eos / pad / end-of-generation id outside it."""
-  if len(tokenizer) > config.vocab_size:
-    raise ValueError(f"vocab size mismatch: the tokenizer has {len(tokenizer)} tokens but "
-                     f"config.vocab_size is {config.vocab_size}")
-  special = {"bos": tokenizer.bos_token_id, "pad": tokenizer.pad_token_id}
-  special.update({f"eos ({i})": i for i in tokenizer.eos_token_ids})
-  bad = {k: v for k, v in special.items() if v is not None and not 0 <= v < config.vocab_size}
+  named = {"tokenizer size - 1": len(tokenizer) - 1, "bos id": tokenizer.bos_token_id,
+           "eos id": tokenizer.eos_token_id, "pad id": tokenizer.pad_token_id}
+  named.update({f"end-of-generation id #{k}": i
+                for k, i in enumerate(stop_token_ids(tokenizer))})
+  bad = {k: int(v) for k, v in named.items()
+         if v is not None and not 0 <= int(v) < config.vocab_size}
   if bad:
-    raise ValueError(f"special token ids {bad} are not below config.vocab_size "
-                     f"{config.vocab_size}")
+    listing = ", ".join(f"{k} {v}" for k, v in bad.items())
+    raise ValueError(f"the tokenizer does not fit the model: {listing} not in [0, "
+                     f"vocab_size={config.vocab_size})")
 
 
-def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> Tokenizer:
+def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFTokenizer:
   """The tokenizer of a checkpoint directory (or hub name); checks it against `config`."""
   from tokenizers import Tokenizer as Backend  # pylint: disable=import-outside-toplevel
 
@@ -164,7 +167,7 @@ def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> Tokeni
 
   gen_eos = _read_json(os.path.join(path, "generation_config.json")).get("eos_token_id")
   gen_eos = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else gen_eos
-  tok = Tokenizer(Backend.from_file(tok_file), bos_token=token("bos_token"),
+  tok = HFTokenizer(Backend.from_file(tok_file), bos_token=token("bos_token"),
                   eos_token=token("eos_token"), pad_token=token("pad_token"),
                   chat_template=_chat_template(path, tok_cfg), extra_eos_ids=gen_eos)
   if config is not None:

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
-from jetrl.models.params import MATRICES, param_shapes
+from jetrl.models.params import LINEAR_WEIGHTS, param_shapes
 from jetrl.parallel.mesh import DATA, FSDP, TENSOR, mesh_str
 
 MODES = ("train", "sample")
@@ -157,7 +157,7 @@ def check_fp8_alignment(config: ModelConfig, specs: dict, axis_sizes: dict[str, 
   sizes = {DATA: 1, FSDP: 1, TENSOR: 1, **axis_sizes}
   shapes = param_shapes(config)["layers"]
   for role, block in fp8_blocks(recipe):
-    for name in MATRICES:
+    for name in LINEAR_WEIGHTS:
       shape = shapes[name]
       spec = specs["layers"][name]
       for dim_i, what in ((1, "contraction (input) dim K"), (2, "output dim N")):

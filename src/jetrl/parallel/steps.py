@@ -21,22 +21,16 @@ def sharded_update_step(layout: Layout) -> Callable:
   back replicated. Same signature as `update_step`; pass a state placed with
   `layout.shard_state` and a batch placed with `layout.shard_batch`.
   """
-  from jetrl.rl.update import update_step  # local: keeps jetrl.parallel light to import
+  from jetrl.rl.update import jit_update_step  # local: keeps jetrl.parallel light to import
 
-  fn = getattr(update_step, "__wrapped__", None)
-  if fn is None:
-    raise RuntimeError("jetrl.rl.update.update_step is not a jax.jit-wrapped function")
   cache = {}
 
-  def step(state, batch, key, *, model_config, cfg, precision, **kw):
-    shardings = layout.tree_shardings(state)
+  def step(state, batch, key, **kw):
     sig = jax.tree_util.tree_structure(state)
     if sig not in cache:
-      cache[sig] = jax.jit(
-          fn, static_argnames=("model_config", "cfg", "precision", "bin_edges"),
-          donate_argnames=("state",), out_shardings=(shardings, layout.replicated))
-    return cache[sig](state, batch, key, model_config=model_config, cfg=cfg,
-                      precision=precision, **kw)
+      cache[sig] = jit_update_step(out_shardings=(layout.tree_shardings(state),
+                                                  layout.replicated))
+    return cache[sig](state, batch, key, **kw)
 
   return step
 

@@ -1,4 +1,4 @@
-"""Tile-wise FP8 quantization, exactly as DESIGN.md's "FP8 numerics" specifies.
+"""Tile-wise FP8 quantization, exactly as docs/numerics.md specifies.
 
 A tile is a block of `block[i]` consecutive entries along each axis i, aligned at index 0;
 a tile at the high end of an axis may be partial. Each tile gets one float32 scale:

@@ -24,12 +24,15 @@ __all__ = [
 ]
 
 from jetrl.rl.batch import TrainBatch, make_train_batch, policy_logprobs  # noqa: E402
+from jetrl.rl.optimizer import (  # noqa: E402
+    SCHEDULES, OptimizerConfig, learning_rate_schedule, make_optimizer, skip_non_finite)
 from jetrl.rl.update import (  # noqa: E402
     LOSSES, OLD_LOGP_SOURCES, TrainState, UpdateConfig, check_batch_divisible, init_train_state,
-    make_optimizer, update_step)
+    jit_update_step, update_step)
 
 __all__ += [
-    "TrainBatch", "make_train_batch", "policy_logprobs", "LOSSES", "OLD_LOGP_SOURCES",
-    "TrainState", "UpdateConfig", "check_batch_divisible", "init_train_state", "make_optimizer",
+    "TrainBatch", "make_train_batch", "policy_logprobs", "SCHEDULES", "OptimizerConfig",
+    "learning_rate_schedule", "make_optimizer", "skip_non_finite", "LOSSES", "OLD_LOGP_SOURCES",
+    "TrainState", "UpdateConfig", "check_batch_divisible", "init_train_state", "jit_update_step",
     "update_step",
 ]

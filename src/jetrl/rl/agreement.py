@@ -46,6 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.rl.masking import as_mask, masked, masked_mean
+
 DEFAULT_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 _F32 = jnp.float32
@@ -99,8 +101,8 @@ def position_bins(
   edges = _check_edges(bin_edges) if bin_edges is not None else equal_width_edges(
       num_bins, length)
   ids = np.searchsorted(np.asarray(edges), np.arange(length), side="right") - 1
-  m = jnp.asarray(mask).astype(bool)
-  col_sum = jnp.sum(jnp.where(m, jnp.asarray(values).astype(_F32), 0.0), axis=0)
+  m = as_mask(mask)
+  col_sum = jnp.sum(masked(values, m), axis=0)
   col_count = jnp.sum(m, axis=0, dtype=_F32)
   # segment_sum adds in float32 (no matmul, so no reduced-precision dot on accelerators).
   sums = jax.ops.segment_sum(col_sum, ids, num_segments=len(edges))
@@ -135,14 +137,11 @@ def agreement_metrics(
   if not log_clamp > 0:
     raise ValueError(f"log_clamp must be > 0, got {log_clamp!r}")
 
-  m = jnp.asarray(mask).astype(bool)
-  rollout = jnp.where(m, jnp.asarray(rollout_logp).astype(_F32), 0.0)
-  train = jnp.where(m, jnp.asarray(train_logp).astype(_F32), 0.0)
+  m = as_mask(mask)
+  rollout = masked(rollout_logp, m)
+  train = masked(train_logp, m)
   n = jnp.sum(m, dtype=_F32)
-  safe_n = jnp.maximum(n, 1.0)
-
-  def mean(x):
-    return jnp.sum(jnp.where(m, x, 0.0)) / safe_n
+  mean = lambda x: masked_mean(x, m)
 
   delta = train - rollout
   abs_delta = jnp.abs(delta)

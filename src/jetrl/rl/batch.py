@@ -12,6 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jetrl.models.cache import positions_from_mask
+
 
 class TrainBatch(NamedTuple):
   """Per-row arrays for the update. R rows; S = P + T - 1 input positions."""
@@ -29,7 +31,7 @@ def make_train_batch(prompt_tokens, prompt_mask, tokens, mask, rollout_logprobs,
   """Assemble a TrainBatch from the sampler's arrays and per-row advantages."""
   seq = jnp.concatenate([prompt_tokens, tokens], axis=1).astype(jnp.int32)
   seq_mask = jnp.concatenate([prompt_mask, mask], axis=1).astype(bool)
-  positions = jnp.maximum(jnp.cumsum(seq_mask, axis=1) - 1, 0).astype(jnp.int32)
+  positions = positions_from_mask(seq_mask)
   return TrainBatch(inputs=seq[:, :-1], targets=tokens.astype(jnp.int32),
                     positions=positions[:, :-1], attention_mask=seq_mask[:, :-1],
                     mask=mask.astype(jnp.float32),

@@ -29,14 +29,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.rl.masking import as_mask, masked, masked_mean
+
 IS_METHODS = ("none", "tis", "mis", "seq_tis", "seq_mis")
 
 _F32 = jnp.float32
-
-
-def _masked_mean(x: chex.Array, m: chex.Array) -> chex.Array:
-  n = jnp.sum(m, dtype=_F32)
-  return jnp.sum(jnp.where(m, x.astype(_F32), 0.0)) / jnp.maximum(n, 1.0)
 
 
 def importance_weights(
@@ -77,9 +74,9 @@ def importance_weights(
   chex.assert_equal_shape([train_logp, rollout_logp, mask])
   chex.assert_type([train_logp, rollout_logp], float)
 
-  m = jnp.asarray(mask).astype(bool)
-  train = jnp.where(m, jnp.asarray(train_logp).astype(_F32), 0.0)
-  rollout = jnp.where(m, jnp.asarray(rollout_logp).astype(_F32), 0.0)
+  m = as_mask(mask)
+  train = masked(train_logp, m)
+  rollout = masked(rollout_logp, m)
   log_ratio = jax.lax.stop_gradient(train - rollout)
 
   c = _F32(cap)
@@ -106,9 +103,9 @@ def importance_weights(
       truncated, dropped = no, jnp.logical_not(keep) & jnp.logical_not(bad)
   w = jax.lax.stop_gradient(jnp.where(m, w, _F32(0.0)))
   metrics = {
-      "frac_truncated": _masked_mean(truncated, m),
-      "frac_dropped": _masked_mean(dropped, m),
-      "mean_weight": _masked_mean(w, m),
+      "frac_truncated": masked_mean(truncated, m),
+      "frac_dropped": masked_mean(dropped, m),
+      "mean_weight": masked_mean(w, m),
   }
   return w, metrics
 

@@ -34,6 +34,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.rl.masking import as_mask, masked, masked_mean
+
 AGGREGATIONS = ("token", "seq_mean_token_mean", "constant")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -51,20 +53,6 @@ def _check_tokens(*arrays: chex.Array, mask: chex.Array) -> None:
   chex.assert_rank(list(arrays), 2)
   chex.assert_equal_shape([*arrays, mask])
   chex.assert_type(list(arrays), float)
-
-
-def _bool_mask(mask: chex.Array) -> chex.Array:
-  return jnp.asarray(mask).astype(bool)
-
-
-def _masked(x: chex.Array, m: chex.Array) -> chex.Array:
-  """float32 x with masked-out positions set to 0."""
-  return jnp.where(m, jnp.asarray(x).astype(_F32), _F32(0.0))
-
-
-def _masked_mean(x: chex.Array, m: chex.Array) -> chex.Array:
-  n = jnp.sum(m, dtype=_F32)
-  return jnp.sum(_masked(x, m)) / jnp.maximum(n, 1.0)
 
 
 def aggregate(
@@ -88,8 +76,8 @@ def aggregate(
   """
   _check_aggregation(aggregation)
   _check_tokens(per_token, mask=mask)
-  m = _bool_mask(mask)
-  x = _masked(per_token, m)
+  m = as_mask(mask)
+  x = masked(per_token, m)
   if aggregation == "token":
     return jnp.sum(x), jnp.sum(m, dtype=_F32)
   if aggregation == "seq_mean_token_mean":
@@ -176,10 +164,10 @@ def ppo_clip_loss(
   else:
     chex.assert_equal_shape([advantages, logp])
 
-  m = _bool_mask(mask)
-  new = _masked(logp, m)
-  old = jax.lax.stop_gradient(_masked(old_logp, m))
-  adv = jax.lax.stop_gradient(_masked(advantages, m))
+  m = as_mask(mask)
+  new = masked(logp, m)
+  old = jax.lax.stop_gradient(masked(old_logp, m))
+  adv = jax.lax.stop_gradient(masked(advantages, m))
 
   ratio = jnp.exp(new - old)
   clipped = jnp.clip(ratio, _F32(1.0 - clip_low), _F32(1.0 + clip_high))
@@ -188,7 +176,7 @@ def ppo_clip_loss(
     per_token = jnp.where(adv < 0, jnp.minimum(per_token, -_F32(dual_clip) * adv), per_token)
   if is_weights is not None:
     chex.assert_equal_shape([is_weights, logp])
-    per_token = per_token * jax.lax.stop_gradient(_masked(is_weights, m))
+    per_token = per_token * jax.lax.stop_gradient(masked(is_weights, m))
   num, den = aggregate(per_token, m, aggregation, max_tokens=max_tokens)
 
   r = jax.lax.stop_gradient(ratio)
@@ -199,10 +187,10 @@ def ppo_clip_loss(
   else:
     dual = jnp.zeros_like(m)
   metrics = {
-      "clip_frac_low": _masked_mean(low, m),
-      "clip_frac_high": _masked_mean(high, m),
-      "dual_clip_frac": _masked_mean(dual, m),
-      "ratio_mean": _masked_mean(r, m),
+      "clip_frac_low": masked_mean(low, m),
+      "clip_frac_high": masked_mean(high, m),
+      "dual_clip_frac": masked_mean(dual, m),
+      "ratio_mean": masked_mean(r, m),
       "n_tokens": jnp.sum(m, dtype=_F32),
   }
   return num, den, metrics
@@ -237,8 +225,8 @@ def kl_penalty(
         f"unknown KL estimator {estimator!r}; accepted: {', '.join(KL_ESTIMATORS)}")
   if clamp is not None and not clamp > 0:
     raise ValueError(f"clamp must be > 0 or None, got {clamp!r}")
-  m = _bool_mask(mask)
-  d = jax.lax.stop_gradient(_masked(ref_logp, m)) - _masked(logp, m)
+  m = as_mask(mask)
+  d = jax.lax.stop_gradient(masked(ref_logp, m)) - masked(logp, m)
   if estimator == "k1":
     kl = -d
   elif estimator == "k2":

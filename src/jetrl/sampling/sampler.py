@@ -29,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import ModelConfig, forward_cached, init_cache, rollout_weights
+from jetrl.config import check_fields, field
+from jetrl.models import (KVCache, ModelConfig, forward_cached, init_cache, positions_from_mask,
+                          rollout_weights)
 from jetrl.models.exact_ops import token_logprobs_from_logits
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import sample_categorical
@@ -40,39 +42,26 @@ STOP_LENGTH = 1
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """How to sample. Static under jit (frozen, hashable).
-
-  max_new_tokens: budget of generated tokens per sample.
-  temperature: 0 for greedy, else softmax temperature.
-  top_k: keep the k most likely tokens (0: off). top_p: nucleus mass (1.0: off).
-  n: samples per prompt (the GRPO group), sharing one prefill.
-  stop_ids: token ids that end a sample (the stop token is kept, masked in).
-  pad_id: filler for prompt padding and for positions after a sample stopped.
-  prompt_len: static prompt width P (None: the longest prompt rounded up to a multiple of 16).
-  """
-  max_new_tokens: int = 128
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  n: int = 1
-  stop_ids: tuple[int, ...] = ()
-  pad_id: int = 0
-  prompt_len: Optional[int] = None
+  """How to sample. Static under jit (frozen, hashable). The run's `sampling` config: its
+  flags are `--sampling.<field>`; the run fills in the last three from the tokenizer and the
+  task."""
+  max_new_tokens: int = field(128, "Generation budget: tokens per sample.", lo=1)
+  temperature: float = field(1.0, "Softmax temperature (0: greedy).", lo=0.0)
+  top_k: int = field(0, "Sample from the k most likely tokens only (0: all). Leave off for "
+                     "on-policy RL: the recorded log-probs are the untruncated ones.", lo=0)
+  top_p: float = field(1.0, "Nucleus mass (1: all tokens). Leave off for on-policy RL.",
+                       lo=0.0, hi=1.0, lo_open=True)
+  n: int = field(1, "Samples per prompt (the GRPO group), sharing one prefill.", lo=1)
+  stop_ids: tuple[int, ...] = field((), "Token ids that end a sample (kept, masked in).",
+                                    flag=False)
+  pad_id: int = field(0, "Filler for prompt padding and after a sample stopped.", flag=False)
+  prompt_len: Optional[int] = field(None, "Static prompt width (None: the longest prompt "
+                                    "rounded up to a multiple of 16).", lo=1, flag=False)
 
   def __post_init__(self):
-    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
-    if not self.temperature >= 0:
-      raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-    if not isinstance(self.top_k, int) or self.top_k < 0:
-      raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-    if not isinstance(self.n, int) or self.n < 1:
-      raise ValueError(f"n (samples per prompt) must be a positive int, got {self.n!r}")
-    if self.prompt_len is not None and (not isinstance(self.prompt_len, int) or self.prompt_len < 1):
-      raise ValueError(f"prompt_len must be None or a positive int, got {self.prompt_len!r}")
-    object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+    if isinstance(self.stop_ids, (tuple, list)):
+      object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+    check_fields(self)
 
   @property
   def greedy(self) -> bool:
@@ -88,6 +77,18 @@ class Rollout(NamedTuple):
   mask: jax.Array            # [R, T] bool: generated tokens (the stop token included)
   lengths: jax.Array         # [R] int32
   stop_reason: jax.Array     # [R] int32: STOP_TOKEN or STOP_LENGTH
+
+
+class DecodeState(NamedTuple):
+  """The decode loop's carry: R rows, T = max_new_tokens."""
+  step: jax.Array       # int32 scalar: decode steps taken
+  cache: KVCache
+  logits: jax.Array     # [R, V] the next token's logits
+  tokens: jax.Array     # [R, T] int32
+  logprobs: jax.Array   # [R, T] float32
+  done: jax.Array       # [R] bool: the row hit a stop token
+  lengths: jax.Array    # [R] int32
+  key: jax.Array
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], config: SamplingConfig, max_seq_len: int,
@@ -174,7 +175,7 @@ def _prefill(params, tokens, mask, *, model_config: ModelConfig, config: Samplin
              precision: Optional[Precision], cache_dtype, cache_sharding=None):
   b, p = tokens.shape
   cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype)
-  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+  positions = positions_from_mask(mask)
   logits, cache = forward_cached(params, model_config, tokens, cache, positions=positions,
                                  token_mask=mask, precision=precision, last_only=True)
   cache = _constrain(_repeat_cache(cache, config.n), cache_sharding)
@@ -189,37 +190,35 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
   r, t_max = logits.shape[0], config.max_new_tokens
   cache = _constrain(cache, cache_sharding)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
-  init = dict(step=jnp.int32(0), cache=cache, logits=logits,
-              tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
-              logprobs=jnp.zeros((r, t_max), jnp.float32), done=jnp.zeros((r,), bool),
-              stopped=jnp.zeros((r,), bool), lengths=jnp.zeros((r,), jnp.int32), key=key)
+  init = DecodeState(step=jnp.int32(0), cache=cache, logits=logits,
+                     tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
+                     logprobs=jnp.zeros((r, t_max), jnp.float32), done=jnp.zeros((r,), bool),
+                     lengths=jnp.zeros((r,), jnp.int32), key=key)
 
-  def cond(s):
-    return (s["step"] < t_max) & ~jnp.all(s["done"])
+  def cond(s: DecodeState):
+    return (s.step < t_max) & ~jnp.all(s.done)
 
-  def body(s):
-    key, sub = jax.random.split(s["key"])
-    tok, lp = _choose(s["logits"], sub, config, is_batch_invariant(precision))
-    active = ~s["done"]
+  def body(s: DecodeState) -> DecodeState:
+    key, sub = jax.random.split(s.key)
+    tok, lp = _choose(s.logits, sub, config, is_batch_invariant(precision))
+    active = ~s.done
     tok = jnp.where(active, tok, config.pad_id)
     lp = jnp.where(active, lp, 0.0)
     hit = active & jnp.isin(tok, stop_ids)
-    step = s["step"]
     new_logits, new_cache = forward_cached(
-        params, model_config, tok[:, None], s["cache"], positions=(prompt_lens + step)[:, None],
+        params, model_config, tok[:, None], s.cache, positions=(prompt_lens + s.step)[:, None],
         token_mask=active[:, None], precision=precision, last_only=True)
-    return dict(step=step + 1, cache=_constrain(new_cache, cache_sharding),
-                logits=new_logits[:, -1],
-                tokens=s["tokens"].at[:, step].set(tok),
-                logprobs=s["logprobs"].at[:, step].set(lp), done=s["done"] | hit,
-                stopped=s["stopped"] | hit, lengths=s["lengths"] + active.astype(jnp.int32),
-                key=key)
+    return DecodeState(step=s.step + 1, cache=_constrain(new_cache, cache_sharding),
+                       logits=new_logits[:, -1], tokens=s.tokens.at[:, s.step].set(tok),
+                       logprobs=s.logprobs.at[:, s.step].set(lp), done=s.done | hit,
+                       lengths=s.lengths + active.astype(jnp.int32), key=key)
 
   s = jax.lax.while_loop(cond, body, init)
-  mask = jnp.arange(t_max)[None, :] < s["lengths"][:, None]
-  reason = jnp.where(s["stopped"], STOP_TOKEN, STOP_LENGTH).astype(jnp.int32)
+  mask = jnp.arange(t_max)[None, :] < s.lengths[:, None]
+  # A row is done only by hitting a stop token before the budget ran out.
+  reason = jnp.where(s.done, STOP_TOKEN, STOP_LENGTH).astype(jnp.int32)
   # The cache comes back (aliasing the donated buffer); callers drop it.
-  return (s["tokens"], s["logprobs"], mask, s["lengths"], reason), s["cache"]
+  return (s.tokens, s.logprobs, mask, s.lengths, reason), s.cache
 
 
 @functools.partial(jax.jit, static_argnames=("precision", "fuse"))

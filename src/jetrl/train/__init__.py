@@ -1,7 +1,9 @@
-"""The RL experiment runner: config, loop, supervised warm start, checkpoints, writers, plots."""
+"""The RL experiment runner: configs, loop, supervised warm start, checkpoints, writers, plots."""
 
-from jetrl.train.config import TrainConfig
+from jetrl.train.config import (CheckpointConfig, EvalConfig, LoggingConfig, ModelSpec,
+                                SFTConfig, TaskConfig, TrainConfig)
 from jetrl.train.loop import run
-from jetrl.train.sft import SFTConfig, run_sft
+from jetrl.train.sft import run_sft
 
-__all__ = ["TrainConfig", "run", "SFTConfig", "run_sft"]
+__all__ = ["TrainConfig", "SFTConfig", "ModelSpec", "TaskConfig", "EvalConfig",
+           "CheckpointConfig", "LoggingConfig", "run", "run_sft"]

@@ -25,7 +25,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jetrl.train import checksum
-from jetrl.train.config import incompatible_fields
 from jetrl.train.validation import FlagError, checkpoint_steps
 
 DAMAGED_DIR = "checkpoints_damaged"
@@ -142,16 +141,6 @@ def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
     raise ValueError(f"{where}: non-finite values (NaN or Inf) in {bad[:4]}")
 
 
-def check_compatible(meta: dict, config, path: str, resumable=None) -> None:
-  """Refuse a checkpoint written under a different configuration, naming the fields."""
-  kw = {} if resumable is None else {"resumable": resumable}
-  diffs = incompatible_fields(meta.get("config", {}), config, **kw)
-  if diffs:
-    raise FlagError(None,
-                    f"checkpoint in {path} was written by an incompatible configuration; use "
-                    f"another --workdir or the same flags. Differences:\n  " + "\n  ".join(diffs))
-
-
 def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None] = print) -> Any:
   """The params of the newest intact checkpoint in `workdir` (a warm start), cast like target.
 
@@ -195,4 +184,4 @@ def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None
     return jax.tree_util.tree_map(lambda t, p: np.asarray(p).astype(t.dtype), target_params, params)
   except ValueError as e:
     raise FlagError("init_from", f"the {kind} checkpoint's params do not match this model "
-                    f"(--model / --n_layers / tokenizer): {e}") from None
+                    f"(--model.name / --model.n_layers / tokenizer): {e}") from None

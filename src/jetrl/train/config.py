@@ -1,177 +1,419 @@
-"""The RL run's configuration: one frozen dataclass of plain data, validated up front.
+"""The configuration trees of an RL run (`TrainConfig`) and of a supervised warm start
+(`SFTConfig`), and what a checkpoint's configuration must share with the run resuming it.
 
-Every field is a command-line flag of `experiments/train.py` (same name), and every field is
-read by the loop. `validate()` runs before anything is compiled and names the flag at fault:
-every float is checked finite and in range, every int in range, and the synthetic task's knobs,
-the workdir and `--init_from` are checked too (`jetrl.train.validation`, docs/reliability.md).
+Both are trees of frozen dataclasses (`jetrl.config`): a few run-level fields, then one node
+per concern, shared between the two where the concern is the same:
+
+  model       ModelSpec          which weights: a preset or a checkpoint directory
+  task        TaskConfig         prompts and reward
+  sampling    SamplingConfig     rollouts (jetrl.sampling; RL only)
+  optimizer   OptimizerConfig    AdamW and its schedule (jetrl.rl.optimizer; both runs)
+  update      UpdateConfig       the policy-gradient update (jetrl.rl.update; RL only)
+  eval        EvalConfig         greedy evaluation on held-out problems
+  checkpoint  CheckpointConfig   how often, how many kept
+  logging     LoggingConfig      metric records, TensorBoard, plots
+
+Every leaf is a flag of `experiments/train.py` / `experiments/sft.py` named by its path
+(`--optimizer.lr`). Each node checks its own values when built, and the top-level class checks
+what involves several nodes (rows that must split into minibatches, a temperature RL can
+sample at); paths on disk are checked when a run starts (`check_paths`), before anything is
+compiled or written (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import Any
+import json
+from typing import Any, Optional
 
+from jetrl.config import (
+  SEED_MAX,
+  ConfigError,
+  FlagError,
+  check_fields,
+  check_float,
+  check_int,
+  field,
+  flatten,
+  leaf_paths,
+  node,
+  replace,
+  to_dict,
+)
+from jetrl.data.registry import SYNTHETIC_TASKS, TASKS, task_class
 from jetrl.precision import RECIPES
 from jetrl.precision.formats import FORMATS
-from jetrl.rl.correction import IS_METHODS
-from jetrl.rl.update import LOSSES, MASTER_DTYPES, OLD_LOGP_SOURCES, SCHEDULES
-from jetrl.train.validation import (SEED_MAX, FlagError, check_float, check_init_from,
-                                    check_int, check_task_knobs, check_workdir)
+from jetrl.rl.optimizer import OptimizerConfig
+from jetrl.rl.update import UpdateConfig
+from jetrl.sampling import SamplingConfig
+from jetrl.train import validation
 
 
-def _f(default, help_text: str, **kw):
-  return dataclasses.field(default=default, metadata={"help": help_text, **kw})
+class Tree:
+  """What the top-level configs share: `replace` (a field, a node's fields as a dict, or a
+  dotted path: `cfg.replace(steps=5, sampling={"n": 4}, **{"optimizer.lr": 1e-3})`) and
+  `to_dict`."""
+
+  def replace(self, **changes):
+    flat = {}
+    for key, value in changes.items():
+      if isinstance(value, dict):
+        flat.update({f"{key}.{k}": v for k, v in flatten(value).items()})
+      else:
+        flat[key] = value
+    return replace(self, flat)
+
+  def to_dict(self) -> dict[str, Any]:
+    return to_dict(self)
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  # Precision and model.
-  recipe: str = _f("jet", f"Precision recipe: one of {list(RECIPES)}.")
-  grad_fmt: str = _f("e4m3", "FP8 gradient format for jet / fp8_tensor: e4m3 or e5m2.")
-  model: str = _f("tiny", "A model preset name (see jetrl.models.PRESETS) or an HF checkpoint directory.")
-  n_layers: int = _f(0, "Override the preset's number of layers (0: keep the preset's).")
-  init_from: str = _f("", "Warm-start params from this checkpoint directory (e.g. an SFT run's workdir).")
-  # Task.
-  task: str = _f("addition", "Task name (see jetrl.data.TASKS).")
-  difficulty: int = _f(2, "Synthetic task difficulty knob (ignored by dataset tasks).")
-  length: int = _f(1, "Synthetic task length knob (ignored by dataset tasks).")
-  data_path: str = _f("", "Local JSON-lines file or directory for dataset tasks (gsm8k, math500).")
-  # Rollout.
-  steps: int = _f(50, "RL steps (rollout + update).")
-  prompts_per_step: int = _f(16, "Prompts per RL step.")
-  group_size: int = _f(8, "Samples per prompt (the GRPO group).")
-  max_new_tokens: int = _f(64, "Generation budget per sample.")
-  temperature: float = _f(1.0, "Sampling temperature for rollouts (> 0).")
-  # Loss and correction.
-  loss: str = _f("grpo", f"Policy loss: one of {list(LOSSES)}.")
-  is_correction: str = _f("none", f"Rollout/training mismatch correction: one of {list(IS_METHODS)}.")
-  is_cap: float = _f(2.0, "Cap C of the importance-sampling correction.")
-  old_logp: str = _f("rollout", f"Source of the PPO ratio's old log-probs: {list(OLD_LOGP_SOURCES)}.")
-  clip_low: float = _f(0.2, "PPO lower clip range.")
-  clip_high: float = _f(-1.0, "PPO upper clip range (-1: the loss's default, 0.28 for dapo).")
-  kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the initial policy (0: off).")
-  entropy_coef: float = _f(0.0, "Coefficient of the entropy bonus (0: off).")
-  dynamic_sampling: bool = _f(False, "Mask out groups whose rewards are all equal (DAPO).")
-  overlong_buffer: int = _f(0, "DAPO soft overlong penalty buffer in tokens (0: off).")
-  mask_truncated: bool = _f(False, "Drop completions that hit the length limit from the loss.")
-  # Optimisation.
-  lr: float = _f(1e-4, "Peak learning rate.")
-  schedule: str = _f("constant", f"Learning-rate schedule: {list(SCHEDULES)}.")
-  warmup_steps: int = _f(0, "Warmup optimizer steps.")
-  weight_decay: float = _f(0.0, "AdamW weight decay.")
-  max_grad_norm: float = _f(1.0, "Global-norm gradient clipping.")
-  ppo_epochs: int = _f(1, "Passes over each rollout batch.")
-  minibatches: int = _f(1, "Optimizer steps per epoch.")
-  micro_batches: int = _f(1, "Gradient-accumulation micro-batches per minibatch.")
-  master_dtype: str = _f("float32", f"Master weights dtype: {list(MASTER_DTYPES)}.")
-  # Devices.
-  mesh: str = _f("", "Device mesh, e.g. 'data:2,fsdp:2,tensor:2' (axes data, fsdp, tensor; "
-                 "empty: every device on data). See docs/scaling.md.")
-  # Run.
-  seed: int = _f(0, "Random seed (sampling, shuffling, synthetic problems).")
-  workdir: str = _f("", "Output directory: metrics.jsonl, checkpoints, plots, TensorBoard.", required=True)
-  eval_every: int = _f(10, "Greedy evaluation on held-out problems every N steps (0: only at start and end).")
-  eval_size: int = _f(64, "Held-out problems per evaluation.")
-  ckpt_every: int = _f(10, "Checkpoint every N steps (and at the end).")
-  keep_ckpts: int = _f(2, "Checkpoints kept.")
-  tensorboard: bool = _f(True, "Write TensorBoard event files under workdir/tb.")
-  plots: bool = _f(True, "Write PNG plots at the end.")
-  max_skipped_steps: int = _f(5, "Stop with an error when every update of this many steps in a "
-                              "row was skipped for non-finite values.")
-  overwrite: bool = _f(False, "Start afresh in a workdir that holds metrics but no checkpoint; "
-                       "the old files are moved to workdir/previous/<time>/, never deleted.")
-  allow_schedule_change: bool = _f(False, "Resume although a changed flag (e.g. --steps under "
-                                   "a cosine schedule) changes the learning-rate schedule; the "
-                                   "change is recorded in workdir/config_changes.jsonl.")
+class ModelSpec:
+  """Which model: a preset (random init, sized to the tokenizer) or a checkpoint directory."""
 
-  def replace(self, **kw) -> "TrainConfig":
-    return dataclasses.replace(self, **kw)
+  name: str = field(
+    "tiny", "A model preset (jetrl.models.PRESETS) or a Hugging Face checkpoint directory."
+  )
+  n_layers: Optional[int] = field(
+    None,
+    "Number of layers: the first N of a checkpoint's, or a preset's changed (none: unchanged).",
+    lo=1,
+  )
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+  def __post_init__(self):
+    check_fields(self)
 
-  def validate(self) -> "TrainConfig":
-    """Raise FlagError (a ValueError) naming the flag for any invalid value or combination."""
-    from jetrl.data import TASKS
-    from jetrl.models import PRESETS
 
-    def bad(flag, msg):
-      raise FlagError(flag, msg)
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """The task: a synthetic one with two knobs, or a dataset (hub or local files)."""
 
-    def one_of(flag, accepted):
-      if getattr(self, flag) not in accepted:
-        bad(flag, f"{getattr(self, flag)!r} is not accepted; choose one of {list(accepted)}")
+  name: str = field("addition", "Task.", choices=TASKS)
+  difficulty: int = field(2, "Synthetic task difficulty knob (ignored by dataset tasks).", lo=0)
+  length: int = field(
+    1, "Synthetic task length knob: rollout length grows with it (ignored by dataset tasks).", lo=0
+  )
+  data_path: Optional[str] = field(
+    None, "Local JSON-lines file or directory of a dataset task (none: the hub)."
+  )
 
-    one_of("recipe", RECIPES)
-    one_of("grad_fmt", FORMATS)
-    one_of("task", TASKS)
-    one_of("loss", LOSSES)
-    one_of("is_correction", IS_METHODS)
-    one_of("old_logp", OLD_LOGP_SOURCES)
-    one_of("schedule", SCHEDULES)
-    one_of("master_dtype", MASTER_DTYPES)
-    if self.model not in PRESETS and not os.path.isdir(self.model):
-      bad("model", f"{self.model!r} is neither a preset ({sorted(PRESETS)}) nor a directory")
-    check_workdir(self.workdir)
-    check_init_from(self.init_from)
-    for flag in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs", "minibatches",
-                 "micro_batches", "eval_size", "ckpt_every", "keep_ckpts", "max_skipped_steps"):
-      check_int(flag, getattr(self, flag), 1)
-    for flag in ("n_layers", "eval_every", "warmup_steps", "overlong_buffer", "difficulty",
-                 "length"):
-      check_int(flag, getattr(self, flag), 0)
-    check_int("seed", self.seed, 0, SEED_MAX)
-    if self.group_size < 2:
-      bad("group_size", f"must be >= 2 for group-relative advantages, got {self.group_size}")
-    check_int("group_size", self.group_size, 2)
-    check_task_knobs(self.task, self.difficulty, self.length)
-    # Floats: finite and in range (NaN fails every comparison, so `x < 0` alone lets it in).
-    if isinstance(self.temperature, (int, float)) and self.temperature == 0:
-      bad("temperature", "must be > 0 for RL sampling, got 0")
-    check_float("temperature", self.temperature, 0.01, 100.0)
-    check_float("lr", self.lr, 0.0, 1.0, lo_open=True)
-    check_float("weight_decay", self.weight_decay, 0.0, 10.0)
-    check_float("max_grad_norm", self.max_grad_norm, 0.0, 1e6, lo_open=True)
-    check_float("is_cap", self.is_cap, 1.0, 1e6)
-    check_float("clip_low", self.clip_low, 0.0, 1.0)
-    if self.clip_low == 1.0:
-      bad("clip_low", "must be < 1 (a ratio clipped at 0 has no gradient), got 1.0")
-    check_float("clip_high", self.clip_high, 0.0, 10.0, also=(-1.0,))
-    check_float("kl_coef", self.kl_coef, 0.0, 100.0)
-    check_float("entropy_coef", self.entropy_coef, 0.0, 100.0)
-    rows = self.prompts_per_step * self.group_size
-    if rows % (self.minibatches * self.micro_batches):
-      bad("minibatches", f"prompts_per_step x group_size = {rows} rows do not split into "
-          f"minibatches={self.minibatches} x micro_batches={self.micro_batches}")
-    from jetrl.parallel.mesh import parse_mesh
+  def __post_init__(self):
+    check_fields(self)
+    if self.name in SYNTHETIC_TASKS:  # each synthetic task's own ranges
+      cls = task_class(self.name)
+      check_int("difficulty", self.difficulty, *cls.difficulty_range)
+      check_int("length", self.length, *cls.length_range)
+
+  @property
+  def synthetic(self) -> bool:
+    return self.name in SYNTHETIC_TASKS
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Greedy evaluation (the recipe's rollout precision) on the task's held-out problems."""
+
+  every: Optional[int] = field(
+    10, "Evaluate every N steps (none: only at the start and the end).", lo=1
+  )
+  size: int = field(64, "Held-out problems per evaluation.", lo=1)
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """Orbax checkpoints under <workdir>/checkpoints: written atomically and checksummed."""
+
+  every: int = field(10, "Checkpoint every N steps (and at the end).", lo=1)
+  keep: int = field(2, "Checkpoints kept.", lo=1)
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  """Metric records (JSON lines, the source of truth), TensorBoard and PNG plots."""
+
+  every: int = field(1, "Write a metrics record and a console line every N steps.", lo=1)
+  tensorboard: bool = field(True, "Also write TensorBoard events under <workdir>/tb.")
+  plots: bool = field(True, "Draw PNG plots under <workdir>/plots at the end.")
+  plot_every: Optional[int] = field(
+    None, "Also redraw the plots every N steps (none: only at the end).", lo=1
+  )
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Tree):
+  """An RL run: `experiments/train.py`, `jetrl.train.run`."""
+
+  workdir: Optional[str] = field(
+    None, "Output directory: metrics, checkpoints, plots, TensorBoard (required)."
+  )
+  recipe: str = field("jet", "Precision recipe.", choices=RECIPES)
+  grad_fmt: str = field("e4m3", "FP8 gradient format of jet / fp8_tensor.", choices=FORMATS)
+  steps: int = field(50, "RL steps (rollout + update).", lo=1)
+  prompts_per_step: int = field(16, "Prompts per RL step; each is sampled sampling.n times.", lo=1)
+  seed: int = field(
+    0, "Random seed (sampling, shuffling, synthetic problems, init).", lo=0, hi=SEED_MAX
+  )
+  init_from: Optional[str] = field(
+    None,
+    "Warm-start the params from the newest checkpoint in "
+    "this directory (an SFT or RL run's workdir).",
+  )
+  mesh: Optional[str] = field(
+    None,
+    "Device mesh, e.g. data:2,fsdp:2,tensor:2 (none: every device on data). See docs/scaling.md.",
+  )
+  max_skipped_steps: int = field(
+    5,
+    "Stop with an error when every update of this many steps "
+    "in a row was skipped for non-finite values.",
+    lo=1,
+  )
+  overwrite: bool = field(
+    False,
+    "Start afresh in a workdir that holds metrics but no "
+    "checkpoint; the old files are moved to <workdir>/previous/<time>/.",
+  )
+  allow_schedule_change: bool = field(
+    False,
+    "Resume although a changed --steps changes the "
+    "learning-rate schedule; the change is recorded in "
+    "<workdir>/config_changes.jsonl.",
+  )
+  model: ModelSpec = node(ModelSpec, "The policy model.")
+  task: TaskConfig = node(TaskConfig, "Prompts and reward.")
+  sampling: SamplingConfig = node(
+    SamplingConfig(max_new_tokens=64, n=8), "Rollouts under the recipe's rollout precision."
+  )
+  optimizer: OptimizerConfig = node(OptimizerConfig, "AdamW and its learning-rate schedule.")
+  update: UpdateConfig = node(UpdateConfig, "The policy-gradient update.")
+  eval: EvalConfig = node(EvalConfig, "Greedy evaluation on held-out problems.")
+  checkpoint: CheckpointConfig = node(CheckpointConfig, "Checkpoints (a rerun resumes).")
+  logging: LoggingConfig = node(LoggingConfig, "Metrics, TensorBoard, plots.")
+
+  def __post_init__(self):
+    check_fields(self)
+    t = self.sampling.temperature
+    if t == 0:
+      raise ConfigError("sampling.temperature", "must be > 0 for RL sampling, got 0")
+    check_float("sampling.temperature", t, 0.01, 100.0)
+    if self.sampling.n < 2:
+      raise ConfigError(
+        "sampling.n", f"must be >= 2 for group-relative advantages, got {self.sampling.n}"
+      )
+    u = self.update
+    if self.rows % (u.minibatches * u.micro_batches):
+      raise ConfigError(
+        "update.minibatches",
+        f"prompts_per_step x sampling.n = {self.rows} "
+        f"rows do not split into update.minibatches={u.minibatches} x "
+        f"update.micro_batches={u.micro_batches}",
+      )
+    if u.overlong_buffer >= self.sampling.max_new_tokens:
+      raise ConfigError(
+        "update.overlong_buffer",
+        "must be < sampling.max_new_tokens "
+        f"({self.sampling.max_new_tokens}), got {u.overlong_buffer}",
+      )
+    from jetrl.parallel.mesh import parse_mesh  # pylint: disable=import-outside-toplevel
+
     try:
-      parse_mesh(self.mesh)  # axis names and sizes; the device count is checked at start-up
+      parse_mesh(self.mesh or "")  # names and sizes; the device count is checked at start-up
     except ValueError as e:
-      bad("mesh", str(e))
-    if self.overlong_buffer >= self.max_new_tokens:
-      bad("overlong_buffer", f"must be < --max_new_tokens ({self.max_new_tokens})")
-    return self
+      raise ConfigError("mesh", str(e)) from None
+
+  @property
+  def rows(self) -> int:
+    """Rows of an RL step's batch."""
+    return self.prompts_per_step * self.sampling.n
+
+  @property
+  def optimizer_steps(self) -> int:
+    return self.update.optimizer_steps(self.steps)
+
+  def check_paths(self) -> None:
+    """FlagError for the workdir, --init_from or --model.name (checked when a run starts)."""
+    validation.check_workdir(self.workdir)
+    validation.check_init_from(self.init_from)
+    validation.check_model(self.model.name)
 
 
-# Fields that may change when a run resumes; all others must match the checkpoint. A change
-# of `steps` that changes the learning-rate schedule is refused separately (schedule_key).
-RESUMABLE_FIELDS = ("steps", "workdir", "eval_every", "ckpt_every", "keep_ckpts", "tensorboard",
-                    "plots", "mesh", "max_skipped_steps", "overwrite", "allow_schedule_change")
+# The warm start's optimizer: a short warmup, then a cosine decay to 5% of the peak.
+SFT_OPTIMIZER = OptimizerConfig(lr=1e-3, schedule="cosine", warmup_steps=20, end_lr_ratio=0.05)
 
 
-def incompatible_fields(saved: dict, current, resumable=RESUMABLE_FIELDS) -> list[str]:
-  """Fields whose values differ between a checkpoint's config and the current one (a field the
-  checkpoint does not record counts as its default, so older checkpoints stay usable)."""
-  now = dataclasses.asdict(current)
-  defaults = {f.name: f.default for f in dataclasses.fields(current)}
-  return [f"--{k}: checkpoint has {saved.get(k, defaults[k])!r}, this run has {now[k]!r}"
-          for k in now if k not in resumable and saved.get(k, defaults[k]) != now[k]]
+@dataclasses.dataclass(frozen=True)
+class SFTConfig(Tree):
+  """A supervised warm start on a task's gold solutions: `experiments/sft.py`,
+  `jetrl.train.run_sft`."""
+
+  workdir: Optional[str] = field(None, "Output directory: checkpoints, metrics (required).")
+  recipe: str = field("bf16", "Precision recipe of the SFT step.", choices=RECIPES)
+  steps: int = field(300, "Optimizer steps.", lo=1)
+  batch_size: int = field(32, "Problems per step.", lo=1)
+  max_new_tokens: int = field(
+    64, "Generation budget of the greedy evaluation; a longer gold solution is an error.", lo=1
+  )
+  seed: int = field(0, "Random seed.", lo=0, hi=SEED_MAX)
+  max_skipped_steps: int = field(
+    5, "Stop with an error after this many non-finite updates in a row.", lo=1
+  )
+  overwrite: bool = field(
+    False,
+    "Start afresh in a workdir that holds metrics but no "
+    "checkpoint; the old files are moved to <workdir>/previous/<time>/.",
+  )
+  allow_schedule_change: bool = field(
+    False,
+    "Resume although --steps changed (it sets the "
+    "cosine schedule); the change is recorded in "
+    "<workdir>/config_changes.jsonl.",
+  )
+  model: ModelSpec = node(ModelSpec, "The model.")
+  task: TaskConfig = node(TaskConfig, "The task whose gold solutions are the targets.")
+  optimizer: OptimizerConfig = node(SFT_OPTIMIZER, "AdamW and its learning-rate schedule.")
+  eval: EvalConfig = node(
+    EvalConfig(every=None), "Greedy evaluation on held-out problems (always at the end)."
+  )
+  checkpoint: CheckpointConfig = node(CheckpointConfig(every=50), "Checkpoints (a rerun resumes).")
+  logging: LoggingConfig = node(LoggingConfig(every=10), "Metrics, TensorBoard, plots.")
+
+  def __post_init__(self):
+    check_fields(self)
+
+  @property
+  def optimizer_steps(self) -> int:
+    return self.steps
+
+  def check_paths(self) -> None:
+    validation.check_workdir(self.workdir)
+    validation.check_model(self.model.name)
 
 
-def schedule_key(cfg: TrainConfig) -> tuple:
-  """What the learning-rate schedule depends on (jetrl.rl.update.make_optimizer): two configs
-  with the same key follow the same schedule, step for step."""
-  total = cfg.steps * cfg.ppo_epochs * cfg.minibatches
-  warm = min(cfg.warmup_steps, total)
-  return (cfg.schedule, cfg.lr, warm, total if cfg.schedule == "cosine" else None)
+# Fields (or whole nodes) that may change when a run resumes; all others must match the
+# checkpoint's. A change of `steps` that changes the learning-rate schedule is refused
+# separately (jetrl.train.resume).
+RESUMABLE = (
+  "workdir",
+  "steps",
+  "eval.every",
+  "checkpoint",
+  "logging",
+  "mesh",
+  "max_skipped_steps",
+  "overwrite",
+  "allow_schedule_change",
+)
+SFT_RESUMABLE = (
+  "workdir",
+  "steps",
+  "eval",
+  "checkpoint",
+  "logging",
+  "max_skipped_steps",
+  "overwrite",
+  "allow_schedule_change",
+)
+
+
+def _plain(value):
+  """A value as it reads back from JSON (tuples are lists there)."""
+  return json.loads(json.dumps(value))
+
+
+def incompatible_fields(saved: dict, current, resumable=RESUMABLE) -> list[str]:
+  """The fields whose values differ between a checkpoint's config (nested dict) and the
+  current one, as `--path: checkpoint has x, this run has y` lines. A field the checkpoint
+  does not record counts as its default (older checkpoints stay usable); one the current
+  config does not have is a line of its own."""
+  now = leaf_paths(current)
+  defaults = leaf_paths(type(current)())
+  saved = flatten(saved)
+  free = lambda path: any(path == r or path.startswith(r + ".") for r in resumable)
+  lines = [
+    f"--{k}: the checkpoint has this field ({saved[k]!r}), this version has no such field"
+    for k in saved
+    if k not in now and not free(k)
+  ]
+  for k, value in now.items():
+    if free(k):
+      continue
+    old = saved.get(k, defaults[k])
+    if _plain(old) != _plain(value):
+      lines.append(f"--{k}: checkpoint has {old!r}, this run has {value!r}")
+  return lines
+
+
+def check_compatible(meta: dict, config, path: str, resumable=RESUMABLE, kind: str = "rl") -> None:
+  """FlagError when a checkpoint was written by another kind of run or another
+  configuration, naming the fields that differ."""
+  found = meta.get("kind", "rl")
+  if found != kind:
+    names = {"rl": "an RL run (experiments/train.py)", "sft": "an SFT run (experiments/sft.py)"}
+    hint = " pass it as --init_from to warm-start from it," if found == "sft" else ""
+    raise FlagError(
+      "workdir",
+      f"{path} holds checkpoints of {names.get(found, found)}, not "
+      f"of {names.get(kind, kind)};{hint} or use another --workdir",
+    )
+  diffs = incompatible_fields(meta.get("config", {}), config, resumable)
+  if diffs:
+    raise FlagError(
+      None,
+      f"the checkpoint in {path} was written with other settings; rerun "
+      "with the same flags (or the run's config.json as --config), or use "
+      "another --workdir. Differences:\n  " + "\n  ".join(diffs),
+    )
+
+
+# Flags of experiments/train.py and experiments/sft.py from before the configuration had
+# sub-configs: refused with their new names (jetrl.train.cli.check_renamed).
+_COMMON_RENAMED = {
+  "model": "model.name",
+  "n_layers": "model.n_layers",
+  "task": "task.name",
+  "difficulty": "task.difficulty",
+  "length": "task.length",
+  "data_path": "task.data_path",
+  "lr": "optimizer.lr",
+  "warmup_steps": "optimizer.warmup_steps",
+  "eval_size": "eval.size",
+  "eval_every": "eval.every",
+  "ckpt_every": "checkpoint.every",
+  "keep_ckpts": "checkpoint.keep",
+  "tensorboard": "logging.tensorboard",
+  "plots": "logging.plots",
+}
+RENAMED_FLAGS = dict(
+  _COMMON_RENAMED,
+  group_size="sampling.n",
+  max_new_tokens="sampling.max_new_tokens",
+  temperature="sampling.temperature",
+  loss="update.loss",
+  is_correction="update.is_method",
+  is_cap="update.is_cap",
+  old_logp="update.old_logp",
+  clip_low="update.clip_low",
+  clip_high="update.clip_high",
+  kl_coef="update.kl_coef",
+  entropy_coef="update.entropy_coef",
+  dynamic_sampling="update.dynamic_sampling",
+  overlong_buffer="update.overlong_buffer",
+  mask_truncated="update.mask_truncated",
+  ppo_epochs="update.ppo_epochs",
+  minibatches="update.minibatches",
+  micro_batches="update.micro_batches",
+  master_dtype="update.master_dtype",
+  schedule="optimizer.schedule",
+  weight_decay="optimizer.weight_decay",
+  max_grad_norm="optimizer.max_grad_norm",
+)
+SFT_RENAMED_FLAGS = dict(_COMMON_RENAMED)

@@ -1,12 +1,24 @@
-"""PNG plots of a run's metrics.jsonl: reward / accuracy, agreement, position profile, time."""
+"""PNG plots of a run's metric records: reward / accuracy, rollout-vs-training agreement, the
+agreement by token position, time per step, and the SFT loss.
+
+Every plot labels both axes and keeps its legend outside the data (right of the axes). A log
+axis is used only where values span orders of magnitude; a handful of position bins is drawn
+as categories on linear axes. The first step a process runs compiles the sampler and the
+update (`time/compiled` in its record): time.png hatches that bar, and when it would dwarf the
+others, clips it and prints its height, so the steady-state time stays readable.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 import numpy as np
 
 from jetrl.train.writers import read_jsonl
+
+# A compiling step this many times the median step is clipped in time.png.
+CLIP_FACTOR = 3.0
 
 
 def _series(records, key):
@@ -15,70 +27,157 @@ def _series(records, key):
   return np.asarray(xs), np.asarray(ys, dtype=float)
 
 
+def _pyplot():
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  return plt
+
+
+def legend_outside(ax, **kw) -> None:
+  """The legend to the right of the axes (never over the data)."""
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw)
+
+
+def use_log_scale(values: Sequence[float], span: float = 30.0) -> bool:
+  """True when the positive values span more than `span` x (a log axis then reads better)."""
+  v = np.asarray([x for x in values if x is not None and np.isfinite(x) and x > 0], float)
+  return len(v) > 1 and v.max() / v.min() > span
+
+
+def bin_labels(edges: Sequence[int]) -> list[str]:
+  """'0-15', '16-31', ..., '64+' for bins starting at `edges`."""
+  edges = list(edges)
+  return [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
+
+
+def save(fig, path: str) -> str:
+  plt = _pyplot()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=90, bbox_inches="tight")
+  plt.close(fig)
+  return path
+
+
 def write_plots(workdir: str) -> list[str]:
   """Draw the plots from `<workdir>/metrics.jsonl` (and eval.jsonl); return the PNG paths."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = _pyplot()
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise ValueError(f"no metrics.jsonl in {workdir}: nothing to plot")
   recs = read_jsonl(path)
-  evals = read_jsonl(os.path.join(workdir, "eval.jsonl")) if os.path.exists(
-      os.path.join(workdir, "eval.jsonl")) else []
+  eval_path = os.path.join(workdir, "eval.jsonl")
+  evals = read_jsonl(eval_path) if os.path.exists(eval_path) else []
   out_dir = os.path.join(workdir, "plots")
-  os.makedirs(out_dir, exist_ok=True)
   paths = []
 
-  fig, ax = plt.subplots(figsize=(6, 3.5))
+  fig, ax = plt.subplots(figsize=(6.5, 3.5))
   for key, label in (("reward_mean", "train reward"), ("accuracy", "train accuracy")):
     ax.plot(*_series(recs, key), label=label)
   if evals:
     ax.plot(*_series(evals, "eval_accuracy"), "o-", label="held-out greedy accuracy")
-  ax.set_xlabel("step"), ax.set_ylim(-0.02, 1.02), ax.legend(), ax.grid(alpha=0.3)
-  ax.set_title("Reward and accuracy")
-  paths.append(_save(fig, out_dir, "reward.png"))
+  ax.set_xlabel("RL step"), ax.set_ylabel("reward / accuracy"), ax.set_ylim(-0.02, 1.02)
+  ax.grid(alpha=0.3), ax.set_title("Reward and accuracy")
+  legend_outside(ax)
+  paths.append(save(fig, os.path.join(out_dir, "reward.png")))
 
-  fig, ax = plt.subplots(figsize=(6, 3.5))
-  for key in ("agree/abs_diff_mean", "agree/abs_diff_max", "agree/kl_k3"):
+  fig, ax = plt.subplots(figsize=(6.5, 3.5))
+  drawn = []
+  for key, label in (
+    ("agree/abs_diff_mean", "mean |Δ log p|"),
+    ("agree/abs_diff_max", "max |Δ log p|"),
+    ("agree/kl_k3", "k3 KL"),
+  ):
     x, y = _series(recs, key)
     if len(x):
-      ax.semilogy(x, np.maximum(y, 1e-12), label=key.split("/")[1])
-  ax.set_xlabel("step"), ax.legend(), ax.grid(alpha=0.3)
-  ax.set_title("Rollout vs training forward: |Δ log p|, k3 KL")
-  paths.append(_save(fig, out_dir, "agreement.png"))
+      ax.plot(x, np.maximum(y, 1e-12), label=label)
+      drawn += list(y)
+  if use_log_scale(drawn):
+    ax.set_yscale("log")
+  ax.set_xlabel("RL step"), ax.set_ylabel("nats (per sampled token)"), ax.grid(alpha=0.3)
+  ax.set_title("Rollout vs training forward")
+  legend_outside(ax)
+  paths.append(save(fig, os.path.join(out_dir, "agreement.png")))
 
   bins = [r for r in recs if "agree/bin_abs_diff_mean" in r]
   if bins:
     means = np.asarray([r["agree/bin_abs_diff_mean"] for r in bins], float)
     counts = np.asarray([r["agree/bin_count"] for r in bins], float)
     prof = (means * counts).sum(0) / np.maximum(counts.sum(0), 1)
-    edges = recs[-1].get("agree/bin_edges") or list(range(len(prof)))
+    edges = bins[-1].get("agree/bin_edges") or list(range(len(prof)))
     keep = counts.sum(0) > 0
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(np.asarray(edges[:len(prof)])[keep], prof[keep], "o-")
-    ax.set_xscale("symlog"), ax.set_xlabel("token position (bin start)")
-    ax.set_ylabel("mean |Δ log p|"), ax.grid(alpha=0.3)
-    ax.set_title("Mismatch by token position (whole run)")
-    paths.append(_save(fig, out_dir, "agreement_by_position.png"))
+    labels = np.asarray(bin_labels(edges[: len(prof)]))
+    fig, ax = plt.subplots(figsize=(1.5 + 0.9 * max(int(keep.sum()), 2), 3.5))
+    ax.bar(np.arange(int(keep.sum())), prof[keep], color="tab:blue")
+    ax.set_xticks(np.arange(int(keep.sum())), labels[keep])
+    if use_log_scale(prof[keep]):
+      ax.set_yscale("log")
+    ax.set_xlabel("token position in the completion"), ax.set_ylabel("mean |Δ log p|")
+    ax.grid(alpha=0.3, axis="y"), ax.set_title("Mismatch by position (whole run)")
+    paths.append(save(fig, os.path.join(out_dir, "agreement_by_position.png")))
 
-  fig, ax = plt.subplots(figsize=(6, 3.5))
-  bottom = None
-  for key in ("time/rollout", "time/reward", "time/update"):
-    x, y = _series(recs, key)
-    if len(x):
-      ax.bar(x, y, bottom=bottom, label=key.split("/")[1])
-      bottom = y if bottom is None else bottom + y
-  ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(), ax.set_title("Time per step")
-  paths.append(_save(fig, out_dir, "time.png"))
+  paths.append(_time_plot(plt, recs, os.path.join(out_dir, "time.png")))
   return paths
 
 
-def _save(fig, out_dir, name):
-  import matplotlib.pyplot as plt
-  path = os.path.join(out_dir, name)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
-  return path
+def _time_plot(plt, recs: list[dict], path: str) -> str:
+  steps = np.asarray([r["step"] for r in recs])
+  parts = [
+    (k.split("/")[1], np.asarray([float(r.get(k, 0.0)) for r in recs]))
+    for k in ("time/rollout", "time/reward", "time/update")
+  ]
+  total = sum(y for _, y in parts)
+  compiled = np.asarray([bool(r.get("time/compiled", 0.0)) for r in recs])
+  steady = total[~compiled]
+  fig, ax = plt.subplots(figsize=(6.5, 3.5))
+  bottom = np.zeros(len(recs))
+  for label, y in parts:
+    ax.bar(steps, y, bottom=bottom, label=label)
+    bottom = bottom + y
+  if compiled.any():
+    ax.bar(
+      steps[compiled],
+      total[compiled],
+      fill=False,
+      hatch="//",
+      edgecolor="0.3",
+      label="includes compilation",
+    )
+    if len(steady) and total[compiled].max() > CLIP_FACTOR * np.median(steady):
+      top = 1.3 * steady.max()
+      ax.set_ylim(0, top)
+      for s, t in zip(steps[compiled], total[compiled]):
+        ax.annotate(
+          f"{t:.0f}s (clipped)",
+          xy=(s, top),
+          xytext=(3, 2),
+          textcoords="offset points",
+          ha="left",
+          va="bottom",
+          fontsize=7,
+          annotation_clip=False,
+        )
+  ax.set_xlabel("RL step"), ax.set_ylabel("seconds"), ax.set_title("Time per step")
+  legend_outside(ax)
+  return save(fig, path)
+
+
+def write_sft_plots(workdir: str) -> list[str]:
+  """The SFT loss and learning rate from `<workdir>/sft_metrics.jsonl`."""
+  plt = _pyplot()
+  recs = read_jsonl(os.path.join(workdir, "sft_metrics.jsonl"))
+  fig, ax = plt.subplots(figsize=(6.5, 3.5))
+  ax.plot(*_series(recs, "loss"), "o-", label="loss", color="tab:blue")
+  ax.set_xlabel("SFT step"), ax.set_ylabel("loss (nats per token)"), ax.grid(alpha=0.3)
+  if use_log_scale(_series(recs, "loss")[1]):
+    ax.set_yscale("log")
+  lr = ax.twinx()
+  lr.plot(*_series(recs, "learning_rate"), "--", label="learning rate", color="tab:orange")
+  lr.set_ylabel("learning rate")
+  handles = ax.get_legend_handles_labels()[0] + lr.get_legend_handles_labels()[0]
+  ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.15, 1.0), fontsize=8)
+  ax.set_title("Supervised warm start")
+  return [save(fig, os.path.join(workdir, "plots", "sft.png"))]

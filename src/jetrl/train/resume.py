@@ -1,6 +1,8 @@
 """What a checkpoint's configuration must share with the run that resumes from it.
 
-Flags outside a run's resumable list must match the checkpoint's (`check_compatible`). The
+Flags outside a run's resumable list must match the checkpoint's, and the checkpoint must be
+of the same kind of run (`jetrl.train.config.check_compatible`): a mismatch is a message
+listing the flags that differ, before any array is read. The
 number of steps may change, except where it shapes the learning-rate schedule (a cosine decay
 over `--steps`, or a warmup longer than the run): resuming would then continue on a different
 schedule than the one the checkpoint was trained on. That is refused, or, with
@@ -18,15 +20,15 @@ from typing import Any, Callable
 
 import jax
 
-from jetrl.train.checkpoint import check_compatible
-from jetrl.train.validation import FlagError
+from jetrl.config import FlagError
+from jetrl.train.config import check_compatible
 
 CHANGES_FILE = "config_changes.jsonl"
 
 
 def resume_check(cfg: Any, directory: str, changes: list, *,
-                 schedule_of: Callable[[int], Any], schedule: str,
-                 resumable=None) -> Callable[[dict], None]:
+                 schedule_of: Callable[[int], Any], schedule: str, resumable: tuple,
+                 kind: str) -> Callable[[dict], None]:
   """The check a checkpoint's metadata must pass before it is restored.
 
   `schedule_of(steps)` is what the learning-rate schedule depends on for a given `--steps`;
@@ -35,7 +37,7 @@ def resume_check(cfg: Any, directory: str, changes: list, *,
   checkpoint is restored).
   """
   def check(meta: dict) -> None:
-    check_compatible(meta, cfg, directory, resumable)
+    check_compatible(meta, cfg, directory, resumable, kind)
     saved = int(meta.get("config", {}).get("steps", cfg.steps))
     if schedule_of(saved) == schedule_of(cfg.steps):
       return

@@ -1,69 +1,42 @@
-"""Checks of flag values that the run configurations share, each naming the flag at fault.
+"""Checks of what a run's flags name on disk, made when the run starts, before anything is
+compiled or written.
 
-Every check runs before anything is compiled or written: a NaN learning rate, a seed JAX
-would silently truncate, a synthetic-task knob out of range, a workdir that is a file or an
-`--init_from` folder without checkpoints is a `FlagError` with a message in the flag style
-(`--lr: must be a finite number in (0, 1], got nan`), never a traceback at step 1 or a run
-that quietly trains nothing. See docs/reliability.md.
+The values themselves are checked by the config classes when they are built
+(`jetrl.config`); what is left needs the file system: a workdir that is a file, a remote
+workdir this runner cannot write to, an `--init_from` folder without checkpoints, a model that
+is neither a preset nor a directory. Each is a `FlagError` in the flag style
+(`--workdir: ... is a file; give a directory`), never a traceback at step 1 or a run that
+quietly trains nothing. See docs/reliability.md.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from typing import Any
+import re
+from typing import Optional
 
-INT_MAX = 2 ** 31 - 1   # counts are int32 inside jitted code
-SEED_MAX = 2 ** 32 - 1  # a JAX key holds 32 bits of seed: larger seeds would collide
+from jetrl.config import FlagError
 
-
-class FlagError(ValueError):
-  """An invalid flag value, or one this machine cannot run; the message names the flag
-  (`flag=None`: the message names the flags itself)."""
-
-  def __init__(self, flag: str | None, message: str):
-    super().__init__(message if flag is None else f"--{flag}: {message}")
-    self.flag = flag
+_REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
-def check_float(flag: str, value: Any, lo: float, hi: float, *, lo_open: bool = False,
-                also: tuple = ()) -> float:
-  """`value` if it is a finite number in [lo, hi] (or (lo, hi]), or one of `also`."""
-  if value in also and not isinstance(value, bool):
-    return value
-  interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-  extra = f" or {', '.join(repr(a) for a in also)}" if also else ""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-    raise FlagError(flag, f"must be a finite number in {interval}{extra}, got {value!r}")
-  if not ((lo < value) if lo_open else (lo <= value)) or value > hi:
-    raise FlagError(flag, f"must be in {interval}{extra}, got {value!r}")
-  return value
+def check_local(flag: str, path: str) -> None:
+  """Remote paths (gs://, s3://, ...) are refused: metrics, the workdir lock and checkpoints
+  are written with local file operations."""
+  if _REMOTE.match(path):
+    raise FlagError(
+      flag,
+      f"{path!r} is a remote path; this runner writes with local file "
+      "operations (flock, rename, append), so give a local directory or a "
+      "mounted one (gcsfuse, NFS) that every host sees",
+    )
 
 
-def check_int(flag: str, value: Any, lo: int, hi: int = INT_MAX) -> int:
-  """`value` if it is an int in [lo, hi]."""
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise FlagError(flag, f"must be an integer in [{lo}, {hi}], got {value!r}")
-  if not lo <= value <= hi:
-    raise FlagError(flag, f"must be in [{lo}, {hi}], got {value}")
-  return value
-
-
-def check_task_knobs(task: str, difficulty: int, length: int) -> None:
-  """A synthetic task's difficulty and length within the task's own ranges."""
-  from jetrl.data import SYNTHETIC_TASKS  # pylint: disable=import-outside-toplevel
-  from jetrl.data.registry import task_class  # pylint: disable=import-outside-toplevel
-  if task not in SYNTHETIC_TASKS:
-    return
-  cls = task_class(task)
-  check_int("difficulty", difficulty, *cls.difficulty_range)
-  check_int("length", length, *cls.length_range)
-
-
-def check_workdir(workdir: str) -> None:
-  """A workdir is required, and it must be (or become) a directory."""
+def check_workdir(workdir: Optional[str]) -> None:
+  """A workdir is required, local, and must be (or become) a directory."""
   if not workdir:
     raise FlagError("workdir", "is required (where metrics and checkpoints go)")
+  check_local("workdir", workdir)
   path = os.path.abspath(workdir)
   while path and not os.path.exists(path):
     path = os.path.dirname(path)
@@ -79,16 +52,36 @@ def checkpoint_steps(workdir: str) -> list[int]:
   directory = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(directory):
     return []
-  return sorted(int(n) for n in os.listdir(directory)
-                if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+  return sorted(
+    int(n)
+    for n in os.listdir(directory)
+    if n.isdigit() and os.path.isdir(os.path.join(directory, n))
+  )
 
 
-def check_init_from(init_from: str) -> None:
+def check_init_from(init_from: Optional[str]) -> None:
   """`--init_from` must be the workdir of an earlier run, holding at least one checkpoint."""
   if not init_from:
     return
+  check_local("init_from", init_from)
   if not os.path.isdir(init_from):
     raise FlagError("init_from", f"{init_from!r} is not a directory")
   if not checkpoint_steps(init_from):
-    raise FlagError("init_from", f"no checkpoint under {os.path.join(init_from, 'checkpoints')}"
-                    "; give the --workdir of an earlier sft.py or train.py run")
+    raise FlagError(
+      "init_from",
+      f"no checkpoint under {os.path.join(init_from, 'checkpoints')}"
+      "; give the --workdir of an earlier sft.py or train.py run",
+    )
+
+
+def check_model(name: str) -> None:
+  """`--model.name` must be a preset or a directory (its files are checked when it loads)."""
+  from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
+
+  if name in PRESETS:
+    return
+  check_local("model.name", name)
+  if not os.path.isdir(name):
+    raise FlagError(
+      "model.name", f"{name!r} is neither a preset ({sorted(PRESETS)}) nor a directory"
+    )

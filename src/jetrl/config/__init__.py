@@ -1,0 +1,44 @@
+"""Configuration trees of frozen dataclasses, checked when built; flags generated from them.
+
+`jetrl.config.fields` declares and checks fields; `jetrl.config.flags` turns a tree into absl
+flags with dotted names (and reads `--config=FILE`). The trees themselves live with the code
+that reads them: `jetrl.sampling.SamplingConfig`, `jetrl.rl.OptimizerConfig`,
+`jetrl.rl.UpdateConfig`, `jetrl.train.TrainConfig` (and its model, task, eval, checkpoint and
+logging nodes), `jetrl.train.SFTConfig`, `jetrl.train.study.StudyConfig`.
+"""
+
+from jetrl.config.fields import (
+  INT_MAX,
+  SEED_MAX,
+  ConfigError,
+  FlagError,
+  check_choice,
+  check_fields,
+  check_float,
+  check_int,
+  field,
+  flatten,
+  from_dict,
+  leaf_paths,
+  node,
+  replace,
+  to_dict,
+)
+
+__all__ = [
+  "INT_MAX",
+  "SEED_MAX",
+  "ConfigError",
+  "FlagError",
+  "check_choice",
+  "check_fields",
+  "check_float",
+  "check_int",
+  "field",
+  "flatten",
+  "from_dict",
+  "leaf_paths",
+  "node",
+  "replace",
+  "to_dict",
+]

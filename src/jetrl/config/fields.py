@@ -1,0 +1,320 @@
+"""Configuration as a tree of frozen dataclasses whose fields describe and check themselves.
+
+A run's configuration is one tree: a top-level dataclass (`TrainConfig`, `SFTConfig`,
+`StudyConfig`) whose fields are plain values or nested dataclasses (the model, the task,
+sampling, the optimizer, the update, evaluation, checkpoints, logging). Every field is made with
+`field(...)`, which records its help text and what it accepts (a set of choices, an integer or
+float range); `node(...)` nests a sub-config. Each class calls `check_fields(self)` from its
+`__post_init__`, so a config is checked once, when it is built, and a bad value is a
+`ConfigError` naming the field, what was wrong and what is accepted. The command-line flags
+(`jetrl.config.flags`) are generated from the same fields, with dotted names equal to the
+fields' paths (`--optimizer.lr`), so every knob is a flag and every flag is a knob.
+
+Types understood: bool, int, float, str, `Optional[X]` (None is a value, never a sentinel),
+`tuple[X, ...]`, and nested config dataclasses. Floats are always checked finite: NaN fails
+every comparison, so a range check alone would let it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+INT_MAX = 2**31 - 1  # counts are int32 inside jitted code
+SEED_MAX = 2**32 - 1  # a JAX key holds 32 bits of seed: larger seeds would collide
+
+
+class ConfigError(ValueError):
+  """An invalid configuration value. `path` is the field's dotted path, relative to the config
+  that raised it (None: the message names the fields itself); `detail` is the message alone."""
+
+  prefix = ""
+
+  def __init__(self, path: Optional[str], message: str):
+    self.path = path
+    self.detail = message
+    super().__init__(message if path is None else f"{self.prefix}{path}: {message}")
+
+  @property
+  def flag(self) -> Optional[str]:
+    return self.path
+
+  def under(self, parent: str, kind: Optional[type] = None) -> ConfigError:
+    """The same error for the field at `parent.path` (as a `kind`, default: this class)."""
+    kind = kind or type(self)
+    if self.path is None:
+      return kind(None, self.detail)
+    return kind(f"{parent}.{self.path}" if parent else self.path, self.detail)
+
+
+class FlagError(ConfigError):
+  """An invalid flag value, or one this machine cannot run: `--path: message`."""
+
+  prefix = "--"
+
+
+# --- declaring fields ---------------------------------------------------------------------
+
+
+def field(
+  default: Any = dataclasses.MISSING,
+  help: str = "",
+  *,
+  choices: Optional[tuple] = None,
+  lo: Optional[float] = None,
+  hi: Optional[float] = None,
+  lo_open: bool = False,
+  flag: bool = True,
+) -> Any:
+  """A config field: its default, help text and accepted values.
+
+  choices: the accepted values (listed in the help and in the error).
+  lo, hi: an inclusive range for an int or float (lo_open: exclude lo).
+  flag: False for fields a run fills in itself (never set from the command line).
+  """
+  metadata = {
+    "help": help,
+    "choices": tuple(choices) if choices is not None else None,
+    "lo": lo,
+    "hi": hi,
+    "lo_open": lo_open,
+    "flag": flag,
+  }
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def node(default: Any, help: str = "") -> Any:
+  """A nested sub-config; `default` is an instance (frozen, so it can be shared) or a class."""
+  factory = default if isinstance(default, type) else (lambda: default)
+  return dataclasses.field(default_factory=factory, metadata={"help": help, "flag": True})
+
+
+# --- types ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """What a field holds: `base` (bool, int, float, str or a config class), optionally a tuple
+  of them, optionally None."""
+
+  base: type
+  optional: bool = False
+  is_tuple: bool = False
+
+  @property
+  def is_node(self) -> bool:
+    return dataclasses.is_dataclass(self.base)
+
+  def describe(self) -> str:
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+      self.base, self.base.__name__
+    )
+    if self.is_tuple:
+      name = f"a comma-separated list of {name.split(' ', 1)[-1]}s"
+    return f"{name} or none" if self.optional else name
+
+
+@functools.cache
+def kinds(cls: type) -> dict[str, Kind]:
+  """{field name: Kind} of a config class (its annotations resolved once)."""
+  hints = typing.get_type_hints(cls)
+  return {f.name: _kind(hints[f.name], f"{cls.__name__}.{f.name}") for f in dataclasses.fields(cls)}
+
+
+def _kind(t: Any, where: str) -> Kind:
+  optional = False
+  args = typing.get_args(t)
+  if typing.get_origin(t) in (typing.Union, types.UnionType):
+    rest = [a for a in args if a is not type(None)]
+    if len(rest) != 1 or len(args) != 2:
+      raise TypeError(f"{where}: only Optional[X] unions are supported, got {t}")
+    optional, t = True, rest[0]
+    args = typing.get_args(t)
+  if typing.get_origin(t) is tuple:
+    if len(args) != 2 or args[1] is not Ellipsis:
+      raise TypeError(f"{where}: tuples must be tuple[X, ...], got {t}")
+    return Kind(args[0], optional, True)
+  if t in (bool, int, float, str) or dataclasses.is_dataclass(t):
+    return Kind(t, optional, False)
+  raise TypeError(f"{where}: unsupported field type {t}")
+
+
+# --- checks ---------------------------------------------------------------------------------
+
+
+def check_int(name: str, value: Any, lo: int, hi: int = INT_MAX) -> int:
+  """`value` if it is an int in [lo, hi]; ConfigError naming `name` otherwise."""
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ConfigError(name, f"must be an integer in [{lo}, {hi}], got {value!r}")
+  if not lo <= value <= hi:
+    raise ConfigError(name, f"must be in [{lo}, {hi}], got {value}")
+  return value
+
+
+def check_float(
+  name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False
+) -> float:
+  """`value` if it is a finite number in [lo, hi] (or (lo, hi])."""
+  bounded = math.isfinite(lo) or math.isfinite(hi)
+  interval = f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if bounded else ""
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ConfigError(name, f"must be a finite number{interval}, got {value!r}")
+  if not ((lo < value) if lo_open else (lo <= value)) or value > hi:
+    raise ConfigError(name, f"must be{interval}, got {value!r}")
+  return value
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> Any:
+  if value not in choices:
+    raise ConfigError(name, f"{value!r} is not accepted; choose one of {list(choices)}")
+  return value
+
+
+def _check_value(name: str, value: Any, kind: Kind, md: Mapping) -> None:
+  base = kind.base
+  if dataclasses.is_dataclass(base):
+    if not isinstance(value, base):
+      raise ConfigError(name, f"must be a {base.__name__}, got {type(value).__name__}")
+    return
+  if md.get("choices") is not None:
+    check_choice(name, value, md["choices"])
+    return
+  if base is bool:
+    if not isinstance(value, bool):
+      raise ConfigError(name, f"must be true or false, got {value!r}")
+  elif base is int:
+    lo = md.get("lo")
+    check_int(
+      name,
+      value,
+      -INT_MAX - 1 if lo is None else int(lo),
+      INT_MAX if md.get("hi") is None else int(md["hi"]),
+    )
+  elif base is float:
+    check_float(
+      name,
+      value,
+      -math.inf if md.get("lo") is None else md["lo"],
+      math.inf if md.get("hi") is None else md["hi"],
+      lo_open=md.get("lo_open", False),
+    )
+  elif base is str and not isinstance(value, str):
+    raise ConfigError(name, f"must be a string, got {value!r}")
+
+
+def check_fields(config: Any) -> None:
+  """Check every field of a config dataclass against its declaration (call it from
+  `__post_init__`). Lists given for tuple fields are stored as tuples."""
+  for f in dataclasses.fields(config):
+    kind = kinds(type(config))[f.name]
+    value = getattr(config, f.name)
+    if value is None:
+      if not kind.optional:
+        raise ConfigError(f.name, f"must be {kind.describe()}, got None")
+      continue
+    if kind.is_tuple:
+      if isinstance(value, list):
+        value = tuple(value)
+        object.__setattr__(config, f.name, value)
+      if not isinstance(value, tuple):
+        raise ConfigError(f.name, f"must be {kind.describe()}, got {value!r}")
+      for item in value:
+        _check_value(f.name, item, kind, f.metadata)
+    else:
+      _check_value(f.name, value, kind, f.metadata)
+
+
+# --- the tree -------------------------------------------------------------------------------
+
+
+def is_config(x: Any) -> bool:
+  return dataclasses.is_dataclass(x) and not isinstance(x, type)
+
+
+def to_dict(config: Any) -> dict:
+  """The config as nested dicts of plain values (tuples kept as tuples)."""
+  return dataclasses.asdict(config)
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of nested mappings."""
+  out = {}
+  for k, v in tree.items():
+    path = f"{prefix}{k}"
+    if isinstance(v, Mapping):
+      out.update(flatten(v, path + "."))
+    else:
+      out[path] = v
+  return out
+
+
+def leaf_paths(config: Any, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of every leaf field of a config instance."""
+  out = {}
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if is_config(value):
+      out.update(leaf_paths(value, f"{prefix}{f.name}."))
+    else:
+      out[f"{prefix}{f.name}"] = value
+  return out
+
+
+def _build(make: Callable[[], Any], path: str, error: type) -> Any:
+  try:
+    return make()
+  except ConfigError as e:
+    raise e.under(path, error) from None
+
+
+def replace(
+  config: Any, changes: Mapping[str, Any], *, error: type = ConfigError, prefix: str = ""
+) -> Any:
+  """A copy of `config` with `changes` ({dotted path: value}) applied, sub-configs rebuilt
+  bottom-up (each checks itself); an error names the full path (as an `error`)."""
+  names = {f.name for f in dataclasses.fields(config)}
+  direct, nested = {}, {}
+  for path, value in changes.items():
+    head, _, rest = path.partition(".")
+    if head not in names:
+      where = f"{prefix}{head}"
+      raise error(where, f"no such field; {type(config).__name__} has {sorted(names)}")
+    if rest:
+      nested.setdefault(head, {})[rest] = value
+    else:
+      direct[head] = value
+  for head, sub in nested.items():
+    child = getattr(config, head)
+    if not is_config(child):
+      raise error(f"{prefix}{head}", f"is a value, not a group of fields: cannot set {sub}")
+    direct[head] = replace(child, sub, error=error, prefix=f"{prefix}{head}.")
+  if not direct:
+    return config
+  return _build(lambda: dataclasses.replace(config, **direct), prefix.rstrip("."), error)
+
+
+def from_dict(
+  cls: type, data: Mapping, *, error: type = ConfigError, prefix: str = "", base: Any = None
+) -> Any:
+  """A `cls` built from nested mappings (a config file, a saved config.json); fields left out
+  keep their defaults (or `base`'s values); an unknown key is an error naming it."""
+  if not isinstance(data, Mapping):
+    raise error(prefix.rstrip(".") or None, f"must be a mapping of fields, got {data!r}")
+  base = cls() if base is None else base
+  changes = {}
+  for key, value in data.items():
+    path = f"{prefix}{key}"
+    child = getattr(base, key, None) if key in kinds(cls) else None
+    if is_config(child) and isinstance(value, Mapping):
+      changes[key] = from_dict(type(child), value, error=error, prefix=path + ".", base=child)
+    else:
+      changes[key] = tuple(value) if isinstance(value, list) else value
+  unknown = sorted(set(changes) - set(kinds(cls)))
+  if unknown:
+    raise error(f"{prefix}{unknown[0]}", f"no such field; {cls.__name__} has {sorted(kinds(cls))}")
+  return _build(lambda: dataclasses.replace(base, **changes), prefix.rstrip("."), error)

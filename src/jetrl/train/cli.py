@@ -1,0 +1,117 @@
+"""The command line of the entry points under experiments/: flags generated from a config tree,
+`--help` grouped by sub-config, a quiet console, and errors as one-line messages.
+
+  main(TrainConfig(), run_fn, doc=__doc__)
+
+defines one flag per field of the tree (`--optimizer.lr`, ...) plus `--config=FILE`, builds the
+config from them and calls `run_fn(config)`.
+
+* `--help` (or `-h`) prints the program's docstring and its flags, one block per sub-config,
+  each with its default; `--helpfull` is absl's listing of every flag of every library.
+* Other libraries' INFO logs (Orbax, JAX) are off unless `--verbosity` (absl's `-v`) is
+  given: `--verbosity=0` brings them back.
+* A bad flag value, a bad config file, and what a run refuses at start-up (a workdir in use,
+  a checkpoint written with other settings, a step that cannot fit in memory) print
+  `error: --flag: message` and exit with code 2; a run stopped by non-finite updates or with
+  no intact checkpoint prints its message and exits with code 1. No traceback.
+* A flag name from before the configuration had sub-configs is refused with its new name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+from jetrl.config import ConfigError
+from jetrl.config.flags import config_from_flags, define_flags, grouped_help
+
+FLAGS = flags.FLAGS
+HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "-helpshort", "-?")
+
+
+def program() -> str:
+  return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "jetrl"
+
+
+def usage(default: Any, doc: str, exclude: Sequence[str] = ()) -> str:
+  return "\n".join(
+    [
+      (doc or "").strip(),
+      "",
+      "Flags (--name=value; none sets an optional field to None; lists are comma-separated):",
+      "",
+      grouped_help(default, exclude=exclude),
+      "",
+      "Every flag of every library: --helpfull. Their INFO logs: --verbosity=0 (or -v=0).",
+    ]
+  )
+
+
+def fail(message: str, code: int = 2) -> None:
+  """Print `error: message` to stderr and exit (no traceback)."""
+  print(f"{program()}: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def quiet_third_party_logs() -> None:
+  """Other libraries' INFO logs off, unless --verbosity / -v was given (absl would otherwise
+  turn INFO on once the flags are parsed)."""
+  if "verbosity" in FLAGS and FLAGS["verbosity"].present:
+    return
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger().setLevel(logging.WARNING)
+
+
+def check_renamed(argv: Sequence[str], renamed: Mapping[str, str]) -> None:
+  """Refuse flag names that were renamed, naming the new one."""
+  for arg in argv[1:]:
+    if not arg.startswith("-"):
+      continue
+    name = arg.lstrip("-").split("=", 1)[0]
+    if name in FLAGS:
+      continue
+    base = name[2:] if name.startswith("no") and name[2:] in renamed else name
+    if base in renamed:
+      fail(
+        f"--{base} is now --{renamed[base]} (flags are named by their place in the "
+        f"configuration; {program()} --help lists them)"
+      )
+
+
+def main(
+  default: Any,
+  run_fn: Callable[[Any], None],
+  *,
+  doc: str,
+  exclude: Sequence[str] = (),
+  renamed: Optional[Mapping[str, str]] = None,
+  errors: tuple[type, ...] = (),
+) -> None:
+  """Run an entry point: flags from `default`'s tree, then `run_fn(config)`.
+
+  errors: exception types a run raises for a failed run (not a usage error): their message is
+  printed and the exit code is 1."""
+  define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
+  if any(a in HELP_ARGS for a in sys.argv[1:]):
+    print(usage(default, doc, exclude))
+    sys.exit(0)
+  check_renamed(sys.argv, renamed or {})
+
+  def _main(argv):
+    if len(argv) > 1:
+      fail(f"unexpected arguments: {argv[1:]}")
+    quiet_third_party_logs()
+    try:
+      config = config_from_flags(default, FLAGS, exclude=exclude)
+      run_fn(config)
+    except ConfigError as e:  # a bad value, or refused at start-up
+      fail(str(e))
+    except errors as e:  # pylint: disable=catching-non-exception
+      fail(str(e), code=1)
+
+  app.run(_main)

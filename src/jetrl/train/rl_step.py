@@ -1,0 +1,140 @@
+"""One RL step: prompts -> sampler (recipe.rollout) -> rewards -> advantages -> update
+(recipe.train) -> the step's metric record.
+
+PRNG keys are derived from (seed, step) and the problems from the data position, so the step
+is a function of the train state, the step number and the data position: a resumed run
+reproduces an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl import parallel
+from jetrl.rl import (
+  dynamic_sampling_mask,
+  group_advantages,
+  make_train_batch,
+  overlong_penalty,
+  truncation_mask,
+)
+from jetrl.sampling import STOP_LENGTH, SamplingConfig, sample
+from jetrl.train import setup
+
+
+@dataclasses.dataclass(frozen=True)
+class RLStep:
+  """The pieces of an RL step, built once per run (`jetrl.train.loop`)."""
+
+  cfg: Any  # TrainConfig
+  task: Any
+  tok: Any
+  model_config: Any
+  recipe: Any
+  sampling: SamplingConfig  # cfg.sampling with the tokenizer's ids and the prompt width
+  update_fn: Callable  # jetrl.rl.update_step, or its sharded version
+  bin_edges: tuple[int, ...]
+  layout: Any = None  # training layout on a mesh (None: one device)
+  sample_layout: Any = None
+
+  def __call__(self, state, step: int, data_pos: int, log: Optional[Callable] = None):
+    """(new state, the record of step `step + 1`, the new data position)."""
+    cfg, u = self.cfg, self.cfg.update
+    n = cfg.sampling.n
+    k_sample, k_update = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step))
+    problems = self.task.batch("train", data_pos, cfg.prompts_per_step)
+    prompts = [setup.encode_prompt(self.tok, p.prompt) for p in problems]
+
+    t_reshard, rollout_params = 0.0, state.params
+    if self.layout is not None:
+      rollout_params, t_reshard = parallel.switch_layout(
+        state.params, self.layout, self.sample_layout, log
+      )
+    t0 = time.time()
+    out = sample(
+      rollout_params,
+      self.model_config,
+      prompts,
+      k_sample,
+      self.sampling,
+      self.recipe.rollout,
+      layout=self.sample_layout,
+    )
+    jax.block_until_ready(out.tokens)
+    del rollout_params
+    if jax.process_count() > 1:
+      out = parallel.to_host(out)  # the host-side reward code needs the global rows
+    t_roll = time.time() - t0
+
+    _, rewards = setup.completions_and_rewards(self.task, self.tok, problems, out, n)
+    shaped = jnp.asarray(rewards)
+    if u.overlong_buffer:
+      shaped = shaped + overlong_penalty(
+        out.lengths, cfg.sampling.max_new_tokens, u.overlong_buffer
+      )
+    adv = group_advantages(shaped, n, normalize_std=u.normalize_std)
+    mask, n_dropped = out.mask, 0
+    if u.dynamic_sampling:
+      keep, n_dropped = dynamic_sampling_mask(shaped, n)
+      mask = mask & jnp.repeat(keep, n)[:, None]
+    if u.mask_truncated:
+      mask = truncation_mask(out.stop_reason == STOP_LENGTH, mask)
+    batch = make_train_batch(
+      out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs, adv
+    )
+    t_reward = time.time() - t0 - t_roll
+
+    t1 = time.time()
+    if self.layout is not None:
+      batch = self.layout.shard_batch(batch)
+    state, m = self.update_fn(
+      state,
+      batch,
+      k_update,
+      model_config=self.model_config,
+      cfg=u,
+      optimizer=cfg.optimizer,
+      total_steps=cfg.optimizer_steps,
+      precision=self.recipe.train,
+      temperature=cfg.sampling.temperature,
+      bin_edges=self.bin_edges,
+    )
+    jax.block_until_ready(state.params)
+    t_update = time.time() - t1
+
+    lengths = np.asarray(out.lengths)
+    record = dict(
+      reward_mean=float(shaped.mean()),
+      accuracy=float((rewards >= 1.0).mean()),
+      response_length=float(lengths.mean()),
+      truncated_frac=float((np.asarray(out.stop_reason) == STOP_LENGTH).mean()),
+      groups_dropped=float(n_dropped),
+      **m,
+      **{
+        "time/rollout": t_roll,
+        "time/reward": t_reward,
+        "time/update": t_update,
+        "time/reshard": t_reshard,
+        "tokens_per_s/rollout": int(lengths.sum()) / max(t_roll, 1e-9),
+        "tokens_per_s/update": float(np.asarray(mask).sum()) / max(t_update, 1e-9),
+      },
+    )
+    record["agree/bin_edges"] = list(self.bin_edges)
+    return state, record, data_pos + cfg.prompts_per_step
+
+
+def console_fields(record: dict) -> tuple[dict, str]:
+  """The console line of an RL step: key metrics, and the step's time split."""
+  fields = {
+    "reward": record["reward_mean"],
+    "acc": record["accuracy"],
+    "len": record["response_length"],
+    "|dlogp|": float(record["agree/abs_diff_mean"]),
+  }
+  return fields, f"{record['time/rollout']:.1f}s rollout {record['time/update']:.1f}s update"

@@ -1,0 +1,209 @@
+"""The precision study's configuration, and the RL and SFT configs of each combination.
+
+`StudyConfig` holds the grid (recipe specs x rollout lengths x seeds) and the same sub-configs
+an RL run has (`--model.*`, `--task.*`, `--sampling.*`, `--optimizer.*`, `--update.*`,
+`--eval.*`), plus the warm start's (`--sft.*`). Each combination's `TrainConfig` is made of
+those nodes, with what the grid sets: the recipe, `update.is_method` from a spec such as
+`fp8_rollout+tis`, `task.length`, the generation budget that length needs, the seed, the
+workdir and the warm start to begin from. Those fields are therefore not flags of the study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node
+from jetrl.precision import RECIPES
+from jetrl.rl.correction import IS_METHODS
+from jetrl.rl.optimizer import OptimizerConfig
+from jetrl.rl.update import UpdateConfig
+from jetrl.sampling import SamplingConfig
+from jetrl.train.config import (
+  SFT_OPTIMIZER,
+  CheckpointConfig,
+  EvalConfig,
+  LoggingConfig,
+  ModelSpec,
+  SFTConfig,
+  TaskConfig,
+  TrainConfig,
+  Tree,
+)
+
+DEFAULT_RECIPES = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet", "fp8_tensor")
+# Set by the grid for each combination, so not flags of the study.
+GRID_FIELDS = (
+  "task.length",
+  "task.data_path",
+  "sampling.max_new_tokens",
+  "update.is_method",
+  "command",
+)
+
+
+def parse_recipe(spec: str) -> tuple[str, str]:
+  """'fp8_rollout+tis' -> ('fp8_rollout', 'tis'); 'jet' -> ('jet', 'none')."""
+  name, _, corr = str(spec).partition("+")
+  corr = corr or "none"
+  if name not in RECIPES:
+    raise ConfigError(
+      "recipes", f"{spec!r}: unknown recipe {name!r}; choose one of {list(RECIPES)}"
+    )
+  if corr not in IS_METHODS:
+    raise ConfigError(
+      "recipes", f"{spec!r}: unknown correction {corr!r}; choose one of {list(IS_METHODS)}"
+    )
+  return name, corr
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+  """The supervised warm start trained once per length and shared by its runs."""
+
+  steps: int = field(300, "SFT steps per length.", lo=1)
+  batch_size: int = field(32, "Problems per SFT step.", lo=1)
+  seed: int = field(0, "Seed of the warm start.", lo=0, hi=SEED_MAX)
+  recipe: str = field("bf16", "Precision recipe of the warm start.", choices=RECIPES)
+  optimizer: OptimizerConfig = node(SFT_OPTIMIZER, "The warm start's optimizer.")
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig(Tree):
+  """The same RL experiment under several recipes, rollout lengths and seeds."""
+
+  report_dir: Optional[str] = field(
+    None, "Output directory of the study: runs, warm starts, report (required)."
+  )
+  recipes: tuple[str, ...] = field(
+    DEFAULT_RECIPES,
+    "Recipe specs: a recipe name, optionally "
+    "'+' and an importance-sampling correction (fp8_rollout+tis).",
+  )
+  lengths: tuple[int, ...] = field(
+    (3, 8), "Values of the task's length knob (the rollout length grows with it).", lo=0
+  )
+  seeds: tuple[int, ...] = field(
+    (0,), "RL seeds (one warm start per length serves them all).", lo=0, hi=SEED_MAX
+  )
+  steps: int = field(40, "RL steps per combination.", lo=1)
+  prompts_per_step: int = field(8, "Prompts per RL step.", lo=1)
+  token_margin: int = field(
+    8, "Generation budget = the task's longest gold completion + eos + this margin.", lo=0
+  )
+  target_accuracy: float = field(
+    0.5, "Greedy accuracy whose first crossing is reported (steps to target).", lo=0.0, hi=1.0
+  )
+  collapse_ratio: float = field(
+    0.1,
+    "A run whose final greedy accuracy is below this fraction "
+    "of its best (best >= 0.1) counts as collapsed.",
+    lo=0.0,
+    hi=1.0,
+  )
+  time_budget_s: Optional[float] = field(
+    None, "Stop starting new combinations after this many seconds (none: no limit).", lo=0.0
+  )
+  quiet_runs: bool = field(False, "Hide the per-step lines of the individual runs.")
+  command: str = field("", "The command line that produced the study (in report.md).", flag=False)
+  model: ModelSpec = node(ModelSpec, "The policy model.")
+  task: TaskConfig = node(TaskConfig(difficulty=1), "A synthetic task (its length: --lengths).")
+  sampling: SamplingConfig = node(
+    SamplingConfig(n=8, temperature=0.7), "Rollouts (the budget follows from each length)."
+  )
+  optimizer: OptimizerConfig = node(OptimizerConfig(lr=5e-5), "The RL optimizer.")
+  update: UpdateConfig = node(
+    UpdateConfig, "The policy-gradient update (the correction: from each recipe spec)."
+  )
+  eval: EvalConfig = node(EvalConfig, "Greedy evaluation on held-out problems.")
+  sft: WarmStartConfig = node(WarmStartConfig, "The warm start of each length.")
+
+  def __post_init__(self):
+    check_fields(self)
+    for name in ("recipes", "lengths", "seeds"):
+      if not getattr(self, name):
+        raise ConfigError(name, "must not be empty")
+    for spec in self.recipes:
+      parse_recipe(spec)
+    if not self.task.synthetic:
+      raise ConfigError(
+        "task.name",
+        f"{self.task.name!r} is not a synthetic task; the study "
+        "varies the length knob of addition, multiplication or sorting",
+      )
+    for length in self.lengths:
+      try:
+        dataclasses.replace(self.task, length=int(length))
+      except ConfigError as e:
+        raise ConfigError("lengths", f"{length}: {e.detail}") from None
+
+
+def max_new_tokens_for(cfg: StudyConfig, length: int) -> int:
+  """Generation budget at a length setting: longest gold completion + eos + margin (tokens of
+  the character tokenizer are characters)."""
+  from jetrl.data import get_task  # pylint: disable=import-outside-toplevel
+
+  task = get_task(cfg.task.name, difficulty=cfg.task.difficulty, length=int(length), seed=0)
+  return int(task.max_completion_chars) + 1 + cfg.token_margin
+
+
+def sft_dir(cfg: StudyConfig, length: int) -> str:
+  return os.path.join(cfg.report_dir, "sft", f"L{length}")
+
+
+def run_dir(cfg: StudyConfig, length: int, spec: str, seed: int) -> str:
+  return os.path.join(cfg.report_dir, "runs", f"L{length}", spec, f"seed{seed}")
+
+
+def is_done(cfg: StudyConfig, length: int, spec: str, seed: int) -> bool:
+  """A combination is done when its run wrote summary.json."""
+  return os.path.exists(os.path.join(run_dir(cfg, length, spec, seed), "summary.json"))
+
+
+def train_config(cfg: StudyConfig, length: int, spec: str, seed: int) -> TrainConfig:
+  """The RL run of one combination."""
+  name, corr = parse_recipe(spec)
+  return TrainConfig(
+    workdir=run_dir(cfg, length, spec, seed),
+    recipe=name,
+    steps=cfg.steps,
+    prompts_per_step=cfg.prompts_per_step,
+    seed=int(seed),
+    init_from=sft_dir(cfg, length),
+    model=cfg.model,
+    task=dataclasses.replace(cfg.task, length=int(length)),
+    sampling=dataclasses.replace(cfg.sampling, max_new_tokens=max_new_tokens_for(cfg, length)),
+    optimizer=cfg.optimizer,
+    update=dataclasses.replace(cfg.update, is_method=corr),
+    eval=cfg.eval,
+    checkpoint=CheckpointConfig(every=max(cfg.steps // 2, 1), keep=1),
+    logging=LoggingConfig(tensorboard=False, plots=False),
+  )
+
+
+def sft_config(cfg: StudyConfig, length: int) -> SFTConfig:
+  """The warm start of one length."""
+  w = cfg.sft
+  return SFTConfig(
+    workdir=sft_dir(cfg, length),
+    recipe=w.recipe,
+    steps=w.steps,
+    batch_size=w.batch_size,
+    max_new_tokens=max_new_tokens_for(cfg, length),
+    seed=w.seed,
+    model=cfg.model,
+    task=dataclasses.replace(cfg.task, length=int(length)),
+    optimizer=w.optimizer,
+    eval=EvalConfig(every=None, size=cfg.eval.size),
+    logging=LoggingConfig(every=10, tensorboard=False, plots=False),
+  )
+
+
+def combinations(cfg: StudyConfig) -> list[tuple[int, str, int]]:
+  """Run order: seed, then recipe, then length, so that a study cut short by its time budget
+  has every length of its first recipes (the length comparison is the study's point)."""
+  return [(int(L), spec, int(s)) for s in cfg.seeds for spec in cfg.recipes for L in cfg.lengths]

@@ -1,0 +1,127 @@
+"""The study's figures: accuracy and reward against step, the mismatch |Δ log p| against step
+and by token position, final accuracy by length. One colour per recipe; axes labelled; the
+legend right of the panels; a log axis only where the values span orders of magnitude
+(`jetrl.train.plots`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from jetrl.train.plots import bin_labels, use_log_scale
+
+
+def _smooth(y, k=5):
+  y = np.asarray(y, float)
+  if len(y) < k:
+    return y
+  c = np.convolve(y, np.ones(k) / k, mode="valid")
+  return np.concatenate([np.full(k - 1, np.nan), c])
+
+
+def _seed_mean(rs, key, xkey):
+  n = min(len(r[key]) for r in rs)
+  return np.asarray(rs[0][xkey][:n]), np.mean([r[key][:n] for r in rs], axis=0)
+
+
+def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  recipes = [r for r in cfg.recipes if any(x["recipe"] == r for x in rows)]
+  colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(cfg.recipes)}
+  lengths = [int(L) for L in cfg.lengths if any(x["length"] == int(L) for x in rows)]
+  of = lambda L, spec: [r for r in rows if r["length"] == L and r["recipe"] == spec]
+  paths = []
+
+  def save(fig, axes, name):
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if handles:
+      fig.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 0.95),
+        fontsize=8,
+        title="recipe",
+        title_fontsize=8,
+      )
+    p = os.path.join(cfg.report_dir, name)
+    fig.tight_layout()
+    fig.savefig(p, dpi=72, bbox_inches="tight")
+    plt.close(fig)
+    paths.append(p)
+
+  fig, axes = plt.subplots(len(lengths), 2, figsize=(9, 2.8 * len(lengths)), squeeze=False)
+  for i, L in enumerate(lengths):
+    for spec in recipes:
+      rs = of(L, spec)
+      if not rs:
+        continue
+      x, y = _seed_mean(rs, "reward_series", "step_series")
+      axes[i, 0].plot(x, _smooth(y), color=colors[spec], label=spec)
+      x, y = _seed_mean(rs, "eval_accuracy", "eval_steps")
+      axes[i, 1].plot(x, y, "o-", color=colors[spec], label=spec)
+    axes[i, 0].set_title(f"length {L}: train reward (5-step mean)", fontsize=9)
+    axes[i, 0].set_ylabel("reward")
+    axes[i, 1].set_title(f"length {L}: held-out greedy accuracy", fontsize=9)
+    axes[i, 1].set_ylabel("greedy accuracy")
+    for ax in axes[i]:
+      ax.set_xlabel("RL step"), ax.set_ylim(-0.02, 1.02), ax.grid(alpha=0.3)
+  save(fig, axes, "accuracy.png")
+
+  fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.2), squeeze=False)
+  for i, L in enumerate(lengths):
+    ax, drawn = axes[0, i], []
+    for spec in recipes:
+      rs = of(L, spec)
+      if rs:
+        x, y = _seed_mean(rs, "abs_diff_series", "step_series")
+        ax.plot(x, np.maximum(y, 1e-12), color=colors[spec], label=spec)
+        drawn += list(y)
+    if use_log_scale(drawn):
+      ax.set_yscale("log")
+    ax.set_title(f"length {L}: mean |Δlog p| per step", fontsize=9)
+    ax.set_xlabel("RL step"), ax.set_ylabel("mean |Δ log p|"), ax.grid(alpha=0.3)
+  save(fig, axes, "mismatch.png")
+
+  fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.2), squeeze=False)
+  for i, L in enumerate(lengths):
+    ax, drawn = axes[0, i], []
+    for spec in recipes:
+      rs = [r for r in of(L, spec) if r["position_profile"] is not None]
+      if not rs:
+        continue
+      prof = np.asarray([[np.nan if v is None else v for v in r["position_profile"]] for r in rs])
+      y = np.nanmean(prof, axis=0)
+      keep = np.isfinite(y)
+      ax.plot(
+        np.arange(len(y))[keep], np.maximum(y[keep], 1e-12), "o-", color=colors[spec], label=spec
+      )
+      ax.set_xticks(range(len(y)), bin_labels(rs[0]["position_edges"])[: len(y)])
+      drawn += list(y[keep])
+    if use_log_scale(drawn):
+      ax.set_yscale("log")
+    ax.set_xlabel("token position in the completion"), ax.set_ylabel("mean |Δ log p|")
+    ax.set_title(f"length {L}: mean |Δlog p| by position", fontsize=9), ax.grid(alpha=0.3)
+  save(fig, axes, "mismatch_by_position.png")
+
+  fig, ax = plt.subplots(figsize=(1.5 + 1.6 * len(lengths), 3.2))
+  w = 0.8 / max(len(recipes), 1)
+  for j, spec in enumerate(recipes):
+    xs, ys, es = [], [], []
+    for i, L in enumerate(lengths):
+      a = [a for a in agg if a["length"] == L and a["recipe"] == spec]
+      if a:
+        xs.append(i + (j - (len(recipes) - 1) / 2) * w)
+        ys.append(a[0]["eval_final"]), es.append(a[0]["eval_final_sd"])
+    ax.bar(xs, ys, w, yerr=es, color=colors[spec], label=spec, capsize=2)
+  ax.set_xticks(range(len(lengths)), [f"length {L}" for L in lengths])
+  ax.set_xlabel("task length knob"), ax.set_ylabel("final greedy accuracy")
+  ax.set_ylim(0, 1.05), ax.grid(alpha=0.3, axis="y")
+  save(fig, np.asarray([[ax]]), "final_accuracy.png")
+  return paths

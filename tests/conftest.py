@@ -1,0 +1,121 @@
+"""Fixtures shared across the test packages: the repository root, a log that prints nothing,
+the tiny model, and the tiny RL / SFT / study configurations the runner tests build on.
+
+The tiny configurations share their shapes and static settings (task, model, generation
+budget, batch, temperature, optimizer, run length), so that within one pytest process their
+jitted sampler, update and SFT steps compile once and are reused by every test that runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import jax
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def quiet(*args, **kwargs):
+  """A `log` that prints nothing."""
+
+
+@pytest.fixture(scope="session")
+def root() -> pathlib.Path:
+  return ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+  """(config, float32 params) of a 1-layer `tiny` model with 64 positions."""
+  from jetrl.models import get_config, init_params
+
+  cfg = dataclasses.replace(get_config("tiny"), n_layers=1, max_seq_len=64)
+  return cfg, init_params(cfg, jax.random.PRNGKey(0))
+
+
+def _tiny_nodes():
+  from jetrl.rl import OptimizerConfig
+  from jetrl.sampling import SamplingConfig
+  from jetrl.train import ModelSpec, TaskConfig
+
+  return dict(
+    model=ModelSpec(n_layers=1),
+    task=TaskConfig(difficulty=1, length=1),
+    sampling=SamplingConfig(max_new_tokens=24, temperature=0.7, n=2),
+    optimizer=OptimizerConfig(lr=1e-4),
+  )
+
+
+@pytest.fixture(scope="session")
+def tiny_train_config():
+  """`make(workdir, **changes)`: a 2-step RL run of 2 prompts x 2 samples on 1-digit addition,
+  checkpoints every step, evaluation of 4 problems at the start and the end."""
+  from jetrl.train import CheckpointConfig, EvalConfig, LoggingConfig, TrainConfig
+
+  nodes = _tiny_nodes()
+  base = TrainConfig(
+    recipe="bf16",
+    steps=2,
+    prompts_per_step=2,
+    **nodes,
+    eval=EvalConfig(every=None, size=4),
+    checkpoint=CheckpointConfig(every=1),
+    logging=LoggingConfig(tensorboard=False, plots=False),
+  )
+
+  def make(workdir, **changes):
+    return base.replace(workdir=str(workdir), **changes)
+
+  return make
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_config():
+  """`make(workdir, **changes)`: a 4-step SFT run of 4 problems a step on 1-digit addition."""
+  from jetrl.train import EvalConfig, SFTConfig
+
+  nodes = _tiny_nodes()
+  base = SFTConfig(
+    steps=4,
+    batch_size=4,
+    max_new_tokens=nodes["sampling"].max_new_tokens,
+    model=nodes["model"],
+    task=nodes["task"],
+    eval=EvalConfig(every=None, size=4),
+  )
+
+  def make(workdir, **changes):
+    return base.replace(workdir=str(workdir), **changes)
+
+  return make
+
+
+@pytest.fixture(scope="session")
+def tiny_study_config():
+  """`make(report_dir, **changes)`: fp8_rollout and jet at length 1, one seed, runs shaped like
+  `tiny_train_config`'s, warm starts like `tiny_sft_config`'s."""
+  from jetrl.train import EvalConfig
+  from jetrl.train.study import StudyConfig, WarmStartConfig
+
+  nodes = _tiny_nodes()
+  base = StudyConfig(
+    recipes=("fp8_rollout", "jet"),
+    lengths=(1,),
+    seeds=(0,),
+    steps=2,
+    prompts_per_step=2,
+    token_margin=2,
+    model=nodes["model"],
+    task=nodes["task"],
+    sampling=nodes["sampling"],
+    optimizer=nodes["optimizer"],
+    eval=EvalConfig(every=None, size=4),
+    sft=WarmStartConfig(steps=4, batch_size=4),
+  )
+
+  def make(report_dir, **changes):
+    return base.replace(report_dir=str(report_dir), **changes)
+
+  return make

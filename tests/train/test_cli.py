@@ -1,0 +1,203 @@
+"""The entry points' command line: flags named by config path, --config files with flags on
+top, flag errors before anything compiles, start-up refusals, renamed flags, grouped --help,
+a quiet console. Parsing is checked in-process; one subprocess per kind of exit."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from absl import flags
+
+from conftest import quiet
+from jetrl.config import FlagError
+from jetrl.config.flags import config_from_flags, define_flags
+from jetrl.train import SFTConfig, TrainConfig, run
+from jetrl.train.cli import usage
+from jetrl.train.config import RENAMED_FLAGS
+
+
+def parse(argv, default=None):
+  """The config `experiments/train.py` would build from `argv` (fresh flags each time)."""
+  default = default or TrainConfig()
+  fv = flags.FlagValues()
+  define_flags(default, fv)
+  fv(["prog", *argv])
+  return config_from_flags(default, fv)
+
+
+def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
+  cfg = parse(
+    [
+      f"--workdir={tmp_path}",
+      "--optimizer.lr=3e-5",
+      "--sampling.temperature=0.7",
+      "--sampling.n=4",
+      "--model.n_layers=1",
+      "--update.clip_high=0.28",
+      "--update.aggregation=token",
+      "--logging.tensorboard=false",
+      "--eval.every=none",
+      "--init_from=",
+      "--recipe=bf16",
+    ]
+  )
+  assert cfg.optimizer.lr == 3e-5 and cfg.sampling.temperature == 0.7 and cfg.sampling.n == 4
+  assert cfg.model.n_layers == 1 and cfg.update.clip_high == 0.28
+  assert cfg.update.aggregation == "token" and cfg.logging.tensorboard is False
+  assert cfg.eval.every is None and cfg.init_from is None and cfg.recipe == "bf16"
+  # Flags not given keep the defaults of their node.
+  assert cfg.optimizer.schedule == "constant" and cfg.update.clip_high is not None
+  assert parse(["--update.clip_high=none"]).update.clip_high is None
+  # Tuples: comma-separated, each element checked.
+  from jetrl.train.study import GRID_FIELDS, StudyConfig
+
+  fv = flags.FlagValues()
+  define_flags(StudyConfig(), fv, exclude=GRID_FIELDS)
+  fv(["prog", "--recipes=bf16, jet+tis", "--lengths=2,4", "--seeds=0,1", "--sft.optimizer.lr=2e-3"])
+  study = config_from_flags(StudyConfig(), fv, exclude=GRID_FIELDS)
+  assert study.recipes == ("bf16", "jet+tis") and study.lengths == (2, 4)
+  assert study.seeds == (0, 1) and study.sft.optimizer.lr == 2e-3
+  assert "task.length" not in fv and "command" not in fv
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (
+      ["--recipe=fp8"],
+      "--recipe: 'fp8' is not accepted; choose one of ['fp32', 'bf16', "
+      "'fp8_rollout', 'jet', 'fp8_tensor']",
+    ),
+    (["--sampling.n=1"], "--sampling.n: must be >= 2 for group-relative advantages"),
+    (["--sampling.temperature=0"], "--sampling.temperature: must be > 0"),
+    (["--update.minibatches=3"], "--update.minibatches: prompts_per_step x sampling.n = 128 rows"),
+    (["--task.name=chess"], "--task.name: 'chess' is not accepted"),
+    (["--update.is_method=clip"], "--update.is_method: 'clip' is not accepted"),
+    (["--seed=18446744073709551616"], "--seed: must be in [0, 4294967295]"),
+    (["--optimizer.lr=nan"], "--optimizer.lr: must be a finite number in (0, 1], got nan"),
+    (["--task.difficulty=100"], "--task.difficulty: must be in [1, 9], got 100"),
+    (["--mesh=data:x"], "--mesh: "),
+  ],
+)
+def test_bad_values_are_flag_errors(argv, message):
+  with pytest.raises(FlagError) as e:
+    parse(argv)
+  assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize(
+  "flag, value, message",
+  [
+    ("workdir", "{tmp}/afile", "--workdir: "),
+    ("model.name", "/no/such/dir", "--model.name: '/no/such/dir' is neither a preset"),
+    ("mesh", "data:3", "--mesh: mesh 'data:3': axis sizes"),
+    (
+      "prompts_per_step",
+      "100000000",
+      "--prompts_per_step / --sampling.n / --sampling.max_new_tokens: one step needs at least",
+    ),
+  ],
+)
+def test_start_up_refusals_name_the_flag_before_anything_is_written(tmp_path, flag, value, message):
+  (tmp_path / "afile").write_text("x")
+  argv = [
+    f"--workdir={tmp_path / 'w'}",
+    "--model.n_layers=1",
+    f"--{flag}={value.format(tmp=tmp_path)}",
+  ]
+  t0 = time.time()
+  with pytest.raises(FlagError, match="^" + message.replace("(", r"\(").replace("[", r"\[")):
+    run(parse(argv), log=quiet)
+  assert not (tmp_path / "w" / "metrics.jsonl").exists()
+  assert not (tmp_path / "w" / "checkpoints").exists()
+  assert time.time() - t0 < 60, "the checks come before any compilation"
+
+
+def test_config_files_python_json_yaml_with_flags_on_top(tmp_path, root):
+  py = root / "experiments" / "configs" / "addition_jet.py"
+  cfg = parse([f"--config={py}", f"--workdir={tmp_path}", "--recipe=bf16", "--steps=7"])
+  assert (cfg.recipe, cfg.steps, cfg.optimizer.lr, cfg.sampling.temperature) == (
+    "bf16",
+    7,
+    3e-5,
+    0.7,
+  )
+  assert cfg.task.length == 3 and cfg.eval.size == 256
+  sft = parse([f"--config={root / 'experiments' / 'configs' / 'addition_sft.py'}"], SFTConfig())
+  assert sft.steps == 150 and sft.task.length == 3 and sft.optimizer.lr == 1e-3
+  # A run's config.json is a config file: the same run again, flags on top.
+  (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+  again = parse([f"--config={tmp_path / 'config.json'}", "--sampling.n=4"])
+  assert again == cfg.replace(sampling={"n": 4})
+  (tmp_path / "c.yaml").write_text("recipe: jet\noptimizer:\n  lr: 0.001\nsampling:\n  n: 2\n")
+  y = parse([f"--config={tmp_path / 'c.yaml'}"])
+  assert (y.recipe, y.optimizer.lr, y.sampling.n, y.steps) == ("jet", 1e-3, 2, 50)
+  for text, message in (
+    ("optimizer:\n  rate: 1\n", "--config: .*optimizer.rate: no such field"),
+    ("optimizer:\n  lr: -1\n", r"--config: .*optimizer.lr: must be in \(0, 1\]"),
+    ("recipe: [jet\n", "--config: .*YAMLError|--config: .*ScannerError|--config: .*ParserError"),
+  ):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(FlagError, match=message):
+      parse([f"--config={tmp_path / 'bad.yaml'}"])
+  (tmp_path / "wrong.py").write_text(
+    "from jetrl.train import SFTConfig\ndef get_config():\n  return SFTConfig()\n"
+  )
+  with pytest.raises(FlagError, match="returned a SFTConfig; this program takes a TrainConfig"):
+    parse([f"--config={tmp_path / 'wrong.py'}"])
+
+
+def test_help_lists_every_flag_grouped_by_config():
+  text = usage(TrainConfig(), "doc line")
+  for group in (
+    "--model.*",
+    "--task.*",
+    "--sampling.*",
+    "--optimizer.*",
+    "--update.*",
+    "--eval.*",
+    "--checkpoint.*",
+    "--logging.*",
+  ):
+    assert f"\n{group}:" in text, group
+  from jetrl.config.flags import flag_specs
+
+  for spec in flag_specs(TrainConfig()):
+    assert f"  --{spec.path}=" in text, spec.path
+  assert "--sampling.stop_ids" not in text  # filled in by the run, not a flag
+  # Every old flag name maps to a flag that exists.
+  names = {s.path for s in flag_specs(TrainConfig())}
+  assert set(RENAMED_FLAGS.values()) <= names
+
+
+def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
+  """The entry point itself: exit code 2 and one message, no traceback."""
+  script = str(root / "experiments" / "train.py")
+  env = dict(os.environ)
+  out = subprocess.run(
+    [sys.executable, script, f"--workdir={tmp_path}", "--recipe=fp8"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=env,
+  )
+  assert out.returncode == 2
+  assert "error: --recipe: 'fp8' is not accepted" in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr and not (tmp_path / "metrics.jsonl").exists()
+  out = subprocess.run(
+    [sys.executable, script, f"--workdir={tmp_path}", "--lr=1e-3"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=env,
+  )
+  assert out.returncode == 2
+  assert "--lr is now --optimizer.lr" in out.stderr, out.stderr[-2000:]
+  out = subprocess.run(
+    [sys.executable, script, "--help"], capture_output=True, text=True, timeout=120, env=env
+  )
+  assert out.returncode == 0 and "--optimizer.lr=0.0001" in out.stdout
+  assert "Try --helpfull" not in out.stdout and "--sampling.*:" in out.stdout

@@ -1,0 +1,99 @@
+"""The console's ETA leaves out the compiling step; the plots label their axes, keep legends
+off the data, use linear axes for a few bins and keep a compiling step from dominating."""
+
+import io
+import json
+
+import pytest
+
+from jetrl.train import plots
+from jetrl.train.writers import Progress
+
+
+class Clock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_eta_is_measured_after_the_first_step():
+  clock, out = Clock(), io.StringIO()
+  progress = Progress(total=10, start=0, stream=out, clock=clock)
+  clock.now = 100.0  # step 1 compiled: 100 s
+  progress.update(1, {"loss": 1.0})
+  clock.now = 102.0
+  progress.update(2, {"loss": 1.0})
+  clock.now = 106.0
+  progress.update(4, {"loss": 1.0})
+  lines = out.getvalue().splitlines()
+  assert "100s elapsed, ETA at the next line (this one includes compilation)" in lines[0]
+  assert "ETA 16s" in lines[1]  # 2 s per step x 8 steps left (not 51 s per step)
+  assert "ETA 12s" in lines[2]  # (106 - 100) / 3 steps x 6 left
+  # A resumed run counts from its own first step.
+  resumed = Progress(total=10, start=6, stream=out, clock=clock)
+  clock.now = 150.0
+  resumed.update(7, {})
+  clock.now = 151.0
+  resumed.update(8, {})
+  assert out.getvalue().splitlines()[-1].endswith("ETA 2s")
+
+
+def test_scales_and_bin_labels():
+  assert not plots.use_log_scale([1e-3, 2e-3, 5e-3])
+  assert plots.use_log_scale([1e-5, 1e-3])
+  assert not plots.use_log_scale([0.0, 1e-3])  # zeros are left out; one value is not a span
+  assert plots.bin_labels([0, 16, 32]) == ["0-15", "16-31", "32+"]
+
+
+def test_run_plots(tmp_path, monkeypatch):
+  recs = []
+  for step in range(1, 7):
+    recs.append(
+      {
+        "step": step,
+        "reward_mean": 0.1 * step,
+        "accuracy": 0.1 * step,
+        "agree/abs_diff_mean": 1e-3,
+        "agree/abs_diff_max": 0.2,
+        "agree/kl_k3": 1e-5,
+        "agree/bin_abs_diff_mean": [1e-3, 2e-3, 3e-3],
+        "agree/bin_count": [5, 5, 5],
+        "agree/bin_edges": [0, 16, 32],
+        "time/rollout": 1.0,
+        "time/reward": 0.1,
+        "time/update": 1.0 if step > 1 else 60.0,
+        "time/compiled": float(step == 1),
+      }
+    )
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+  (tmp_path / "eval.jsonl").write_text(
+    '{"step": 0, "eval_accuracy": 0.5}\n{"step": 6, "eval_accuracy": 0.7}\n'
+  )
+  figures = {}
+  real_save = plots.save
+
+  def keep(fig, path):
+    figures[path.rsplit("/", 1)[-1]] = fig
+    return real_save(fig, path)
+
+  monkeypatch.setattr(plots, "save", keep)
+  paths = plots.write_plots(str(tmp_path))
+  assert sorted(figures) == ["agreement.png", "agreement_by_position.png", "reward.png", "time.png"]
+  assert all((tmp_path / "plots" / name).stat().st_size > 1000 for name in figures)
+  assert len(paths) == 4
+  for name, fig in figures.items():
+    ax = fig.axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel(), name
+    legend = ax.get_legend()
+    if legend is not None:  # anchored right of the axes, outside the data
+      assert legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1 - 1, name
+  position = figures["agreement_by_position.png"].axes[0]
+  assert position.get_xscale() == "linear" and position.get_yscale() == "linear"
+  assert [t.get_text() for t in position.get_xticklabels()] == ["0-15", "16-31", "32+"]
+  assert figures["agreement.png"].axes[0].get_yscale() == "log"  # 1e-5 .. 0.2
+  time_ax = figures["time.png"].axes[0]
+  assert time_ax.get_ylim()[1] == pytest.approx(1.3 * 2.1)  # the 61 s step is clipped ...
+  assert any(t.get_text() == "61s (clipped)" for t in time_ax.texts)  # ... its height printed
+  assert "includes compilation" in [t.get_text() for t in time_ax.get_legend().get_texts()]
