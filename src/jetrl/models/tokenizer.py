@@ -4,6 +4,10 @@
 chat template (from tokenizer_config.json, chat_template.jinja or chat_template.json) and the
 end-of-generation ids of generation_config.json, as an `HFTokenizer` (a
 `jetrl.data.Tokenizer`, like the character tokenizer and `transformers` tokenizers).
+`load_model_tokenizer(model, tokenizer)` is what a run uses: the tokenizer of one folder (the
+model's, or a separate tokenizer folder), with the end-of-generation ids of both, so that
+sampling stops on every id the model's generation config names, not only on the eos token
+(`stop_ids`).
 Chat templates are rendered with jinja2 in a sandbox, the way `transformers` renders them.
 """
 
@@ -150,6 +154,68 @@ def check_vocab(config: ModelConfig, tokenizer: Tokenizer) -> None:
                      f"vocab_size={config.vocab_size})")
 
 
+def _eos_list(path: str, file: str) -> Optional[list]:
+  """The `eos_token_id` (an int or a list of ints) of `path/file` as a list; None when the
+  file or the key is absent. A malformed value is a ValueError naming the file."""
+  full = os.path.join(path, file)
+  if not os.path.exists(full):
+    return None
+  try:
+    data = _read_json(full)
+  except ValueError as e:
+    raise ValueError(f"{full}: not valid JSON ({e})") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{full}: expected a JSON object")
+  value = data.get("eos_token_id")
+  if value is None:
+    return None
+  values = value if isinstance(value, list) else [value]
+  if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    raise ValueError(f"{full}: eos_token_id must be a non-negative int or a list of them, "
+                     f"got {value!r}")
+  return list(values)
+
+
+def generation_eos_ids(path: str) -> tuple:
+  """The end-of-generation ids a checkpoint folder declares: generation_config.json's
+  `eos_token_id` (an int or a list), or, when that file is absent, config.json's (what
+  `transformers` generate falls back to). () when neither names any."""
+  gen = _eos_list(path, "generation_config.json")
+  if gen is None and not os.path.exists(os.path.join(path, "generation_config.json")):
+    gen = _eos_list(path, "config.json")
+  return tuple(gen or ())
+
+
+def stop_ids(tokenizer: Tokenizer) -> tuple:
+  """Every token id that ends a sample (`SamplingConfig.stop_ids`): `stop_token_ids`, and a
+  ValueError when there is none."""
+  ids = stop_token_ids(tokenizer)
+  if not ids:
+    raise ValueError("the tokenizer has no eos token and its folders name no eos_token_id: "
+                     "sampling could never stop on a token")
+  return tuple(int(i) for i in ids)
+
+
+def load_model_tokenizer(model: str, tokenizer: Optional[str] = None, *,
+                         config: Optional[ModelConfig] = None) -> HFTokenizer:
+  """The tokenizer a run uses with the checkpoint folder `model`.
+
+  tokenizer: a folder (or hub name) with tokenizer.json to use instead of the model's own
+    (its special tokens and chat template come with it); None: the model folder's.
+  The end-of-generation ids are those of the tokenizer folder and of the model folder
+  (`generation_eos_ids`): the model's generation config decides when its samples end, even
+  when the tokenizer comes from elsewhere. Checked against `config` when given.
+  """
+  from jetrl.models.hf_io import resolve_path  # pylint: disable=import-outside-toplevel
+  model = resolve_path(model)
+  tok = load_tokenizer(tokenizer if tokenizer else model)
+  extra = list(tok.extra_eos_ids) + list(generation_eos_ids(model))
+  tok.extra_eos_ids = tuple(dict.fromkeys(extra))
+  if config is not None:
+    check_vocab(config, tok)
+  return tok
+
+
 def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFTokenizer:
   """The tokenizer of a checkpoint directory (or hub name); checks it against `config`."""
   from tokenizers import Tokenizer as Backend  # pylint: disable=import-outside-toplevel
@@ -165,8 +231,7 @@ def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFToke
   def token(name):
     return _token_text(tok_cfg.get(name)) or _token_text(special.get(name))
 
-  gen_eos = _read_json(os.path.join(path, "generation_config.json")).get("eos_token_id")
-  gen_eos = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else gen_eos
+  gen_eos = _eos_list(path, "generation_config.json") or []
   tok = HFTokenizer(Backend.from_file(tok_file), bos_token=token("bos_token"),
                   eos_token=token("eos_token"), pad_token=token("pad_token"),
                   chat_template=_chat_template(path, tok_cfg), extra_eos_ids=gen_eos)

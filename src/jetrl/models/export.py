@@ -1,0 +1,97 @@
+"""A policy's params -> a Hugging Face folder that `transformers` loads and generates from.
+
+Why: a trained policy leaves jetrl as a folder other tools read. `export_hf` is
+`save_pretrained` (config.json and model.safetensors) with what an export needs around it:
+
+- the params are checked against the config and for NaN / Inf (nothing non-finite is written,
+  docs/reliability.md), and optionally cast (`dtype="bfloat16"` halves the folder);
+- the tokenizer files of `tokenizer_from` (the folder the run's tokenizer came from) are copied,
+  after checking that the tokenizer fits the model's vocabulary, with a generation_config.json
+  naming its end-of-generation ids when that folder has none, so `generate` stops where jetrl's
+  sampler stops;
+- the folder is written next to `out` and renamed into place when complete; an existing
+  non-empty `out` is refused unless `overwrite=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetrl.models.config import ModelConfig
+from jetrl.models.hf_io import resolve_path, save_pretrained
+from jetrl.models.params import check_params
+from jetrl.models.tokenizer import load_tokenizer
+
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_finite(params) -> None:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    bad = int(np.count_nonzero(~np.isfinite(np.asarray(jax.device_get(leaf), np.float32))))
+    if bad:
+      raise ValueError(f"export: params{jax.tree_util.keystr(path)} holds {bad} non-finite "
+                       "values (NaN or Inf); refusing to write them")
+
+
+def export_hf(params, config: ModelConfig, out: str, *, tokenizer_from: Optional[str] = None,
+              dtype: Optional[str] = None, overwrite: bool = False) -> str:
+  """Write `params` as a Hugging Face folder at `out`; returns its path.
+
+  tokenizer_from: a checkpoint folder (or hub name) whose tokenizer files, chat template and
+    generation config are copied (checked against `config` first).
+  dtype: "float32", "bfloat16" or "float16" to cast the weights to; None keeps their dtype.
+  overwrite: replace an existing non-empty `out` (otherwise a ValueError).
+  """
+  check_params(params, config)
+  if dtype is not None and str(dtype) not in EXPORT_DTYPES:
+    raise ValueError(f"export: dtype {dtype!r} is not accepted; choose one of "
+                     f"{list(EXPORT_DTYPES)} or None (keep the params' dtype)")
+  _check_finite(params)
+  if dtype is not None:
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a).astype(jnp.dtype(dtype)), params)
+  tok = None
+  if tokenizer_from is not None:
+    tokenizer_from = resolve_path(tokenizer_from)
+    tok = load_tokenizer(tokenizer_from, config=config)
+  out = os.path.abspath(os.path.expanduser(out))
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"export: {out} is a file; give a directory")
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise ValueError(f"export: {out} exists and is not empty; choose another folder or "
+                     "pass overwrite=True")
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)
+  try:
+    save_pretrained(params, config, tmp, tokenizer_from=tokenizer_from)
+    gen_path = os.path.join(tmp, "generation_config.json")
+    if tok is not None and not os.path.exists(gen_path) and tok.eos_token_ids:
+      gen = {"eos_token_id": list(tok.eos_token_ids)}
+      if tok.bos_token_id is not None:
+        gen["bos_token_id"] = tok.bos_token_id
+      if tok.pad_token_id is not None:
+        gen["pad_token_id"] = tok.pad_token_id
+      with open(gen_path, "w", encoding="utf-8") as f:
+        json.dump(gen, f, indent=2)
+    old = None
+    if os.path.exists(out):
+      old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.old-")
+      os.replace(out, os.path.join(old, "folder"))
+    os.replace(tmp, out)
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+  return out
