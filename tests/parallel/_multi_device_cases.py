@@ -99,7 +99,8 @@ def _greedy(params, layout=None):
   return sample(params, CFG, prompts, jax.random.PRNGKey(1), sc, RECIPE.rollout, layout=layout)
 
 
-@pytest.mark.parametrize("mesh_spec", MESHES)
+# The sampling layout drops fsdp: "fsdp:4,tensor:2" samples like "data:2,fsdp:2,tensor:2".
+@pytest.mark.parametrize("mesh_spec", MESHES[:2])
 def test_greedy_sampling_matches_one_device(mesh_spec):
   if "greedy" not in _REF:
     _REF["greedy"] = jax.tree_util.tree_map(np.asarray, _greedy(_params()))
