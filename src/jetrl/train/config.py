@@ -82,17 +82,17 @@ class ModelSpec:
     "A model preset (jetrl.models.PRESETS) or a Hugging Face folder (config.json, safetensors "
     "weights, tokenizer, chat template, generation config).",
   )
+  n_layers: Optional[int] = field(
+    None,
+    "Number of layers: the first N of a checkpoint's, or a preset's changed (none: unchanged).",
+    lo=1,
+  )
   tokenizer: Optional[str] = field(
     None,
     "A tokenizer folder (tokenizer.json, tokenizer_config.json, chat template) to use instead "
     "of the model folder's; samples still stop on the model folder's eos ids too. With a "
     "preset, the random model is sized to it (none: the model folder's own tokenizer, or the "
     "character tokenizer for a preset).",
-  )
-  n_layers: Optional[int] = field(
-    None,
-    "Number of layers: the first N of a checkpoint's, or a preset's changed (none: unchanged).",
-    lo=1,
   )
 
   def __post_init__(self):

@@ -49,7 +49,9 @@ METRIC_FILES = ("sft_metrics.jsonl", "sft_eval.jsonl")
 RUN_FILES = ("sft_summary.json", "sft_config.json", CHANGES_FILE, "tb", "plots")
 
 
-def _solution_batch(tok, problems, width: int, t_max: int, encode):
+def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
+  """The train batch of gold solutions after their prompts (`encode(text)`, default plain)."""
+  encode = encode or (lambda text: setup.encode_prompt(tok, text))
   prompts = [encode(p.prompt) for p in problems]
   sols = [setup.encode_completion(tok, p.solution) for p in problems]
   too_long = [len(s) for s in sols if len(s) > t_max]
