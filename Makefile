@@ -22,6 +22,8 @@ RUFF_FORMATTED := \
 	src/jetrl/train/setup.py \
 	src/jetrl/train/plots.py \
 	src/jetrl/train/validation.py \
+	src/jetrl/train/export.py \
+	src/jetrl/train/evaluate.py \
 	src/jetrl/train/study \
 	tests/conftest.py \
 	tests/config \
@@ -30,9 +32,12 @@ RUFF_FORMATTED := \
 	tests/train/test_study.py \
 	tests/train/test_progress_and_plots.py \
 	tests/train/test_validation.py \
+	tests/train/test_model_task_options.py \
 	tests/rl/test_optimizer.py \
 	experiments/train.py \
 	experiments/sft.py \
+	experiments/evaluate.py \
+	experiments/export_hf.py \
 	experiments/compare_precisions.py \
 	experiments/demo.py \
 	experiments/configs

@@ -66,6 +66,8 @@ def test_generation_config_written_when_missing(params, tmp_path):
   out = M.export_hf(params, CONFIG, str(tmp_path / "out"), tokenizer_from=tok_dir)
   with open(os.path.join(out, "generation_config.json")) as f:
     assert json.load(f) == {"eos_token_id": [4]}
+  modes = {n: os.stat(os.path.join(out, n)).st_mode & 0o777 for n in os.listdir(out)}
+  assert len(set(modes.values())) == 1, modes  # the weights as readable as the other files
   assert M.stop_ids(M.load_model_tokenizer(out)) == (4,)
 
 

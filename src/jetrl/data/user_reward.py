@@ -48,8 +48,9 @@ class RewardError(RuntimeError):
   """A user reward function that cannot be used: a wrong result, or failing batch after batch."""
 
 
-def check_spec(spec: Any) -> str:
-  """`spec` if it has the form 'path/to/file.py:fn' or 'module:fn'; ValueError otherwise."""
+def check_spec_form(spec: Any) -> str:
+  """`spec` if it has the form 'path/to/file.py:fn' or 'module:fn' (nothing is looked up);
+  ValueError otherwise."""
   if not isinstance(spec, str):
     raise ValueError(f"a reward is named 'path/to/file.py:function' or 'module:function', got "
                      f"{type(spec).__name__}")
@@ -57,6 +58,13 @@ def check_spec(spec: Any) -> str:
   if not sep or not target.strip() or not name.isidentifier():
     raise ValueError(f"reward {spec!r}: expected 'path/to/file.py:function' or "
                      "'module:function' (a Python identifier after the last ':')")
+  return spec
+
+
+def check_spec(spec: Any) -> str:
+  """`spec` if it has the form 'path/to/file.py:fn' or 'module:fn' and a file it names
+  exists; ValueError otherwise."""
+  target = check_spec_form(spec).rpartition(":")[0]
   if (target.endswith(".py") or os.sep in target) and not os.path.isfile(target):
     raise ValueError(f"reward {spec!r}: file {target!r} does not exist")
   return spec

@@ -75,6 +75,8 @@ def export_hf(params, config: ModelConfig, out: str, *, tokenizer_from: Optional
   os.chmod(tmp, 0o777 & ~umask)
   try:
     save_pretrained(params, config, tmp, tokenizer_from=tokenizer_from)
+    for name in os.listdir(tmp):  # safetensors writes its file owner-only (0600)
+      os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
     gen_path = os.path.join(tmp, "generation_config.json")
     if tok is not None and not os.path.exists(gen_path) and tok.eos_token_ids:
       gen = {"eos_token_id": list(tok.eos_token_ids)}

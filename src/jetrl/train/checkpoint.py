@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jetrl.train import checksum
-from jetrl.train.validation import FlagError, checkpoint_steps
+from jetrl.train.validation import FlagError, checkpoint_steps, is_hf_folder
 
 DAMAGED_DIR = "checkpoints_damaged"
 
@@ -142,46 +142,90 @@ def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
 
 
 def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None] = print) -> Any:
-  """The params of the newest intact checkpoint in `workdir` (a warm start), cast like target.
+  """The params of the newest intact checkpoint in `workdir` (a warm start), or the weights of
+  a Hugging Face folder (one without checkpoints), cast like target.
 
   Nothing in `workdir` is changed: a damaged checkpoint is skipped with a warning. An SFT run
   that has not reached its last step is refused (its params are not the warm start it names).
+  A Hugging Face folder's weights must have the target's shapes (its first layers are taken
+  when it has more).
   """
   steps = checkpoint_steps(workdir)
+  if not steps and is_hf_folder(workdir):
+    return _hf_params(workdir, target_params, log)
   if not steps:
     raise FlagError("init_from",
                     f"no checkpoint found under {os.path.join(workdir, 'checkpoints')}")
-  ckpt = Checkpointer(workdir, create=False)
-  problems = []
-  try:
-    for step in reversed(ckpt.steps()):
-      try:
-        meta = ckpt.restore_meta(step)
-        restored = ckpt._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore()))  # structure from the checkpoint itself
-        # Only the params: without a target the optimizer state comes back as plain
-        # containers, whose leaf paths differ from the saved ones.
-        verify(restored.state["params"], meta, f"{ckpt.directory}/{step}", "['params']")
-      except Exception as e:  # pylint: disable=broad-except
-        problems.append(f"step {step}: {type(e).__name__}: {e}")
-        message = f"--init_from: checkpoint {ckpt.directory}/{step} is damaged ({e}); skipped"
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-        log(f"warning: {message}")
-        continue
-      break
-    else:
-      raise FlagError("init_from", f"no intact checkpoint under {ckpt.directory}:\n  " +
-                      "\n  ".join(problems))
-  finally:
-    ckpt.close()
+  params, meta = read_params(workdir, log=log)
   kind = meta.get("kind", "rl")
   total = meta.get("config", {}).get("steps")
   if kind == "sft" and total is not None and int(meta["step"]) < int(total):
     raise FlagError("init_from", f"the SFT run in {workdir} stopped at step {meta['step']} of "
                     f"{total}; rerun it to finish (it resumes) before warm-starting from it")
-  params = restored.state["params"]
   try:
     return jax.tree_util.tree_map(lambda t, p: np.asarray(p).astype(t.dtype), target_params, params)
   except ValueError as e:
     raise FlagError("init_from", f"the {kind} checkpoint's params do not match this model "
                     f"(--model.name / --model.n_layers / tokenizer): {e}") from None
+
+
+def read_params(workdir: str, step: Optional[int] = None, *, flag: str = "init_from",
+                log: Callable[[str], None] = print) -> tuple[Any, dict]:
+  """(params as stored, meta) of checkpoint `step` of a run's workdir (None: the newest intact
+  one; a damaged one is skipped with a warning), verified against their checksums; nothing in
+  `workdir` is changed. FlagErrors name `flag` (a checkpoint given by step must be intact)."""
+  ckpt = Checkpointer(workdir, create=False)
+  problems = []
+  try:
+    steps = ckpt.steps()
+    if step is not None:
+      if step not in steps:
+        raise FlagError("step", f"no checkpoint {step} under {ckpt.directory}; it has {steps}")
+      steps = [step]
+    for s in reversed(steps):
+      try:
+        meta = ckpt.restore_meta(s)
+        restored = ckpt._mngr.restore(s, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore()))  # structure from the checkpoint itself
+        # Only the params: without a target the optimizer state comes back as plain
+        # containers, whose leaf paths differ from the saved ones.
+        verify(restored.state["params"], meta, f"{ckpt.directory}/{s}", "['params']")
+      except Exception as e:  # pylint: disable=broad-except
+        problems.append(f"step {s}: {type(e).__name__}: {e}")
+        message = f"--{flag}: checkpoint {ckpt.directory}/{s} is damaged ({e}); skipped"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        log(f"warning: {message}")
+        continue
+      return restored.state["params"], meta
+    raise FlagError(flag, f"no intact checkpoint under {ckpt.directory}:\n  " +
+                    "\n  ".join(problems))
+  finally:
+    ckpt.close()
+
+
+def _hf_params(path: str, target_params: Any, log: Callable[[str], None]) -> Any:
+  """A Hugging Face folder's weights as a warm start for `target_params` (same shapes; the
+  first layers when the folder has more)."""
+  from jetrl.models import load_pretrained  # pylint: disable=import-outside-toplevel
+
+  try:
+    _, params = load_pretrained(path)
+  except (OSError, ValueError) as e:
+    raise FlagError("init_from", f"{path}: {e}") from None
+  n = int(jax.tree_util.tree_leaves(target_params["layers"])[0].shape[0])
+  have = int(jax.tree_util.tree_leaves(params["layers"])[0].shape[0])
+  if have < n:
+    raise FlagError("init_from", f"{path} has {have} layers; this model has {n}")
+  params = dict(params, layers=jax.tree_util.tree_map(lambda a: a[:n], params["layers"]))
+  want = jax.tree_util.tree_structure(target_params)
+  if jax.tree_util.tree_structure(params) != want:
+    raise FlagError("init_from", f"the weights in {path} are not those of this model "
+                    "(--model.name / --model.n_layers): their tensors differ")
+  flat_t = jax.tree_util.tree_flatten_with_path(target_params)[0]
+  for (where, t), p in zip(flat_t, jax.tree_util.tree_leaves(params)):
+    if tuple(p.shape) != tuple(t.shape):
+      raise FlagError("init_from", f"the weights in {path} do not fit this model: "
+                      f"params{jax.tree_util.keystr(where)} is {tuple(p.shape)} there, "
+                      f"{tuple(t.shape)} here (--model.name / --model.n_layers / tokenizer)")
+  log(f"warm start from the weights in {path}")
+  return jax.tree_util.tree_map(lambda t, p: np.asarray(p).astype(t.dtype), target_params, params)

@@ -22,9 +22,12 @@ compiled or written (docs/reliability.md).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
-from typing import Any, Optional
+import re
+from typing import Any, Iterator, Optional
 
 from jetrl.config import (
   SEED_MAX,
@@ -40,7 +43,9 @@ from jetrl.config import (
   replace,
   to_dict,
 )
-from jetrl.data.registry import SYNTHETIC_TASKS, TASKS, task_class
+from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
+from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
+from jetrl.data.user_reward import check_spec_form
 from jetrl.precision import RECIPES
 from jetrl.precision.formats import FORMATS
 from jetrl.rl.optimizer import OptimizerConfig
@@ -69,26 +74,85 @@ class Tree:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """Which model: a preset (random init, sized to the tokenizer) or a checkpoint directory."""
+  """Which model: a preset (random init, sized to the tokenizer) or a Hugging Face folder, and
+  the tokenizer that goes with it."""
 
   name: str = field(
-    "tiny", "A model preset (jetrl.models.PRESETS) or a Hugging Face checkpoint directory."
+    "tiny",
+    "A model preset (jetrl.models.PRESETS) or a Hugging Face folder (config.json, safetensors "
+    "weights, tokenizer, chat template, generation config).",
   )
   n_layers: Optional[int] = field(
     None,
     "Number of layers: the first N of a checkpoint's, or a preset's changed (none: unchanged).",
     lo=1,
   )
+  tokenizer: Optional[str] = field(
+    None,
+    "A tokenizer folder (tokenizer.json, tokenizer_config.json, chat template) to use instead "
+    "of the model folder's; samples still stop on the model folder's eos ids too. With a "
+    "preset, the random model is sized to it (none: the model folder's own tokenizer, or the "
+    "character tokenizer for a preset).",
+  )
 
   def __post_init__(self):
     check_fields(self)
 
 
+PROMPT_FORMATS = ("plain", "chat")
+_TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+# Names of tasks a run was handed as objects (`run(cfg, task=...)`): accepted as task names
+# while such a run builds its config, though they are not registered.
+_GIVEN_TASKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("given_tasks", default=())
+
+
+@contextlib.contextmanager
+def accepting_task_name(name: str) -> Iterator[None]:
+  """Within the block, `TaskConfig(name=name)` is accepted without a registered task of that
+  name (the run was given the task object itself)."""
+  token = _GIVEN_TASKS.set(_GIVEN_TASKS.get() + (name,))
+  try:
+    yield
+  finally:
+    _GIVEN_TASKS.reset(token)
+
+
+def given_task_config(cfg, task):
+  """`cfg` for a run given its task object (`run(cfg, task=...)`): task.name becomes the
+  object's name (recorded in the run's config and checked on resume like any field), the
+  object's name need not be registered. The config must not name another task."""
+  from jetrl.data import Task  # pylint: disable=import-outside-toplevel
+
+  if not isinstance(task, Task):
+    raise FlagError(None, f"task= must be a jetrl.data.Task, got {type(task).__name__}")
+  name = getattr(task, "name", None)
+  if not isinstance(name, str) or not _TASK_NAME.match(name):
+    raise FlagError(
+      None,
+      f"the task given to the run needs a name (its .name: letters, digits, '_', '.', '-'), "
+      f"got {name!r}",
+    )
+  if cfg.task.name not in (name, type(cfg.task)().name):
+    raise FlagError(
+      "task.name",
+      f"names task {cfg.task.name!r}, but the run was given the task object {name!r}; leave "
+      f"--task.name at its default or set it to {name!r}",
+    )
+  with accepting_task_name(name):
+    return cfg.replace(task={"name": name})
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-  """The task: a synthetic one with two knobs, or a dataset (hub or local files)."""
+  """The task (built in, or registered with `jetrl.data.register_task`), how its prompts reach
+  the model, and the reward that scores it."""
 
-  name: str = field("addition", "Task.", choices=TASKS)
+  name: str = field(
+    "addition",
+    "Task: addition, multiplication, sorting, gsm8k, math500, or a name registered with "
+    "jetrl.data.register_task.",
+  )
   difficulty: int = field(2, "Synthetic task difficulty knob (ignored by dataset tasks).", lo=0)
   length: int = field(
     1, "Synthetic task length knob: rollout length grows with it (ignored by dataset tasks).", lo=0
@@ -96,13 +160,55 @@ class TaskConfig:
   data_path: Optional[str] = field(
     None, "Local JSON-lines file or directory of a dataset task (none: the hub)."
   )
+  prompt_format: str = field(
+    "plain",
+    "plain: the prompt text encoded as is (dataset tasks: the plain question + answer-format "
+    "template); chat: the prompt as the user's message in the tokenizer's chat template, with "
+    "the assistant's turn opened (dataset tasks: the question and the instruction to box the "
+    "answer).",
+    choices=PROMPT_FORMATS,
+  )
+  system_prompt: Optional[str] = field(
+    None,
+    "The system turn of a chat prompt (none: no system turn, so the template's default "
+    "applies). Only with --task.prompt_format=chat.",
+  )
+  reward: Optional[str] = field(
+    None,
+    "Score completions with your own function instead of the task's reward: "
+    "path/to/file.py:fn or module:fn, fn(prompts, completions, answers) -> list[float], run in "
+    "a worker process (none: the task's reward).",
+  )
+  reward_timeout: float = field(
+    DEFAULT_REWARD_TIMEOUT,
+    "Seconds one batch of --task.reward may take; past it the batch scores 0, with a warning.",
+    lo=0.0,
+    hi=86400.0,
+    lo_open=True,
+  )
 
   def __post_init__(self):
     check_fields(self)
+    if self.name not in task_names() and self.name not in _GIVEN_TASKS.get():
+      raise ConfigError(
+        "name",
+        f"{self.name!r} is not accepted; choose one of {list(task_names())} (a task of your "
+        "own: register it with jetrl.data.register_task, or pass it to run(config, task=...))",
+      )
     if self.name in SYNTHETIC_TASKS:  # each synthetic task's own ranges
       cls = task_class(self.name)
       check_int("difficulty", self.difficulty, *cls.difficulty_range)
       check_int("length", self.length, *cls.length_range)
+    if self.system_prompt is not None and self.prompt_format != "chat":
+      raise ConfigError(
+        "system_prompt",
+        "is part of a chat prompt; pass --task.prompt_format=chat with it, or leave it none",
+      )
+    if self.reward is not None:
+      try:
+        check_spec_form(self.reward)
+      except ValueError as e:
+        raise ConfigError("reward", str(e)) from None
 
   @property
   def synthetic(self) -> bool:
@@ -117,6 +223,12 @@ class EvalConfig:
     10, "Evaluate every N steps (none: only at the start and the end).", lo=1
   )
   size: int = field(64, "Held-out problems per evaluation.", lo=1)
+  batch: int = field(
+    64,
+    "Problems per greedy sampling call (each distinct batch shape compiles once: "
+    "--eval.batch=--eval.size compiles one).",
+    lo=1,
+  )
 
   def __post_init__(self):
     check_fields(self)
@@ -164,8 +276,8 @@ class TrainConfig(Tree):
   )
   init_from: Optional[str] = field(
     None,
-    "Warm-start the params from the newest checkpoint in "
-    "this directory (an SFT or RL run's workdir).",
+    "Warm-start the params from the newest checkpoint of an SFT or RL run's workdir, or from "
+    "a Hugging Face folder (its weights; the model is still --model.name's).",
   )
   mesh: Optional[str] = field(
     None,
@@ -240,10 +352,12 @@ class TrainConfig(Tree):
     return self.update.optimizer_steps(self.steps)
 
   def check_paths(self) -> None:
-    """FlagError for the workdir, --init_from or --model.name (checked when a run starts)."""
+    """FlagError for the workdir, --init_from, --model.name / --model.tokenizer or
+    --task.reward (checked when a run starts)."""
     validation.check_workdir(self.workdir)
     validation.check_init_from(self.init_from)
-    validation.check_model(self.model.name)
+    validation.check_model(self.model.name, self.model.tokenizer)
+    validation.check_reward(self.task.reward)
 
 
 # The warm start's optimizer: a short warmup, then a cosine decay to 5% of the peak.
@@ -295,7 +409,8 @@ class SFTConfig(Tree):
 
   def check_paths(self) -> None:
     validation.check_workdir(self.workdir)
-    validation.check_model(self.model.name)
+    validation.check_model(self.model.name, self.model.tokenizer)
+    validation.check_reward(self.task.reward)
 
 
 # Fields (or whole nodes) that may change when a run resumes; all others must match the
@@ -305,6 +420,8 @@ RESUMABLE = (
   "workdir",
   "steps",
   "eval.every",
+  "eval.batch",
+  "task.reward_timeout",
   "checkpoint",
   "logging",
   "mesh",
@@ -316,6 +433,7 @@ SFT_RESUMABLE = (
   "workdir",
   "steps",
   "eval",
+  "task.reward_timeout",
   "checkpoint",
   "logging",
   "max_skipped_steps",

@@ -30,7 +30,7 @@ from jetrl.rl.optimizer import schedule_key
 from jetrl.rl.update import TrainState
 from jetrl.train import resume, setup
 from jetrl.train.checkpoint import Checkpointer, load_params_from
-from jetrl.train.config import RESUMABLE, TrainConfig
+from jetrl.train.config import RESUMABLE, TrainConfig, given_task_config
 from jetrl.train.hooks import (
   CheckpointHook,
   EvalHook,
@@ -93,20 +93,29 @@ def resume_check(cfg: TrainConfig, directory: str, changes: list):
   )
 
 
-def run(cfg: TrainConfig, *, log=print) -> dict:
+def run(cfg: TrainConfig, *, task=None, log=print) -> dict:
   """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json).
+
+  task: a `jetrl.data.Task` object to train on instead of the one `cfg.task` names (its
+    prompt format and reward still apply); its name is recorded as `task.name`.
 
   Raises FlagError (a ValueError naming the flag) for anything wrong with the flags or the
   workdir, before compiling; SkippedUpdatesError when the updates of --max_skipped_steps steps
   in a row were all skipped; CheckpointError when the workdir has checkpoints but none intact.
   """
+  if task is not None:
+    cfg = given_task_config(cfg, task)
   cfg.check_paths()
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
   make_workdir(cfg.workdir)
   lock = WorkdirLock(cfg.workdir, log) if jax.process_index() == 0 else None
+  reward = None
   try:
-    return _run(cfg, log)
+    reward = setup.load_user_reward(cfg.task, log)
+    return _run(cfg, log, task, reward)
   finally:
+    if reward is not None:
+      reward.close()
     if lock is not None:
       lock.release()
 
@@ -172,12 +181,15 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
   return TrainState(**tree), start, data_pos
 
 
-def _run(cfg: TrainConfig, log) -> dict:
+def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
   recipe = get_recipe(cfg.recipe, grad_fmt=cfg.grad_fmt)
   tok = setup.make_tokenizer(cfg.model, cfg.task)
   ids = setup.token_ids(tok)
+  encode = setup.prompt_encoder(cfg.task, tok)
   # Width of prompts seen in training: fixed from a sample of the task's prompts.
-  task, width = setup.load_task(cfg.task, seed=cfg.seed, tok=tok)
+  task, width = setup.load_task(
+    cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
+  )
   mcfg = setup.model_config(cfg.model, tok, width + cfg.sampling.max_new_tokens)
   setup.check_tokenizer(mcfg, tok)
   check_memory(cfg, mcfg, width)
@@ -195,14 +207,16 @@ def _run(cfg: TrainConfig, log) -> dict:
       json.dump(cfg.to_dict(), f, indent=1)
   log(
     f"jetrl RL: recipe={cfg.recipe} model={cfg.model.name} ({mcfg.n_layers} layers, d_model "
-    f"{mcfg.d_model}) task={cfg.task.name} steps={cfg.steps} rows/step={cfg.rows} on "
-    f"{jax.devices()[0].platform}"
+    f"{mcfg.d_model}) task={cfg.task.name} ({cfg.task.prompt_format} prompts"
+    f"{', reward ' + cfg.task.reward if cfg.task.reward else ''}) steps={cfg.steps} "
+    f"rows/step={cfg.rows} stop ids={list(ids.stop)} on {jax.devices()[0].platform}"
   )
 
   step = RLStep(
     cfg=cfg,
     task=task,
     tok=tok,
+    encode=encode,
     model_config=mcfg,
     recipe=recipe,
     sampling=dataclasses.replace(cfg.sampling, stop_ids=ids.stop, pad_id=ids.pad, prompt_len=width),
@@ -221,6 +235,8 @@ def _run(cfg: TrainConfig, log) -> dict:
       recipe.rollout,
       size=cfg.eval.size,
       max_new_tokens=cfg.sampling.max_new_tokens,
+      batch=cfg.eval.batch,
+      encode=encode,
     )
 
   def meta(step_no, loop):

@@ -35,6 +35,7 @@ class RLStep:
   cfg: Any  # TrainConfig
   task: Any
   tok: Any
+  encode: Callable[[str], list]  # prompt text -> ids (jetrl.train.setup.prompt_encoder)
   model_config: Any
   recipe: Any
   sampling: SamplingConfig  # cfg.sampling with the tokenizer's ids and the prompt width
@@ -49,7 +50,7 @@ class RLStep:
     n = cfg.sampling.n
     k_sample, k_update = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step))
     problems = self.task.batch("train", data_pos, cfg.prompts_per_step)
-    prompts = [setup.encode_prompt(self.tok, p.prompt) for p in problems]
+    prompts = [self.encode(p.prompt) for p in problems]
 
     t_reshard, rollout_params = 0.0, state.params
     if self.layout is not None:

@@ -1,9 +1,12 @@
-"""Building a run's pieces from its config nodes: tokenizer, task, model, prompts, evaluation.
+"""Building a run's pieces from its config nodes: tokenizer, task, reward, model, prompts,
+evaluation.
 
 Every tokenizer is used through `jetrl.data.Tokenizer` (the character tokenizer, a
-checkpoint's, or a `transformers` one): `encode(text)` for a prompt as the model expects it to
-start, `encode(text, add_special_tokens=False)` + eos for a completion, `stop_token_ids` for
-the ids that end a sample.
+checkpoint's, or a `transformers` one): a prompt is `encode(text)` as the model expects a
+sequence to start (`--task.prompt_format=plain`) or the ids of the tokenizer's chat template
+around it (`chat`, `jetrl.data.chat_prompt_ids`); a completion is
+`encode(text, add_special_tokens=False)` + eos; a sample stops on any of `stop_token_ids` (the
+eos token and every eos id of the model's and the tokenizer's generation config).
 """
 
 from __future__ import annotations
@@ -11,17 +14,39 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
 
 from jetrl.config import FlagError
-from jetrl.data import char_tokenizer, get_task, stop_token_ids
+from jetrl.data import (
+  SYNTHETIC_TASKS,
+  TASKS,
+  Task,
+  WithReward,
+  char_tokenizer,
+  chat_prompt_ids,
+  get_task,
+  load_reward,
+  stop_token_ids,
+  task_kwargs,
+)
+from jetrl.data.prompts import has_chat_template
 from jetrl.data.tokenizer import Tokenizer
-from jetrl.models import check_vocab, get_config, init_params, load_pretrained, load_tokenizer
+from jetrl.models import (
+  check_vocab,
+  get_config,
+  init_params,
+  load_model_tokenizer,
+  load_pretrained,
+  load_tokenizer,
+)
 from jetrl.models.hf_io import config_from_hf
 from jetrl.sampling import SamplingConfig, sample
+
+DATASET_TASKS = tuple(t for t in TASKS if t not in SYNTHETIC_TASKS)
+Encoder = Callable[[str], list]
 
 
 class TokenIds(NamedTuple):
@@ -40,40 +65,120 @@ def token_ids(tok: Tokenizer) -> TokenIds:
   return TokenIds(tok.bos_token_id, int(eos), int(pad), stop_token_ids(tok) or (int(eos),))
 
 
-def make_task(task, *, seed: int):
-  """The task of a `TaskConfig` (synthetic: its knobs; dataset: its files or the hub)."""
+def make_task(task, *, seed: int) -> Task:
+  """The task of a `TaskConfig`: a synthetic one with its knobs; a dataset with its files (or
+  the hub), its prompts plain or as the chat's user message (`--task.prompt_format`); or a
+  registered one (its factory given the seed and --task.data_path where it takes them)."""
   if task.synthetic:
     return get_task(task.name, difficulty=task.difficulty, length=task.length, seed=seed)
-  kw = dict(seed=seed)
+  if task.name in DATASET_TASKS:
+    kw = dict(seed=seed, template="message" if task.prompt_format == "chat" else "base")
+    if task.data_path:
+      kw["path"] = task.data_path
+    return get_task(task.name, **kw)
+  accepted = task_kwargs(task.name)
+  kw = {"seed": seed} if "seed" in accepted else {}
   if task.data_path:
+    if "path" not in accepted:
+      raise ValueError(
+        f"task {task.name!r} takes no path (its arguments: {list(accepted)}); leave "
+        "--task.data_path none"
+      )
     kw["path"] = task.data_path
   return get_task(task.name, **kw)
 
 
-def load_task(task, *, seed: int, tok: Tokenizer):
-  """(task, prompt width): the task, its data loaded and checked, and the static prompt width
-  (the longest of its first 64 train prompts, rounded up to 16, plus 16). A data error is a
-  FlagError naming --task.data_path (or --task.name), with the file and line it found."""
+def load_user_reward(task, log: Callable[[str], None] = print):
+  """The `--task.reward` function (a `jetrl.data.UserReward`, its worker started and the
+  function loaded), or None; what is wrong with it is a FlagError naming --task.reward."""
+  if task.reward is None:
+    return None
   try:
-    loaded = make_task(task, seed=seed)
-    probe = [encode_prompt(tok, p.prompt) for p in loaded.batch("train", 0, 64)]
+    return load_reward(task.reward, timeout=task.reward_timeout, log=log)
+  except ValueError as e:
+    raise FlagError("task.reward", str(e)) from None
+
+
+def prompt_encoder(task, tok: Tokenizer) -> Encoder:
+  """prompt text -> ids: `encode(text)` (plain), or the chat template with the text as the
+  user's message and `--task.system_prompt` as the system turn (chat; a FlagError when the
+  tokenizer has no chat template)."""
+  if task.prompt_format == "plain":
+    return lambda text: encode_prompt(tok, text)
+  if not has_chat_template(tok) or not callable(getattr(tok, "encode_chat", None)):
+    raise FlagError(
+      "task.prompt_format",
+      "chat needs a tokenizer with a chat template (in tokenizer_config.json, "
+      "chat_template.jinja or chat_template.json); this run's tokenizer "
+      f"({describe_tokenizer(tok)}) has none: pass --task.prompt_format=plain, or "
+      "--model.tokenizer=DIR with a template",
+    )
+
+  def chat(text: str) -> list:
+    try:
+      return chat_prompt_ids(tok, text, system_prompt=task.system_prompt)
+    except ValueError:
+      raise
+    except Exception as e:  # a template that raises (e.g. on a system turn) or fails to render
+      raise ValueError(f"the chat template failed on a prompt: {type(e).__name__}: {e}") from None
+
+  return chat
+
+
+def describe_tokenizer(tok: Tokenizer) -> str:
+  return "the character tokenizer" if hasattr(tok, "alphabet") else type(tok).__name__
+
+
+def load_task(
+  task,
+  *,
+  seed: int,
+  tok: Tokenizer,
+  encode: Optional[Encoder] = None,
+  given: Optional[Task] = None,
+  reward=None,
+):
+  """(task, prompt width): the task (`given`, or the config's), scored by `reward` when given
+  (`WithReward`), its data loaded and checked, and the static prompt width (the longest of its
+  first 64 train prompts as `encode` gives them, rounded up to 16, plus 16). A data error is a
+  FlagError naming --task.data_path (or --task.name), with the file and line it found; a chat
+  template that fails names --task.prompt_format (or --task.system_prompt)."""
+  encode = encode or (lambda text: encode_prompt(tok, text))
+  try:
+    loaded = given if given is not None else make_task(task, seed=seed)
+    if reward is not None:
+      loaded = WithReward(loaded, reward)
+    problems = loaded.batch("train", 0, 64)
   except ValueError as e:
     raise FlagError("task.data_path" if task.data_path else "task.name", str(e)) from None
+  try:
+    probe = [encode(p.prompt) for p in problems]
+  except ValueError as e:
+    flag = "task.name"
+    if task.prompt_format == "chat":
+      flag = "task.system_prompt" if task.system_prompt is not None else "task.prompt_format"
+    raise FlagError(flag, f"a prompt of task {loaded.name!r} cannot be encoded: {e}") from None
   return loaded, prompt_width(probe) + 16
 
 
-def make_tokenizer(model, task) -> Tokenizer:
-  """A checkpoint's own tokenizer, or the character tokenizer of the synthetic tasks."""
-  if os.path.isdir(model.name):
-    try:
-      return load_tokenizer(model.name)
-    except ValueError as e:
-      raise FlagError("model.name", str(e)) from None
-  if not task.synthetic:
+def make_tokenizer(model, task=None) -> Tokenizer:
+  """The run's tokenizer: the model folder's (or --model.tokenizer's files instead), with the
+  end-of-generation ids of both folders; a tokenizer folder's for a preset; else the
+  character tokenizer, which only fits the synthetic tasks and tasks of your own."""
+  flag = "model.tokenizer" if model.tokenizer else "model.name"
+  try:
+    if os.path.isdir(model.name):
+      return load_model_tokenizer(model.name, model.tokenizer)
+    if model.tokenizer:
+      return load_tokenizer(model.tokenizer)
+  except (OSError, ValueError) as e:
+    raise FlagError(flag, str(e)) from None
+  if task is not None and task.name in DATASET_TASKS:
     raise FlagError(
       "model.name",
-      f"task {task.name!r} needs a checkpoint directory with its "
-      f"own tokenizer; the preset {model.name!r} only fits the synthetic tasks",
+      f"task {task.name!r} needs a tokenizer: a Hugging Face folder as --model.name, or "
+      f"--model.tokenizer=DIR; the preset {model.name!r} alone has only the character "
+      "tokenizer of the synthetic tasks",
     )
   return char_tokenizer()
 
@@ -172,14 +277,18 @@ def evaluate(
   max_new_tokens: int,
   batch: int = 64,
   split: str = "test",
+  encode: Optional[Encoder] = None,
 ) -> dict:
-  """Greedy accuracy on the first `size` problems of a held-out split."""
+  """Greedy accuracy on the first `size` problems of a held-out split, `batch` problems per
+  sampler call; prompts are `encode(text)` (default: plain), samples stop on every stop id of
+  the tokenizer."""
+  encode = encode or (lambda text: encode_prompt(tok, text))
   problems = task.batch(split, 0, size)
   ids = token_ids(tok)
   correct, lengths = [], []
   for i in range(0, size, batch):
     chunk = problems[i : i + batch]
-    prompts = [encode_prompt(tok, p.prompt) for p in chunk]
+    prompts = [encode(p.prompt) for p in chunk]
     sc = SamplingConfig(
       max_new_tokens=max_new_tokens,
       temperature=0.0,

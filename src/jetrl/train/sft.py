@@ -29,7 +29,7 @@ from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_opt
 from jetrl.sampling import SamplingConfig, pad_prompts
 from jetrl.train import resume, setup
 from jetrl.train.checkpoint import Checkpointer
-from jetrl.train.config import SFT_RESUMABLE, SFTConfig
+from jetrl.train.config import SFT_RESUMABLE, SFTConfig, given_task_config
 from jetrl.train.hooks import (
   CheckpointHook,
   EvalHook,
@@ -49,8 +49,10 @@ METRIC_FILES = ("sft_metrics.jsonl", "sft_eval.jsonl")
 RUN_FILES = ("sft_summary.json", "sft_config.json", CHANGES_FILE, "tb", "plots")
 
 
-def _solution_batch(tok, problems, width: int, t_max: int):
-  prompts = [setup.encode_prompt(tok, p.prompt) for p in problems]
+def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
+  """The train batch of gold solutions after their prompts (`encode(text)`, default plain)."""
+  encode = encode or (lambda text: setup.encode_prompt(tok, text))
+  prompts = [encode(p.prompt) for p in problems]
   sols = [setup.encode_completion(tok, p.solution) for p in problems]
   too_long = [len(s) for s in sols if len(s) > t_max]
   if too_long:
@@ -104,15 +106,22 @@ def sft_step(
   return new_params, new_opt, loss, optax.tree.norm(grads), ok, lr
 
 
-def run_sft(cfg: SFTConfig, *, log=print) -> dict:
+def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
   """Run (or resume) a supervised warm start; returns the greedy evaluation at the end (also in
-  workdir/sft_summary.json). Errors as for `jetrl.train.run`."""
+  workdir/sft_summary.json). `task`: a `jetrl.data.Task` object instead of the one `cfg.task`
+  names. Errors as for `jetrl.train.run`."""
+  if task is not None:
+    cfg = given_task_config(cfg, task)
   cfg.check_paths()
   make_workdir(cfg.workdir)
   lock = WorkdirLock(cfg.workdir, log) if jax.process_index() == 0 else None
+  reward = None
   try:
-    return _run_sft(cfg, log)
+    reward = setup.load_user_reward(cfg.task, log)
+    return _run_sft(cfg, log, task, reward)
   finally:
+    if reward is not None:
+      reward.close()
     if lock is not None:
       lock.release()
 
@@ -130,10 +139,13 @@ def resume_check(cfg: SFTConfig, directory: str, changes: list):
   )
 
 
-def _run_sft(cfg: SFTConfig, log) -> dict:
+def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   recipe = get_recipe(cfg.recipe)
   tok = setup.make_tokenizer(cfg.model, cfg.task)
-  task, width = setup.load_task(cfg.task, seed=cfg.seed, tok=tok)
+  encode = setup.prompt_encoder(cfg.task, tok)
+  task, width = setup.load_task(
+    cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
+  )
   mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
   setup.check_tokenizer(mcfg, tok)
   check_step_memory(
@@ -178,7 +190,8 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
       json.dump(cfg.to_dict(), f, indent=1)
   tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard else None
   log(
-    f"jetrl SFT: task={cfg.task.name} model={cfg.model.name} ({mcfg.n_layers} layers) "
+    f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
+    f"{cfg.model.name} ({mcfg.n_layers} layers) "
     f"steps={cfg.steps} batch={cfg.batch_size} recipe={cfg.recipe}"
   )
 
@@ -191,6 +204,8 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
       recipe.rollout,
       size=cfg.eval.size,
       max_new_tokens=cfg.max_new_tokens,
+      batch=cfg.eval.batch,
+      encode=encode,
     )
 
   from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
@@ -229,7 +244,7 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
   try:
     for step in range(start, cfg.steps):
       problems = task.batch("train", step * cfg.batch_size, cfg.batch_size)
-      batch = _solution_batch(tok, problems, width, cfg.max_new_tokens)
+      batch = _solution_batch(tok, problems, width, cfg.max_new_tokens, encode)
       params, opt_state, loss, gnorm, ok, lr = sft_step(
         loop.state["params"],
         loop.state["opt_state"],

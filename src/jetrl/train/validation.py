@@ -59,29 +59,60 @@ def checkpoint_steps(workdir: str) -> list[int]:
   )
 
 
+def is_hf_folder(path: str) -> bool:
+  """A Hugging Face model folder: config.json and safetensors weights (one file or an index)."""
+  return os.path.isfile(os.path.join(path, "config.json")) and any(
+    os.path.isfile(os.path.join(path, f))
+    for f in ("model.safetensors", "model.safetensors.index.json")
+  )
+
+
 def check_init_from(init_from: Optional[str]) -> None:
-  """`--init_from` must be the workdir of an earlier run, holding at least one checkpoint."""
+  """`--init_from` must be the workdir of an earlier run, holding at least one checkpoint, or
+  a Hugging Face folder."""
   if not init_from:
     return
   check_local("init_from", init_from)
   if not os.path.isdir(init_from):
     raise FlagError("init_from", f"{init_from!r} is not a directory")
-  if not checkpoint_steps(init_from):
+  if not checkpoint_steps(init_from) and not is_hf_folder(init_from):
     raise FlagError(
       "init_from",
-      f"no checkpoint under {os.path.join(init_from, 'checkpoints')}"
-      "; give the --workdir of an earlier sft.py or train.py run",
+      f"no checkpoint under {os.path.join(init_from, 'checkpoints')} and no Hugging Face "
+      "weights (config.json + model.safetensors) in it; give the --workdir of an earlier "
+      "sft.py or train.py run, or a Hugging Face folder",
     )
 
 
-def check_model(name: str) -> None:
-  """`--model.name` must be a preset or a directory (its files are checked when it loads)."""
+def check_model(name: str, tokenizer: Optional[str] = None) -> None:
+  """`--model.name` must be a preset or a directory, `--model.tokenizer` a directory (their
+  files are checked when they load)."""
   from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
 
-  if name in PRESETS:
+  if name not in PRESETS:
+    check_local("model.name", name)
+    if not os.path.isdir(name):
+      raise FlagError(
+        "model.name", f"{name!r} is neither a preset ({sorted(PRESETS)}) nor a directory"
+      )
+  if tokenizer is not None:
+    check_local("model.tokenizer", tokenizer)
+    if not os.path.isdir(tokenizer):
+      raise FlagError("model.tokenizer", f"{tokenizer!r} is not a directory")
+    if not os.path.isfile(os.path.join(tokenizer, "tokenizer.json")):
+      raise FlagError(
+        "model.tokenizer",
+        f"no tokenizer.json in {tokenizer!r} (a fast tokenizer file is required)",
+      )
+
+
+def check_reward(spec: Optional[str]) -> None:
+  """`--task.reward` names an existing file (a module is looked up when the reward loads)."""
+  if spec is None:
     return
-  check_local("model.name", name)
-  if not os.path.isdir(name):
-    raise FlagError(
-      "model.name", f"{name!r} is neither a preset ({sorted(PRESETS)}) nor a directory"
-    )
+  from jetrl.data.user_reward import check_spec  # pylint: disable=import-outside-toplevel
+
+  try:
+    check_spec(spec)
+  except ValueError as e:
+    raise FlagError("task.reward", str(e)) from None

@@ -1,0 +1,20 @@
+"""Greedy evaluation of a model on a task's held-out problems (no training).
+
+  # SmolLM2 before RL, on 200 GSM8K test problems, chat prompts, under the jet recipe
+  python experiments/evaluate.py --model.name=$HOME/.cache/jetrl/models/SmolLM2-135M-Instruct \
+      --task.name=gsm8k --task.data_path=data/gsm8k --task.prompt_format=chat \
+      --eval.size=200 --eval.batch=200 --max_new_tokens=128
+  # the same after: the params of an RL run's newest checkpoint (or an exported folder)
+  python experiments/evaluate.py ... --init_from=runs/gsm8k
+
+Every flag is a field of jetrl.train.evaluate.EvalRunConfig, named by its path; the model,
+task and eval flags are those of experiments/train.py. --out=FILE also writes the result
+(accuracy, mean reward, mean length, seconds) as JSON.
+"""
+
+from jetrl.train.checkpoint import CheckpointError
+from jetrl.train.cli import main
+from jetrl.train.evaluate import EvalRunConfig, run_eval
+
+if __name__ == "__main__":
+  main(EvalRunConfig(), run_eval, doc=__doc__, exclude=("eval.every",), errors=(CheckpointError,))

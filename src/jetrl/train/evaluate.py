@@ -1,0 +1,117 @@
+"""Greedy evaluation of a model on a task's held-out problems, outside a run:
+`run_eval(EvalRunConfig(...))`, what `experiments/evaluate.py` calls.
+
+The model is a preset or a Hugging Face folder (`--model.name`, with `--model.tokenizer`),
+optionally with the params of a run's newest checkpoint or of another Hugging Face folder
+(`--init_from`); the task, its prompt format and reward are the `task` node of an RL run's
+config, so the same flags evaluate a model before a run and the run's result after it. The
+problems are the first `--eval.size` of the task's test split, sampled greedily under the
+recipe's rollout precision, `--eval.batch` at a time, stopping on every eos id of the tokenizer
+and the generation config: the same numbers as a run's own evaluation at its step 0 and end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+
+from jetrl.config import SEED_MAX, field, node
+from jetrl.precision import RECIPES, get_recipe
+from jetrl.train import setup, validation
+from jetrl.train.checkpoint import load_params_from
+from jetrl.train.config import EvalConfig, ModelSpec, TaskConfig, Tree, given_task_config
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalRunConfig(Tree):
+  """`experiments/evaluate.py`: which model, which task, how many problems."""
+
+  recipe: str = field("jet", "Precision recipe whose rollout precision samples.", choices=RECIPES)
+  init_from: Optional[str] = field(
+    None,
+    "Evaluate the params of the newest checkpoint of this run's workdir, or of this Hugging "
+    "Face folder (none: --model.name's own weights).",
+  )
+  max_new_tokens: int = field(128, "Generation budget per problem.", lo=1)
+  seed: int = field(0, "The task's seed (a random preset's init too).", lo=0, hi=SEED_MAX)
+  out: Optional[str] = field(None, "Also write the result as JSON to this file.")
+  model: ModelSpec = node(ModelSpec, "The model.")
+  task: TaskConfig = node(TaskConfig, "The task, its prompt format and reward.")
+  eval: EvalConfig = node(EvalConfig(every=None), "How many held-out problems, how many a call.")
+
+  def __post_init__(self):
+    from jetrl.config import check_fields  # pylint: disable=import-outside-toplevel
+
+    check_fields(self)
+
+  def check_paths(self) -> None:
+    validation.check_init_from(self.init_from)
+    validation.check_model(self.model.name, self.model.tokenizer)
+    validation.check_reward(self.task.reward)
+    if self.out is not None:
+      validation.check_local("out", self.out)
+      if os.path.isdir(self.out):
+        raise validation.FlagError("out", f"{self.out!r} is a directory; give a file name")
+
+
+def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
+  """Greedy accuracy, mean reward and mean length on the first `cfg.eval.size` test problems
+  (and the seconds it took); written to `cfg.out` when given. `task`: a `jetrl.data.Task`
+  object instead of the one `cfg.task` names. FlagErrors as for `jetrl.train.run`."""
+  if task is not None:
+    cfg = given_task_config(cfg, task)
+  cfg.check_paths()
+  reward = None
+  try:
+    reward = setup.load_user_reward(cfg.task, log)
+    tok = setup.make_tokenizer(cfg.model, cfg.task)
+    encode = setup.prompt_encoder(cfg.task, tok)
+    loaded, _ = setup.load_task(
+      cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=task, reward=reward
+    )
+    problems = loaded.batch("test", 0, cfg.eval.size)
+    width = setup.prompt_width([encode(p.prompt) for p in problems])
+    mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
+    setup.check_tokenizer(mcfg, tok)
+    params = setup.make_params(cfg.model, mcfg, cfg.seed)
+    if cfg.init_from:
+      params = load_params_from(cfg.init_from, params, log)
+    log(
+      f"jetrl eval: model={cfg.model.name}{' from ' + cfg.init_from if cfg.init_from else ''} "
+      f"task={cfg.task.name} ({cfg.task.prompt_format} prompts) recipe={cfg.recipe} "
+      f"{cfg.eval.size} problems x {cfg.max_new_tokens} new tokens on "
+      f"{jax.devices()[0].platform}"
+    )
+    t0 = time.time()
+    res = setup.evaluate(
+      params,
+      mcfg,
+      loaded,
+      tok,
+      get_recipe(cfg.recipe).rollout,
+      size=cfg.eval.size,
+      max_new_tokens=cfg.max_new_tokens,
+      batch=cfg.eval.batch,
+      encode=encode,
+    )
+  finally:
+    if reward is not None:
+      reward.close()
+  res = dict(res, problems=cfg.eval.size, seconds=round(time.time() - t0, 1))
+  log(
+    f"greedy accuracy {res['eval_accuracy']:.3f} (reward {res['eval_reward']:.3f}, length "
+    f"{res['eval_length']:.1f}) on {cfg.eval.size} held-out problems in {res['seconds']:.0f}s"
+  )
+  if cfg.out is not None:
+    parent = os.path.dirname(os.path.abspath(cfg.out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{cfg.out}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(dict(res, config=cfg.to_dict()), f, indent=1)
+    os.replace(tmp, cfg.out)
+  return res

@@ -1,0 +1,150 @@
+"""A run's checkpoint as a Hugging Face folder: `export_run(ExportConfig(...))`, what
+`experiments/export_hf.py` calls.
+
+The checkpoint's own metadata holds the configuration it was trained with, so the export needs
+only the workdir: the model (`model.name`, `model.n_layers`) and tokenizer (`model.tokenizer`)
+of that configuration give the architecture and the tokenizer files, and the checkpoint gives
+the params (verified against their checksums). The folder is written by
+`jetrl.models.export_hf` (atomically, nothing non-finite) with the run's tokenizer, its chat
+template, and a generation_config.json whose `eos_token_id` lists every id the run's samples
+stopped on, so `transformers`' `generate` stops where jetrl's sampler did. A run on a preset
+with the character tokenizer gets that tokenizer as a tokenizer.json `transformers` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+from jetrl.config import FlagError, check_fields, field, from_dict
+from jetrl.models.export import EXPORT_DTYPES, export_hf
+from jetrl.models.hf_io import TOKENIZER_FILES
+from jetrl.train import setup
+from jetrl.train.checkpoint import read_params
+from jetrl.train.config import ModelSpec, Tree
+from jetrl.train.validation import check_local, checkpoint_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig(Tree):
+  """`experiments/export_hf.py`: which run, which checkpoint, where to."""
+
+  workdir: Optional[str] = field(None, "The workdir of an RL or SFT run (required).")
+  out: Optional[str] = field(
+    None, "The Hugging Face folder to write (required); a non-empty one needs --overwrite."
+  )
+  step: Optional[int] = field(None, "The checkpoint's step (none: the newest intact one).", lo=0)
+  dtype: Optional[str] = field(
+    None,
+    "Cast the weights to this dtype (none: as the checkpoint stores them).",
+    choices=EXPORT_DTYPES,
+  )
+  overwrite: bool = field(False, "Replace a non-empty --out.")
+
+  def __post_init__(self):
+    check_fields(self)
+
+  def check_paths(self) -> None:
+    if not self.workdir:
+      raise FlagError("workdir", "is required (the run whose checkpoint is exported)")
+    check_local("workdir", self.workdir)
+    if not os.path.isdir(self.workdir):
+      raise FlagError("workdir", f"{self.workdir!r} is not a directory")
+    if not checkpoint_steps(self.workdir):
+      raise FlagError(
+        "workdir",
+        f"no checkpoint under {os.path.join(self.workdir, 'checkpoints')}; give the --workdir "
+        "of an sft.py or train.py run",
+      )
+    if not self.out:
+      raise FlagError("out", "is required (the folder to write)")
+    check_local("out", self.out)
+    if os.path.exists(self.out) and not os.path.isdir(self.out):
+      raise FlagError("out", f"{self.out!r} is a file; give a directory")
+    if os.path.isdir(self.out) and os.listdir(self.out) and not self.overwrite:
+      raise FlagError(
+        "out", f"{self.out!r} exists and is not empty; pass --overwrite to replace it"
+      )
+
+
+def run_model_spec(meta: dict, workdir: str) -> ModelSpec:
+  """The `model` node of the configuration a checkpoint was written with."""
+  saved = meta.get("config", {}).get("model", {})
+  try:
+    model = from_dict(ModelSpec, saved, error=FlagError, prefix="model.")
+  except FlagError as e:
+    raise FlagError(
+      "workdir", f"the run in {workdir} has a model config this version cannot read: {e}"
+    ) from None
+  from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
+
+  for flag, path in (("model.name", model.name), ("model.tokenizer", model.tokenizer)):
+    if path is not None and path not in PRESETS and not os.path.isdir(path):
+      raise FlagError(
+        "workdir",
+        f"the run in {workdir} was trained with --{flag}={path}, a "
+        "folder that is not there any more (the export reads its config and "
+        "tokenizer)",
+      )
+  return model
+
+
+def _stage_tokenizer(model: ModelSpec, tok, stop: tuple, dest: str) -> None:
+  """The run's tokenizer files in `dest`, with a generation_config.json naming `stop`."""
+  gen = {}
+  if hasattr(tok, "alphabet"):  # the character tokenizer of a preset run
+    tok.save(dest)
+    with open(os.path.join(dest, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump(
+        {
+          "tokenizer_class": "PreTrainedTokenizerFast",
+          "bos_token": "<|bos|>",
+          "eos_token": "<|eos|>",
+          "pad_token": "<|pad|>",
+        },
+        f,
+        indent=1,
+      )
+    gen = {"bos_token_id": tok.bos_token_id, "pad_token_id": tok.pad_token_id}
+  else:
+    source = model.tokenizer or model.name
+    for name in TOKENIZER_FILES:
+      if name != "generation_config.json" and os.path.isfile(os.path.join(source, name)):
+        shutil.copy(os.path.join(source, name), os.path.join(dest, name))
+    for folder in (model.name, model.tokenizer):  # the model's generation config first
+      path = os.path.join(folder or "", "generation_config.json")
+      if folder and os.path.isdir(folder) and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+          gen = json.load(f)
+        break
+  gen["eos_token_id"] = [int(i) for i in stop]
+  with open(os.path.join(dest, "generation_config.json"), "w", encoding="utf-8") as f:
+    json.dump(gen, f, indent=2)
+
+
+def export_run(cfg: ExportConfig, *, log=print) -> str:
+  """Write checkpoint `cfg.step` (default: the newest intact one) of the run in `cfg.workdir`
+  as a Hugging Face folder at `cfg.out`; returns its path. A FlagError names what is wrong."""
+  cfg.check_paths()
+  params, meta = read_params(cfg.workdir, cfg.step, flag="workdir", log=log)
+  model = run_model_spec(meta, cfg.workdir)
+  tok = setup.make_tokenizer(model)
+  stop = setup.token_ids(tok).stop
+  mcfg = setup.model_config(model, tok, 0)
+  with tempfile.TemporaryDirectory(prefix="jetrl-export-tok-") as staging:
+    _stage_tokenizer(model, tok, stop, staging)
+    try:
+      out = export_hf(
+        params, mcfg, cfg.out, tokenizer_from=staging, dtype=cfg.dtype, overwrite=cfg.overwrite
+      )
+    except ValueError as e:
+      raise FlagError("workdir", f"checkpoint {meta.get('step')} of {cfg.workdir}: {e}") from None
+  log(
+    f"exported step {meta.get('step')} of the {meta.get('kind', 'rl')} run in {cfg.workdir} "
+    f"(model {model.name}, {mcfg.n_layers} layers) to {out}; stop ids {list(stop)}"
+  )
+  return out
