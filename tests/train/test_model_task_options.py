@@ -344,3 +344,22 @@ def test_export_loads_in_transformers_with_equal_logits(reward_run, tmp_path):
     export_run(ExportConfig(workdir=cfg.workdir, out=out), log=quiet)
   with pytest.raises(FlagError, match=r"--step: no checkpoint 9 under .*; it has \[1, 2\]"):
     export_run(ExportConfig(workdir=cfg.workdir, out=str(tmp_path / "x"), step=9), log=quiet)
+
+
+class LongLater(Echo):
+  """100 train problems; the 91st prompt is much longer than the first 64."""
+
+  def num_problems(self, split):
+    return 100
+
+  def problem(self, split, index):
+    p = super().problem(split, index)
+    return p if index != 90 else Problem(prompt="say " + "9" * 70 + "\n", answer="", solution="")
+
+
+def test_prompt_width_covers_every_prompt_of_a_finite_split():
+  tok = char_tokenizer()
+  task, width = setup.load_task(TaskConfig(), seed=0, tok=tok, given=LongLater("long_later"))
+  longest = len(tok.encode(task.problem("train", 90).prompt))  # 1 + 4 + 70 + 1 = 76 ids
+  assert longest == 76
+  assert width == 80 + 16  # rounded up to 16, plus 16

@@ -129,6 +129,9 @@ def describe_tokenizer(tok: Tokenizer) -> str:
   return "the character tokenizer" if hasattr(tok, "alphabet") else type(tok).__name__
 
 
+PROBE_ALL = 50_000
+
+
 def load_task(
   task,
   *,
@@ -140,7 +143,9 @@ def load_task(
 ):
   """(task, prompt width): the task (`given`, or the config's), scored by `reward` when given
   (`WithReward`), its data loaded and checked, and the static prompt width (the longest of its
-  first 64 train prompts as `encode` gives them, rounded up to 16, plus 16). A data error is a
+  train prompts as `encode` gives them, rounded up to 16, plus 16: every prompt of a dataset
+  split of up to PROBE_ALL problems, so no later step meets a longer one, else the first 64
+  of a generated task, whose lengths are fixed by its settings). A data error is a
   FlagError naming --task.data_path (or --task.name), with the file and line it found; a chat
   template that fails names --task.prompt_format (or --task.system_prompt)."""
   encode = encode or (lambda text: encode_prompt(tok, text))
@@ -148,7 +153,8 @@ def load_task(
     loaded = given if given is not None else make_task(task, seed=seed)
     if reward is not None:
       loaded = WithReward(loaded, reward)
-    problems = loaded.batch("train", 0, 64)
+    count = loaded.num_problems("train")
+    problems = loaded.batch("train", 0, count if count and count <= PROBE_ALL else 64)
   except ValueError as e:
     raise FlagError("task.data_path" if task.data_path else "task.name", str(e)) from None
   try:
