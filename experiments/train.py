@@ -3,6 +3,8 @@
   python experiments/train.py --workdir=runs/jet --recipe=jet --init_from=runs/sft \
       --task.name=addition --task.length=3 --sampling.temperature=0.7 --optimizer.lr=3e-5
   python experiments/train.py --config=experiments/configs/addition_jet.py --workdir=runs/jet
+  python -m jetrl.launch --processes=2 --local_devices=2 -- experiments/train.py \
+      --workdir=runs/jet2 --mesh=data:4      # 2 processes x 2 CPU devices (docs/scaling.md)
 
 Every flag is a field of jetrl.train.TrainConfig, named by its path in the configuration
 (--optimizer.lr, --sampling.n, --update.loss, ...); --config=FILE reads a whole configuration
