@@ -183,6 +183,7 @@ def runs(tmp_path_factory):
     launched = Launched(env, TWO, "experiments/train.py", *killed, logs=logs + "2")
     out["killed"], out["kill_wait"] = _kill_when(launched, lambda: _steps(w["killed"]))
     out["latest_after_kill"] = _steps(w["killed"])[-1]
+    print(f"kill -9 of process 1 -> launcher exit: {out['kill_wait']:.2f}s")
   finally:
     one.wait()
   assert one.returncode == 0, one.stdout[-6000:] + one.stderr[-3000:]
