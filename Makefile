@@ -9,6 +9,8 @@ PYTEST_ARGS ?=
 # adopted (the rest keeps its earlier hand layout until it is next rewritten).
 RUFF_FORMATTED := \
 	src/jetrl/config \
+	src/jetrl/launch.py \
+	src/jetrl/parallel/hosts.py \
 	src/jetrl/rl/optimizer.py \
 	src/jetrl/rl/remat.py \
 	src/jetrl/rl/masking.py \
@@ -34,6 +36,9 @@ RUFF_FORMATTED := \
 	tests/train/test_validation.py \
 	tests/train/test_model_task_options.py \
 	tests/rl/test_optimizer.py \
+	tests/test_launch.py \
+	tests/parallel/test_multi_process.py \
+	tests/parallel/_hosts_cases.py \
 	experiments/train.py \
 	experiments/sft.py \
 	experiments/evaluate.py \

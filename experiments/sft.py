@@ -2,6 +2,7 @@
 
   python experiments/sft.py --workdir=runs/sft --task.name=addition --task.length=3 --steps=150
   python experiments/train.py --workdir=runs/rl --init_from=runs/sft ...
+  python -m jetrl.launch --processes=2 -- experiments/sft.py --workdir=runs/sft --mesh=data:2
 
 Every flag is a field of jetrl.train.SFTConfig, named by its path in the configuration
 (--optimizer.lr, --task.name, ...); --config=FILE reads a whole configuration. Checkpoints

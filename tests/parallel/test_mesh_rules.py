@@ -108,3 +108,48 @@ def test_train_config_mesh_flag():
   assert cfg.mesh == "data:2,fsdp:2,tensor:2" and TrainConfig().mesh is None
   with pytest.raises(ValueError, match="^mesh: .*unknown axis 'model'"):
     TrainConfig(workdir="/tmp/x", mesh="model:2")
+
+
+def test_start_up_variables(monkeypatch):
+  from jetrl.config import ConfigError
+  from jetrl.parallel.hosts import distributed_kwargs
+
+  for var in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
+              "JETRL_HEARTBEAT_TIMEOUT"):
+    monkeypatch.delenv(var, raising=False)
+  assert distributed_kwargs() == {}
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+  with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES=2 but JAX_PROCESS_ID is not set"):
+    distributed_kwargs()
+  monkeypatch.setenv("JAX_PROCESS_ID", "2")
+  with pytest.raises(ConfigError, match="JAX_PROCESS_ID=2 is not below JAX_NUM_PROCESSES=2"):
+    distributed_kwargs()
+  monkeypatch.setenv("JAX_PROCESS_ID", "1")
+  monkeypatch.setenv("JETRL_HEARTBEAT_TIMEOUT", "15")
+  assert distributed_kwargs() == dict(num_processes=2, process_id=1, heartbeat_timeout_seconds=15,
+                                      coordinator_address="10.0.0.1:1234")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+  with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='two' is not an integer"):
+    distributed_kwargs()
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1")
+  with pytest.raises(ConfigError, match="is not HOST:PORT"):
+    distributed_kwargs()
+  # The launcher's --processes=1 inside a Slurm allocation: one process.
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "1")
+  monkeypatch.setenv("SLURM_JOB_ID", "1")
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  assert not parallel.multi_process_env()
+
+
+def test_one_process_owns_every_row():
+  import numpy as np
+
+  x = np.arange(12).reshape(6, 2)
+  rows = parallel.owned_rows(x)
+  assert rows.tolist() == list(range(6))
+  np.testing.assert_array_equal(parallel.rows_to_host(x, rows[2:4]), x[2:4])
+  np.testing.assert_array_equal(parallel.gather_rows(x[:, 1] * 2, rows, 6), x[:, 1] * 2)
+  assert parallel.on_primary(lambda: 7) == 7 and parallel.all_true(True)
+  assert parallel.is_primary()

@@ -1,4 +1,4 @@
-"""The device mesh: parsed from a flag string, and multi-host start-up.
+"""The device mesh, parsed from a flag string (multi-host start-up: `jetrl.parallel.hosts`).
 
 `--mesh=data:2,fsdp:2,tensor:2` names the size of each axis; axes left out have size 1 and the
 empty string puts every device on `data`. Axis order is fixed (data, fsdp, tensor): `tensor` is
@@ -8,8 +8,7 @@ links) and `data` spans hosts.
 
 from __future__ import annotations
 
-import os
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -92,54 +91,3 @@ def make_mesh(spec: str = "", devices: Optional[Sequence[jax.Device]] = None) ->
 
 def mesh_str(mesh: Mesh) -> str:
   return ",".join(f"{a}:{mesh.shape[a]}" for a in mesh.axis_names)
-
-
-# Environment variables that say a run spans several processes.
-_CLUSTER_SIZE_VARS = ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
-                      "PMI_SIZE", "MEGASCALE_NUM_SLICES")
-
-
-def _env_int(name: str) -> int:
-  try:
-    return int(os.environ.get(name, "1") or "1")
-  except ValueError:
-    return 1
-
-
-def multi_process_env() -> bool:
-  """True when the environment says this run spans several processes.
-
-  Explicit: JAX_COORDINATOR_ADDRESS with JAX_NUM_PROCESSES > 1. Auto-detected clusters: a
-  Slurm job step with several tasks, Open MPI / PMI with several ranks, or a TPU pod slice
-  (several TPU worker hostnames).
-  """
-  if _env_int("JAX_NUM_PROCESSES") > 1:
-    return True
-  if os.environ.get("SLURM_JOB_ID") and _env_int("SLURM_NTASKS") > 1:
-    return True
-  if _env_int("OMPI_COMM_WORLD_SIZE") > 1 or _env_int("PMI_SIZE") > 1:
-    return True
-  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  return len([h for h in hosts.split(",") if h.strip()]) > 1
-
-
-def maybe_initialize_distributed(log: Callable[[str], None] = print) -> bool:
-  """Call `jax.distributed.initialize()` when the environment says there are several
-  processes (see `multi_process_env`); a no-op otherwise and when already initialized.
-
-  Must run before any JAX computation. With JAX_COORDINATOR_ADDRESS set, the coordinator,
-  JAX_NUM_PROCESSES and JAX_PROCESS_ID are passed explicitly; otherwise JAX detects the
-  cluster (Slurm, Open MPI, TPU pods, ...) itself. Returns True if it initialized.
-  """
-  if not multi_process_env() or jax.distributed.is_initialized():
-    return False
-  kwargs = {}
-  if os.environ.get("JAX_COORDINATOR_ADDRESS") and _env_int("JAX_NUM_PROCESSES") > 1:
-    kwargs = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-                  num_processes=_env_int("JAX_NUM_PROCESSES"))
-    if "JAX_PROCESS_ID" in os.environ:
-      kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
-  jax.distributed.initialize(**kwargs)
-  log(f"jax.distributed: process {jax.process_index()} of {jax.process_count()}, "
-      f"{jax.local_device_count()} local / {jax.device_count()} global devices")
-  return True

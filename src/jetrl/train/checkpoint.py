@@ -10,6 +10,11 @@ arrays do not match their checksums, or that holds a non-finite value is moved a
 `<workdir>/checkpoints_damaged/<step>` with a warning, and the next older one is tried. A
 workdir with checkpoints but none intact is an error, never a silent restart from step 0.
 See docs/reliability.md.
+
+Several processes: every process saves and restores its own shards (Orbax finalizes the
+checkpoint from process 0 once all have written), the processes agree on whether a checkpoint
+could be read before going on, and process 0 alone moves a damaged one aside. A checkpoint
+restores in any number of processes (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from jetrl import parallel
 from jetrl.train import checksum
 from jetrl.train.validation import FlagError, checkpoint_steps, is_hf_folder
 
@@ -78,6 +85,20 @@ class Checkpointer:
     verify(out.state, meta, f"{self.directory}/{step}")
     return out.state, meta
 
+  def restore_local(self, step: int) -> Any:
+    """The saved state as the checkpoint itself describes it, every array whole on this
+    process's first device, whatever the number of processes and devices that wrote it (a
+    warm start's params; checksums are not verified here)."""
+    path = os.path.join(self.directory, str(step), "state")
+    meta = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    is_array = lambda m: hasattr(m, "shape") and hasattr(m, "dtype")
+    abstract = jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device) if is_array(m) else m,
+        getattr(meta, "tree", meta), is_leaf=is_array)
+    return self._mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract))).state
+
   def restore_meta(self, step: int) -> dict:
     out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(out.meta)
@@ -92,18 +113,26 @@ class Checkpointer:
     """
     failures = []
     for step in reversed(self.steps()):
+      # Every process reads the checkpoint (its own shards); they agree on the outcome, so a
+      # read that fails in one process only sets the checkpoint aside in all of them.
+      meta, why = None, None
       try:
         meta = self.restore_meta(step)
       except Exception as e:  # pylint: disable=broad-except
-        failures.append((step, f"metadata unreadable ({type(e).__name__}: {e})"))
+        why = f"metadata unreadable ({type(e).__name__}: {e})"
+      if not parallel.all_true(why is None):
+        failures.append((step, why or "metadata unreadable in another process"))
         self._set_aside(step, failures[-1][1], log)
         continue
       check_meta(meta)
       try:
-        return self.restore(step, target)
+        restored = self.restore(step, target)
       except Exception as e:  # pylint: disable=broad-except
-        failures.append((step, f"{type(e).__name__}: {e}"))
-        self._set_aside(step, failures[-1][1], log)
+        restored, why = None, f"{type(e).__name__}: {e}"
+      if parallel.all_true(restored is not None):
+        return restored
+      failures.append((step, why or "unreadable in another process"))
+      self._set_aside(step, failures[-1][1], log)
     if failures:
       raise CheckpointError(
           f"no intact checkpoint in {self.directory}; damaged ones were moved to "
@@ -116,10 +145,11 @@ class Checkpointer:
                f"{DAMAGED_DIR}/ and trying the one before it")
     warnings.warn(message, RuntimeWarning, stacklevel=3)
     log(f"warning: {message}")
-    if jax.process_index() == 0:
+    if parallel.is_primary():
       dest = os.path.join(self.workdir, DAMAGED_DIR, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
       os.makedirs(os.path.dirname(dest), exist_ok=True)
       shutil.move(os.path.join(self.directory, str(step)), dest)
+    parallel.barrier(f"jetrl:checkpoint-set-aside-{step}")  # moved before anyone looks again
     self._mngr.close()
     self._mngr = self._manager()  # forget the moved step
 
@@ -185,18 +215,19 @@ def read_params(workdir: str, step: Optional[int] = None, *, flag: str = "init_f
     for s in reversed(steps):
       try:
         meta = ckpt.restore_meta(s)
-        restored = ckpt._mngr.restore(s, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore()))  # structure from the checkpoint itself
+        # Structure from the checkpoint itself, every array whole on this process (a
+        # checkpoint written by any number of processes).
+        restored = ckpt.restore_local(s)
         # Only the params: without a target the optimizer state comes back as plain
         # containers, whose leaf paths differ from the saved ones.
-        verify(restored.state["params"], meta, f"{ckpt.directory}/{s}", "['params']")
+        verify(restored["params"], meta, f"{ckpt.directory}/{s}", "['params']")
       except Exception as e:  # pylint: disable=broad-except
         problems.append(f"step {s}: {type(e).__name__}: {e}")
         message = f"--{flag}: checkpoint {ckpt.directory}/{s} is damaged ({e}); skipped"
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         log(f"warning: {message}")
         continue
-      return restored.state["params"], meta
+      return restored["params"], meta
     raise FlagError(flag, f"no intact checkpoint under {ckpt.directory}:\n  " +
                     "\n  ".join(problems))
   finally:

@@ -15,6 +15,9 @@ config from them and calls `run_fn(config)`.
   `error: --flag: message` and exit with code 2; a run stopped by non-finite updates or with
   no intact checkpoint prints its message and exits with code 1. No traceback.
 * A flag name from before the configuration had sub-configs is refused with its new name.
+* In a run of several processes, any other error (a collective that lost a process) prints its
+  traceback and ends the process at once with code 1, without waiting for the others at JAX's
+  shutdown (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import app, flags
@@ -113,5 +117,29 @@ def main(
       fail(str(e))
     except errors as e:  # pylint: disable=catching-non-exception
       fail(str(e), code=1)
+    except Exception:  # pylint: disable=broad-except
+      if not several_processes():
+        raise
+      exit_now()
 
   app.run(_main)
+
+
+def several_processes() -> bool:
+  """True in a run of several JAX processes (jax.distributed initialized)."""
+  jax = sys.modules.get("jax")
+  return jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def exit_now(code: int = 1) -> None:
+  """An unexpected error in one process of several (often: another process died and a
+  collective failed): print it and exit at once. A normal exit would wait at JAX's shutdown
+  barrier for every other process, up to the heartbeat timeout (100 s by default)."""
+  traceback.print_exc()
+  print(
+    f"{program()}: error: this process failed; exiting without waiting for the others",
+    file=sys.stderr,
+    flush=True,
+  )
+  sys.stdout.flush()
+  os._exit(code)

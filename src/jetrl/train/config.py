@@ -255,6 +255,12 @@ class LoggingConfig:
   plot_every: Optional[int] = field(
     None, "Also redraw the plots every N steps (none: only at the end).", lo=1
   )
+  samples_every: Optional[int] = field(
+    None,
+    "Write every sampled completion of every N-th RL step to <workdir>/samples.jsonl (prompt, "
+    "tokens, text, reward; none: never).",
+    lo=1,
+  )
 
   def __post_init__(self):
     check_fields(self)
@@ -335,12 +341,7 @@ class TrainConfig(Tree):
         "must be < sampling.max_new_tokens "
         f"({self.sampling.max_new_tokens}), got {u.overlong_buffer}",
       )
-    from jetrl.parallel.mesh import parse_mesh  # pylint: disable=import-outside-toplevel
-
-    try:
-      parse_mesh(self.mesh or "")  # names and sizes; the device count is checked at start-up
-    except ValueError as e:
-      raise ConfigError("mesh", str(e)) from None
+    _check_mesh(self.mesh)
 
   @property
   def rows(self) -> int:
@@ -360,6 +361,16 @@ class TrainConfig(Tree):
     validation.check_reward(self.task.reward)
 
 
+def _check_mesh(mesh: Optional[str]) -> None:
+  """ConfigError (mesh) for bad axis names or sizes; the device count is checked at start-up."""
+  from jetrl.parallel.mesh import parse_mesh  # pylint: disable=import-outside-toplevel
+
+  try:
+    parse_mesh(mesh or "")
+  except ValueError as e:
+    raise ConfigError("mesh", str(e)) from None
+
+
 # The warm start's optimizer: a short warmup, then a cosine decay to 5% of the peak.
 SFT_OPTIMIZER = OptimizerConfig(lr=1e-3, schedule="cosine", warmup_steps=20, end_lr_ratio=0.05)
 
@@ -377,6 +388,10 @@ class SFTConfig(Tree):
     64, "Generation budget of the greedy evaluation; a longer gold solution is an error.", lo=1
   )
   seed: int = field(0, "Random seed.", lo=0, hi=SEED_MAX)
+  mesh: Optional[str] = field(
+    None,
+    "Device mesh, e.g. data:2,fsdp:2 (none: every device on data). See docs/scaling.md.",
+  )
   max_skipped_steps: int = field(
     5, "Stop with an error after this many non-finite updates in a row.", lo=1
   )
@@ -402,6 +417,7 @@ class SFTConfig(Tree):
 
   def __post_init__(self):
     check_fields(self)
+    _check_mesh(self.mesh)
 
   @property
   def optimizer_steps(self) -> int:
@@ -436,6 +452,7 @@ SFT_RESUMABLE = (
   "task.reward_timeout",
   "checkpoint",
   "logging",
+  "mesh",
   "max_skipped_steps",
   "overwrite",
   "allow_schedule_change",

@@ -28,6 +28,7 @@ class LoopState:
   data_pos: int = 0  # problems consumed so far (the next batch starts here)
   record: dict = dataclasses.field(default_factory=dict)  # this step's metrics
   skipped: int = 0  # optimizer steps of this step skipped as non-finite
+  samples: Optional[list] = None  # this step's sampled completions, when they are logged
 
 
 class Hook:
@@ -69,6 +70,21 @@ class MetricsHook(Hook):
     self.writer.write(step, loop.record)
     fields, extra = self.console(loop.record)
     self.progress.update(step, fields, extra)
+
+
+class SamplesHook(Hook):
+  """Appends the step's sampled completions (records with their own "step") to `writer`
+  when the step produced them (`--logging.samples_every`)."""
+
+  every = 1
+  at_end = False
+
+  def __init__(self, writer: MetricWriter):
+    self.writer = writer
+
+  def __call__(self, step, loop):
+    if loop.samples:
+      self.writer.write_many(loop.samples)
 
 
 class SkipHook(Hook):

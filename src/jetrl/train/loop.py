@@ -12,6 +12,10 @@ Before anything compiles, the flags, the tokenizer against the model, the memory
 and the device mesh are checked (a FlagError names the flag); the workdir is locked for the
 run, and earlier metrics in it are never deleted. A run whose updates are all skipped for
 `--max_skipped_steps` steps in a row stops with an error (docs/reliability.md).
+
+With several processes (`python -m jetrl.launch`, a cluster) every process runs every step on
+one mesh over all their devices; each scores the rows it holds and the rewards are gathered,
+and process 0 alone writes the run's files (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import os
 import jax
 
 from jetrl import parallel
-from jetrl.config import FlagError
 from jetrl.precision import get_recipe
 from jetrl.rl import DEFAULT_EDGES, init_train_state, update_step
 from jetrl.rl.optimizer import schedule_key
@@ -37,6 +40,7 @@ from jetrl.train.hooks import (
   LoopState,
   MetricsHook,
   PlotHook,
+  SamplesHook,
   SkipHook,
   run_hooks,
 )
@@ -44,11 +48,15 @@ from jetrl.train.memory import check_step_memory, step_bytes
 from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.rl_step import RLStep, console_fields
 from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import WorkdirLock, make_workdir, start_fresh
+from jetrl.train.workdir import start_fresh, take_workdir
 from jetrl.train.writers import MetricWriter, Progress, TensorBoard
 
-METRIC_FILES = ("metrics.jsonl", "eval.jsonl")
+METRIC_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
 RUN_FILES = ("summary.json", "config.json", CHANGES_FILE, "tb", "plots")
+
+
+def _silent(_line: str) -> None:
+  pass
 
 
 def _state_tree(state: TrainState) -> dict:
@@ -107,8 +115,7 @@ def run(cfg: TrainConfig, *, task=None, log=print) -> dict:
     cfg = given_task_config(cfg, task)
   cfg.check_paths()
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
-  make_workdir(cfg.workdir)
-  lock = WorkdirLock(cfg.workdir, log) if jax.process_index() == 0 else None
+  lock = take_workdir(cfg.workdir, log)
   reward = None
   try:
     reward = setup.load_user_reward(cfg.task, log)
@@ -125,19 +132,11 @@ def _devices(cfg: TrainConfig, mcfg, recipe, log):
   there is one device and no --mesh. The train state lives in the training layout; the
   sampler gets the params in the sampling layout (no FSDP) by a device-to-device copy each
   step when the two differ."""
-  if not cfg.mesh and jax.device_count() == 1:
-    return None, None, update_step
-  try:
-    mesh = parallel.make_mesh(cfg.mesh or "")
-    layout = parallel.make_layout(mesh, mcfg, "train", recipe)
-    sample_layout = parallel.make_layout(mesh, mcfg, "sample", recipe)
-    layout.rows_sharding(cfg.rows, strict=True, what="--prompts_per_step x --sampling.n")
-  except ValueError as e:
-    raise FlagError("mesh", str(e)) from None
-  log(
-    f"mesh {parallel.mesh_str(mesh)} over {jax.device_count()} devices "
-    f"({jax.process_count()} processes)"
+  layout, sample_layout = setup.layouts(
+    cfg.mesh, mcfg, recipe, {"--prompts_per_step x --sampling.n": cfg.rows}, log
   )
+  if layout is None:
+    return None, None, update_step
   return layout, sample_layout, parallel.sharded_update_step(layout)
 
 
@@ -162,20 +161,22 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
     _state_tree(state), resume_check(cfg, ckpt.directory, changes), log
   )
   if restored is None:
-    start_fresh(
-      cfg.workdir,
-      METRIC_FILES,
-      RUN_FILES,
-      first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
-      overwrite=cfg.overwrite,
-      log=log,
-      move=jax.process_index() == 0,
+    parallel.on_primary(
+      lambda: start_fresh(
+        cfg.workdir,
+        METRIC_FILES,
+        RUN_FILES,
+        first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
+        overwrite=cfg.overwrite,
+        log=log,
+      )
     )
     return state, 0, 0
   tree, meta = restored
   start, data_pos = int(meta["step"]), int(meta["data_pos"])
   for name in METRIC_FILES:
-    MetricWriter(cfg.workdir, name[: -len(".jsonl")]).truncate_after(start)
+    writer = MetricWriter(cfg.workdir, name[: -len(".jsonl")], enabled=parallel.is_primary())
+    writer.truncate_after(start)
   record_changes(cfg.workdir, start, changes, log)
   log(f"resumed from {ckpt.directory}/{start} (step {start}, data position {data_pos})")
   return TrainState(**tree), start, data_pos
@@ -197,12 +198,14 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, start, data_pos = _restore(cfg, ckpt, _initial_state(cfg, mcfg, layout, log), log)
 
-  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard else None
-  writer = MetricWriter(cfg.workdir, "metrics", tb)
+  primary = parallel.is_primary()  # writes the run's files; every process runs every step
+  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard and primary else None
+  writer = MetricWriter(cfg.workdir, "metrics", tb, enabled=primary)
   eval_writer = MetricWriter(
-    cfg.workdir, "eval", tb, tag=lambda k: "eval/" + k.removeprefix("eval_")
+    cfg.workdir, "eval", tb, tag=lambda k: "eval/" + k.removeprefix("eval_"), enabled=primary
   )
-  if jax.process_index() == 0:
+  samples_writer = MetricWriter(cfg.workdir, "samples", enabled=primary)
+  if primary:
     with open(os.path.join(cfg.workdir, "config.json"), "w") as f:
       json.dump(cfg.to_dict(), f, indent=1)
   log(
@@ -227,8 +230,11 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
   )
 
   def evaluate(loop):
+    params = loop.state.params
+    if layout is not None:
+      params, _ = parallel.switch_layout(params, layout, sample_layout)
     return setup.evaluate(
-      loop.state.params,
+      params,
       mcfg,
       task,
       tok,
@@ -237,6 +243,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
       max_new_tokens=cfg.sampling.max_new_tokens,
       batch=cfg.eval.batch,
       encode=encode,
+      layout=sample_layout,
     )
 
   def meta(step_no, loop):
@@ -253,7 +260,13 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
   eval_hook = EvalHook(evaluate, eval_writer, cfg.eval.every, cfg.eval.size, log)
   plot_hook = PlotHook(lambda: write_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
-    MetricsHook(writer, Progress(cfg.steps, start, write=log), cfg.logging.every, console_fields),
+    MetricsHook(
+      writer,
+      Progress(cfg.steps, start, write=log if primary else _silent),
+      cfg.logging.every,
+      console_fields,
+    ),
+    SamplesHook(samples_writer),
     SkipHook(
       SkipTracker(
         cfg.max_skipped_steps,
@@ -265,13 +278,13 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
     ),
     eval_hook,
     CheckpointHook(ckpt, cfg.checkpoint.every, lambda loop: _state_tree(loop.state), meta),
-  ] + ([plot_hook] if cfg.logging.plots else [])
+  ] + ([plot_hook] if cfg.logging.plots and primary else [])
   loop = LoopState(state=state, data_pos=data_pos)
   if start == 0:
     eval_hook(0, loop)
   try:
     for i in range(start, cfg.steps):
-      loop.state, loop.record, loop.data_pos = step(
+      loop.state, loop.record, loop.data_pos, loop.samples = step(
         loop.state, i, loop.data_pos, log if i == start else None
       )
       loop.record["time/compiled"] = float(i == start)  # the process's first step compiles
@@ -283,6 +296,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
     if tb is not None:
       tb.close()
 
+  parallel.barrier("jetrl:run-end")  # the primary's last records are written
   evals = eval_writer.records()
   summary = dict(
     workdir=cfg.workdir,
@@ -294,7 +308,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
   )
   if plot_hook.paths:
     summary["plots"] = plot_hook.paths
-  if jax.process_index() == 0:
+  if primary:
     with open(os.path.join(cfg.workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
   return summary

@@ -45,7 +45,8 @@ class RLStep:
   sample_layout: Any = None
 
   def __call__(self, state, step: int, data_pos: int, log: Optional[Callable] = None):
-    """(new state, the record of step `step + 1`, the new data position)."""
+    """(new state, the record of step `step + 1`, the new data position, the step's samples
+    when `--logging.samples_every` says so, else None)."""
     cfg, u = self.cfg, self.cfg.update
     n = cfg.sampling.n
     k_sample, k_update = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step))
@@ -69,26 +70,33 @@ class RLStep:
     )
     jax.block_until_ready(out.tokens)
     del rollout_params
-    if jax.process_count() > 1:
-      out = parallel.to_host(out)  # the host-side reward code needs the global rows
     t_roll = time.time() - t0
 
-    _, rewards = setup.completions_and_rewards(self.task, self.tok, problems, out, n)
-    shaped = jnp.asarray(rewards)
+    # Rewards where the completions are (each process scores its rows), gathered; the
+    # advantages are then computed identically on every process from the gathered rewards.
+    rewards, lengths, stop_reason = setup.score_rollout(self.task, self.tok, problems, out, n)
+    shaped = jnp.asarray(rewards)  # this process's own device: the same values everywhere
     if u.overlong_buffer:
       shaped = shaped + overlong_penalty(
-        out.lengths, cfg.sampling.max_new_tokens, u.overlong_buffer
+        jnp.asarray(lengths), cfg.sampling.max_new_tokens, u.overlong_buffer
       )
     adv = group_advantages(shaped, n, normalize_std=u.normalize_std)
+    # The batch is assembled from the rollout's arrays where they are (sharded by rows on a
+    # mesh) and the per-row vectors, placed like them.
+    rows = self._rows
     mask, n_dropped = out.mask, 0
     if u.dynamic_sampling:
       keep, n_dropped = dynamic_sampling_mask(shaped, n)
-      mask = mask & jnp.repeat(keep, n)[:, None]
+      mask = mask & rows(np.repeat(np.asarray(keep), n)[:, None])
     if u.mask_truncated:
-      mask = truncation_mask(out.stop_reason == STOP_LENGTH, mask)
+      mask = truncation_mask(rows(stop_reason == STOP_LENGTH), mask)
     batch = make_train_batch(
-      out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs, adv
+      out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs, rows(adv)
     )
+    samples = None
+    every = cfg.logging.samples_every
+    if every is not None and (step + 1) % every == 0:
+      samples = self._samples(step + 1, problems, out, rewards)
     t_reward = time.time() - t0 - t_roll
 
     t1 = time.time()
@@ -109,12 +117,11 @@ class RLStep:
     jax.block_until_ready(state.params)
     t_update = time.time() - t1
 
-    lengths = np.asarray(out.lengths)
     record = dict(
       reward_mean=float(shaped.mean()),
       accuracy=float((rewards >= 1.0).mean()),
       response_length=float(lengths.mean()),
-      truncated_frac=float((np.asarray(out.stop_reason) == STOP_LENGTH).mean()),
+      truncated_frac=float((stop_reason == STOP_LENGTH).mean()),
       groups_dropped=float(n_dropped),
       **m,
       **{
@@ -123,11 +130,44 @@ class RLStep:
         "time/update": t_update,
         "time/reshard": t_reshard,
         "tokens_per_s/rollout": int(lengths.sum()) / max(t_roll, 1e-9),
-        "tokens_per_s/update": float(np.asarray(mask).sum()) / max(t_update, 1e-9),
+        "tokens_per_s/update": float(jnp.sum(batch.mask)) / max(t_update, 1e-9),
       },
     )
     record["agree/bin_edges"] = list(self.bin_edges)
-    return state, record, data_pos + cfg.prompts_per_step
+    return state, record, data_pos + cfg.prompts_per_step, samples
+
+  def _rows(self, x):
+    """A per-row host vector placed like the rollout's rows (as it is on one device)."""
+    x = np.asarray(x)
+    if self.layout is None:
+      return x
+    return parallel.put(x, self.layout.rows_sharding(x.shape[0], strict=True))
+
+  def _samples(self, step: int, problems, out, rewards) -> list[dict]:
+    """The step's rows as records of samples.jsonl (`--logging.samples_every`): every
+    process gathers the tokens (a collective), the primary writes them."""
+    n = self.cfg.sampling.n
+    tokens, lengths = parallel.to_host((out.tokens, out.lengths))
+    stop = set(setup.token_ids(self.tok).stop)
+    records = []
+    for r in range(tokens.shape[0]):
+      length = int(lengths[r])
+      ids = [int(t) for t in tokens[r, :length]]
+      text = setup.decode(self.tok, ids[:-1] if ids and ids[-1] in stop else ids)
+      p = problems[r // n]
+      records.append(
+        dict(
+          step=step,
+          row=r,
+          prompt=p.prompt,
+          answer=str(p.answer),
+          completion=text,
+          tokens=ids,
+          length=length,
+          reward=float(rewards[r]),
+        )
+      )
+    return records
 
 
 def console_fields(record: dict) -> tuple[dict, str]:

@@ -65,6 +65,29 @@ def token_ids(tok: Tokenizer) -> TokenIds:
   return TokenIds(tok.bos_token_id, int(eos), int(pad), stop_token_ids(tok) or (int(eos),))
 
 
+def layouts(mesh: Optional[str], mcfg, recipe, rows: dict[str, int], log):
+  """(training layout, sampling layout) on the device mesh `mesh` (the --mesh flag) over every
+  device of every process, or (None, None) for one device and no --mesh. `rows`: {what: the
+  rows of a batch}, each of which must split over the batch axes. FlagError (--mesh)."""
+  from jetrl import parallel  # pylint: disable=import-outside-toplevel
+
+  if not mesh and jax.device_count() == 1:
+    return None, None
+  try:
+    m = parallel.make_mesh(mesh or "")
+    layout = parallel.make_layout(m, mcfg, "train", recipe)
+    sample_layout = parallel.make_layout(m, mcfg, "sample", recipe)
+    for what, n in rows.items():
+      layout.rows_sharding(n, strict=True, what=what)
+  except ValueError as e:
+    raise FlagError("mesh", str(e)) from None
+  log(
+    f"mesh {parallel.mesh_str(m)} over {jax.device_count()} devices "
+    f"({jax.process_count()} processes)"
+  )
+  return layout, sample_layout
+
+
 def make_task(task, *, seed: int) -> Task:
   """The task of a `TaskConfig`: a synthetic one with its knobs; a dataset with its files (or
   the hub), its prompts plain or as the chat's user message (`--task.prompt_format`); or a
@@ -259,17 +282,47 @@ def prompt_width(prompts: Sequence[Sequence[int]]) -> int:
   return -(-max(len(p) for p in prompts) // 16) * 16
 
 
-def completions_and_rewards(task, tok, problems, rollout, group: int):
-  """Decode a rollout's completions and score them; rows are prompt-major."""
-  toks, lens = np.asarray(rollout.tokens), np.asarray(rollout.lengths)
+def score_rows(task, tok, problems, tokens, lengths):
+  """(texts, rewards) of completion rows: `problems[i]` is row i's problem, `tokens` [R, T]
+  and `lengths` [R] its sampled ids (numpy); a trailing stop id is not part of the text."""
+  toks, lens = np.asarray(tokens), np.asarray(lengths)
   stop = set(token_ids(tok).stop)
   texts = []
   for row, n in zip(toks, lens):
     row = row[:n]
     texts.append(decode(tok, row[:-1] if n and int(row[-1]) in stop else row))
-  prompts = [p.prompt for p in problems for _ in range(group)]
-  answers = [p.answer for p in problems for _ in range(group)]
+  prompts = [p.prompt for p in problems]
+  answers = [p.answer for p in problems]
   return texts, np.asarray(task.reward(prompts, texts, answers), np.float32)
+
+
+def completions_and_rewards(task, tok, problems, rollout, group: int):
+  """Decode a rollout's completions (on the host) and score them; rows are prompt-major."""
+  return score_rows(
+    task, tok, [p for p in problems for _ in range(group)], rollout.tokens, rollout.lengths
+  )
+
+
+def score_rollout(task, tok, problems, rollout, group: int):
+  """(rewards, lengths, stop reasons) of every row of a rollout, as numpy, on every process.
+
+  Each process decodes and scores the rows it holds (`jetrl.parallel.owned_rows`; all of them
+  with one process) and the rewards are gathered: reward functions run where the completions
+  are, and no process reads another's shards. Rows are prompt-major (`group` per problem)."""
+  from jetrl import parallel  # pylint: disable=import-outside-toplevel
+
+  rows = parallel.owned_rows(rollout.tokens)
+  texts_rewards = score_rows(
+    task,
+    tok,
+    [problems[int(r) // group] for r in rows],
+    parallel.rows_to_host(rollout.tokens, rows),
+    parallel.rows_to_host(rollout.lengths, rows),
+  )
+  n = rollout.tokens.shape[0]
+  rewards = parallel.gather_rows(texts_rewards[1], rows, n)
+  lengths, stop = parallel.to_host((rollout.lengths, rollout.stop_reason))
+  return rewards, np.asarray(lengths), np.asarray(stop)
 
 
 def evaluate(
@@ -284,10 +337,14 @@ def evaluate(
   batch: int = 64,
   split: str = "test",
   encode: Optional[Encoder] = None,
+  layout=None,
 ) -> dict:
   """Greedy accuracy on the first `size` problems of a held-out split, `batch` problems per
   sampler call; prompts are `encode(text)` (default: plain), samples stop on every stop id of
-  the tokenizer."""
+  the tokenizer.
+
+  layout: the sampling layout on a mesh (params placed on it): prompt rows are split over its
+  batch axes, every process scores its own rows and the results are gathered."""
   encode = encode or (lambda text: encode_prompt(tok, text))
   problems = task.batch(split, 0, size)
   ids = token_ids(tok)
@@ -303,14 +360,10 @@ def evaluate(
       pad_id=ids.pad,
       prompt_len=prompt_width(prompts),
     )
-    out = sample(params, mcfg, prompts, jax.random.PRNGKey(0), sc, precision)
-    if jax.process_count() > 1:  # rows may live on other hosts: gather before decoding text
-      from jetrl.parallel import to_host
-
-      out = to_host(out)
-    _, rewards = completions_and_rewards(task, tok, chunk, out, 1)
+    out = sample(params, mcfg, prompts, jax.random.PRNGKey(0), sc, precision, layout=layout)
+    rewards, lens, _ = score_rollout(task, tok, chunk, out, 1)
     correct += list(rewards)
-    lengths += list(np.asarray(out.lengths))
+    lengths += list(lens)
   return {
     "eval_accuracy": float(np.mean(np.asarray(correct) >= 1.0)),
     "eval_reward": float(np.mean(correct)),

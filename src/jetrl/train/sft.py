@@ -13,7 +13,6 @@ learning-rate schedule is refused on resume unless `--allow_schedule_change`
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jetrl import parallel
 from jetrl.config import FlagError
 from jetrl.precision import get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
@@ -42,7 +42,7 @@ from jetrl.train.hooks import (
 from jetrl.train.memory import check_step_memory, step_bytes
 from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import WorkdirLock, make_workdir, start_fresh
+from jetrl.train.workdir import start_fresh, take_workdir
 from jetrl.train.writers import MetricWriter, Progress, TensorBoard
 
 METRIC_FILES = ("sft_metrics.jsonl", "sft_eval.jsonl")
@@ -77,12 +77,7 @@ def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
   return make_train_batch(ptok, pmask, stok, smask, zeros, np.zeros(len(sols), np.float32))
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=("model_config", "precision", "optimizer", "total_steps"),
-  donate_argnames=("params", "opt_state"),
-)
-def sft_step(
+def _sft_step(
   params, opt_state, batch, *, model_config, precision, optimizer: OptimizerConfig, total_steps: int
 ):
   """One optimizer step on the mean token log-likelihood of the gold solutions.
@@ -106,6 +101,22 @@ def sft_step(
   return new_params, new_opt, loss, optax.tree.norm(grads), ok, lr
 
 
+_STATIC = ("model_config", "precision", "optimizer", "total_steps")
+sft_step = jax.jit(_sft_step, static_argnames=_STATIC, donate_argnames=("params", "opt_state"))
+
+
+def sharded_sft_step(layout, opt_state):
+  """`sft_step` on `layout`'s mesh: params and optimizer state come back in the shardings they
+  are placed with (`layout.shard_params`, `layout.shard_state`), the scalars replicated."""
+  rep = layout.replicated
+  return jax.jit(
+    _sft_step,
+    static_argnames=_STATIC,
+    donate_argnames=("params", "opt_state"),
+    out_shardings=(layout.param_shardings, layout.tree_shardings(opt_state), rep, rep, rep, rep),
+  )
+
+
 def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
   """Run (or resume) a supervised warm start; returns the greedy evaluation at the end (also in
   workdir/sft_summary.json). `task`: a `jetrl.data.Task` object instead of the one `cfg.task`
@@ -113,8 +124,8 @@ def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
   if task is not None:
     cfg = given_task_config(cfg, task)
   cfg.check_paths()
-  make_workdir(cfg.workdir)
-  lock = WorkdirLock(cfg.workdir, log) if jax.process_index() == 0 else None
+  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
+  lock = take_workdir(cfg.workdir, log)
   reward = None
   try:
     reward = setup.load_user_reward(cfg.task, log)
@@ -159,11 +170,25 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
     "--batch_size / --max_new_tokens",
     processes=jax.process_count(),
   )
+  layout, sample_layout = setup.layouts(
+    cfg.mesh,
+    mcfg,
+    recipe,
+    {"--batch_size": cfg.batch_size},
+    log,
+  )
   params = setup.make_params(cfg.model, mcfg, cfg.seed)
-  opt_state = make_optimizer(cfg.optimizer, cfg.steps).init(params)
-  # Committed like a restored state, so a resumed run reuses the compiled step.
-  params, opt_state = jax.device_put((params, opt_state), jax.local_devices()[0])
+  step_fn = sft_step
+  if layout is not None:
+    params = layout.shard_params(params)  # the optimizer state is then built sharded
+    opt_state = layout.shard_state(make_optimizer(cfg.optimizer, cfg.steps).init(params))
+    step_fn = sharded_sft_step(layout, opt_state)
+  else:
+    opt_state = make_optimizer(cfg.optimizer, cfg.steps).init(params)
+    # Committed like a restored state, so a resumed run reuses the compiled step.
+    params, opt_state = jax.device_put((params, opt_state), jax.local_devices()[0])
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
+  primary = parallel.is_primary()  # writes the run's files; every process runs every step
   start, changes = 0, []
   restored = ckpt.restore_latest(
     {"params": params, "opt_state": opt_state}, resume_check(cfg, ckpt.directory, changes), log
@@ -172,23 +197,24 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
     state, meta = restored
     params, opt_state, start = state["params"], state["opt_state"], int(meta["step"])
     for name in METRIC_FILES:
-      MetricWriter(cfg.workdir, name[: -len(".jsonl")]).truncate_after(start)
+      MetricWriter(cfg.workdir, name[: -len(".jsonl")], enabled=primary).truncate_after(start)
     record_changes(cfg.workdir, start, changes, log)
     log(f"resumed SFT at step {start}")
   else:
-    start_fresh(
-      cfg.workdir,
-      METRIC_FILES,
-      RUN_FILES,
-      first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
-      overwrite=cfg.overwrite,
-      log=log,
-      move=jax.process_index() == 0,
+    parallel.on_primary(
+      lambda: start_fresh(
+        cfg.workdir,
+        METRIC_FILES,
+        RUN_FILES,
+        first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
+        overwrite=cfg.overwrite,
+        log=log,
+      )
     )
-  if jax.process_index() == 0:
+  if primary:
     with open(os.path.join(cfg.workdir, "sft_config.json"), "w") as f:
       json.dump(cfg.to_dict(), f, indent=1)
-  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard else None
+  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard and primary else None
   log(
     f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
     f"{cfg.model.name} ({mcfg.n_layers} layers) "
@@ -196,8 +222,11 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   )
 
   def evaluate(loop):
+    params = loop.state["params"]
+    if layout is not None:
+      params, _ = parallel.switch_layout(params, layout, sample_layout)
     return setup.evaluate(
-      loop.state["params"],
+      params,
       mcfg,
       task,
       tok,
@@ -206,13 +235,20 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
       max_new_tokens=cfg.max_new_tokens,
       batch=cfg.eval.batch,
       encode=encode,
+      layout=sample_layout,
     )
 
   from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
 
   eval_hook = EvalHook(
     evaluate,
-    MetricWriter(cfg.workdir, "sft_eval", tb, tag=lambda k: "eval/" + k.removeprefix("eval_")),
+    MetricWriter(
+      cfg.workdir,
+      "sft_eval",
+      tb,
+      tag=lambda k: "eval/" + k.removeprefix("eval_"),
+      enabled=primary,
+    ),
     cfg.eval.every,
     cfg.eval.size,
     log,
@@ -220,8 +256,8 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   plot_hook = PlotHook(lambda: write_sft_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
     MetricsHook(
-      MetricWriter(cfg.workdir, "sft_metrics", tb),
-      Progress(cfg.steps, start, write=log),
+      MetricWriter(cfg.workdir, "sft_metrics", tb, enabled=primary),
+      Progress(cfg.steps, start, write=log if primary else lambda _line: None),
       cfg.logging.every,
       lambda r: ({"loss": float(r["loss"])}, None),
     ),
@@ -238,14 +274,16 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
       lambda loop: loop.state,
       lambda step, loop: {"step": step, "kind": "sft", "config": cfg.to_dict()},
     ),
-  ] + ([plot_hook] if cfg.logging.plots else [])
+  ] + ([plot_hook] if cfg.logging.plots and primary else [])
   loop = LoopState(state={"params": params, "opt_state": opt_state})
   skipped = int(opt_state.skipped)
   try:
     for step in range(start, cfg.steps):
       problems = task.batch("train", step * cfg.batch_size, cfg.batch_size)
       batch = _solution_batch(tok, problems, width, cfg.max_new_tokens, encode)
-      params, opt_state, loss, gnorm, ok, lr = sft_step(
+      if layout is not None:  # every process builds the same batch and places its rows
+        batch = layout.shard_batch(batch)
+      params, opt_state, loss, gnorm, ok, lr = step_fn(
         loop.state["params"],
         loop.state["opt_state"],
         batch,
@@ -275,6 +313,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   summary = dict(workdir=cfg.workdir, **res)
   if plot_hook.paths:
     summary["plots"] = plot_hook.paths
-  with open(os.path.join(cfg.workdir, "sft_summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  if primary:
+    with open(os.path.join(cfg.workdir, "sft_summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
   return summary

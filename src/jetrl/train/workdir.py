@@ -113,6 +113,21 @@ class WorkdirLock:
     self.release()
 
 
+def take_workdir(workdir: str, log: Callable[[str], None] = print):
+  """Creates and locks `workdir` for a run; the lock (None in the other processes).
+
+  With several processes the primary alone takes the lock, for the whole run: the others
+  write only their checkpoint shards, inside the run the lock protects. Its refusal (a
+  workdir in use) stops every process with the same error (`jetrl.parallel.on_primary`)."""
+  from jetrl import parallel  # pylint: disable=import-outside-toplevel
+
+  def take():
+    make_workdir(workdir)
+    return WorkdirLock(workdir, log)
+
+  return parallel.on_primary(take)
+
+
 def _steps(path: str) -> list[int]:
   if not os.path.exists(path):
     return []

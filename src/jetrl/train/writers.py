@@ -58,12 +58,16 @@ class TensorBoard:
 
 class MetricWriter:
   """Appends one JSON object per record to `<workdir>/<name>.jsonl`; mirrors its finite
-  scalars to `tensorboard` (a run's shared `TensorBoard`, if given) under `tag(key)`."""
+  scalars to `tensorboard` (a run's shared `TensorBoard`, if given) under `tag(key)`.
+
+  `enabled=False` (every process of a multi-process run but the primary): nothing is written
+  or truncated, so the file has one record per step however many processes run."""
 
   def __init__(self, workdir: str, name: str = "metrics",
                tensorboard: "Optional[TensorBoard] | bool" = None,
-               tag: Callable[[str], str] = lambda key: key):
+               tag: Callable[[str], str] = lambda key: key, *, enabled: bool = True):
     os.makedirs(workdir, exist_ok=True)
+    self.enabled = enabled
     self.path = os.path.join(workdir, f"{name}.jsonl")
     if isinstance(tensorboard, bool):  # True: a writer of its own under <workdir>/tb
       tensorboard = TensorBoard(workdir) if tensorboard else None
@@ -73,7 +77,7 @@ class MetricWriter:
   def truncate_after(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint a resumed run restarts from),
     and a torn last line."""
-    if not os.path.exists(self.path):
+    if not self.enabled or not os.path.exists(self.path):
       return
     keep = [json.dumps(r) + "\n" for r in read_jsonl(self.path) if r.get("step", -1) <= step]
     tmp = self.path + ".tmp"
@@ -83,6 +87,8 @@ class MetricWriter:
 
   def write(self, step: int, metrics: dict) -> dict:
     record = {"step": int(step), **_clean(metrics)}
+    if not self.enabled:
+      return record
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     if self._tb is not None:
@@ -90,6 +96,12 @@ class MetricWriter:
                               if k != "step" and isinstance(v, (int, float))
                               and not isinstance(v, bool) and math.isfinite(v)})
     return record
+
+  def write_many(self, records: list[dict]) -> None:
+    """Appends records as they are (each with its own "step"), in one write."""
+    if self.enabled and records:
+      with open(self.path, "a") as f:
+        f.write("".join(json.dumps(_clean(r)) + "\n" for r in records))
 
   def records(self) -> list[dict]:
     return read_jsonl(self.path) if os.path.exists(self.path) else []

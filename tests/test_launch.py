@@ -1,0 +1,124 @@
+"""`python -m jetrl.launch`: flags, environment, prefixed output, and a failed child stopping
+the others. The children here are small Python programs (no JAX); the launcher running real
+multi-process training is tests/parallel/test_multi_process.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jetrl import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch(*args, env=None, timeout=60):
+  t0 = time.monotonic()
+  proc = subprocess.run(
+    [sys.executable, "-m", "jetrl.launch", *args],
+    cwd=ROOT,
+    env=dict(os.environ if env is None else env, PYTHONPATH=os.path.join(ROOT, "src")),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  proc.seconds = time.monotonic() - t0
+  return proc
+
+
+@pytest.mark.parametrize(
+  "args,message",
+  [
+    (["--processes=0", "--", "x.py"], "--processes must be >= 1, got 0"),
+    (["--processes=2", "--local_devices=0", "--", "x.py"], "--local_devices must be >= 1"),
+    (["--processes=2", "x.py"], "missing `--` before the command"),
+    (["--processes=2", "--"], "no command after `--`"),
+    (["--processes=2", "--process_id=2", "--coordinator=h:1", "--", "x.py"], "in [0, 1]"),
+    (["--processes=2", "--process_id=1", "--", "x.py"], "needs --coordinator"),
+    (["--processes=2", "--coordinator=nohost", "--", "x.py"], "must be HOST:PORT"),
+  ],
+)
+def test_bad_flags_are_clear_errors(args, message):
+  with pytest.raises(launch.LaunchError, match=None) as e:
+    launch.parse_args(args)
+  assert message in str(e.value)
+
+
+def test_local_devices_need_the_cpu_backend(monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  with pytest.raises(launch.LaunchError, match="JAX_PLATFORMS=cuda selects another backend"):
+    launch.parse_args(["--processes=2", "--local_devices=2", "--", "x.py"])
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  args, command = launch.parse_args(["--processes=2", "--local_devices=2", "--", "x.py", "-v"])
+  assert args.local_devices == 2 and command == [sys.executable, "x.py", "-v"]
+
+
+def test_child_environment():
+  base = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_foo=1", "A": "b"}
+  env = launch.child_env(
+    base, process_id=1, processes=2, coordinator="127.0.0.1:123", local_devices=3, heartbeat=7
+  )
+  assert env["JAX_PROCESS_ID"] == "1" and env["JAX_NUM_PROCESSES"] == "2"
+  assert env["JAX_COORDINATOR_ADDRESS"] == env["JAX_COORDINATOR_BIND_ADDRESS"] == "127.0.0.1:123"
+  assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=3"
+  assert env["JAX_PLATFORMS"] == "cpu" and env["JETRL_HEARTBEAT_TIMEOUT"] == "7"
+  one = launch.child_env(
+    base, process_id=0, processes=1, coordinator="h:1", local_devices=None, heartbeat=None
+  )
+  assert "JAX_COORDINATOR_ADDRESS" not in one and one["XLA_FLAGS"] == base["XLA_FLAGS"]
+
+
+CHILD = textwrap.dedent(
+  """
+  import os, signal, sys, time
+  i = int(os.environ["JAX_PROCESS_ID"])
+  print(f"hello from {i} of {os.environ['JAX_NUM_PROCESSES']} "
+        f"at {os.environ.get('JAX_COORDINATOR_ADDRESS')}", flush=True)
+  mode = sys.argv[1]
+  if mode == "fail" and i == 1:
+    time.sleep(0.3)
+    sys.exit(3)
+  if mode == "kill" and i == 1:
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+  if mode != "ok":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a JAX process with preemption on
+    time.sleep(60)
+  """
+)
+
+
+def test_every_process_runs_with_its_id_and_prefixed_output(tmp_path):
+  proc = _launch("--processes=3", f"--log_dir={tmp_path}", "--", "-c", CHILD, "ok")
+  assert proc.returncode == 0, proc.stderr
+  lines = sorted(line for line in proc.stdout.splitlines() if "hello" in line)
+  assert [line[:17] for line in lines] == [f"[p{i}] hello from {i}" for i in range(3)]
+  assert all("of 3 at 127.0.0.1:" in line for line in lines)
+  assert open(tmp_path / "process_2.log").read().startswith("hello from 2 of 3")
+  assert "3 of 3 processes started" in proc.stderr
+
+
+@pytest.mark.parametrize(
+  "mode,code,what", [("fail", 3, "exited with code 3"), ("kill", 137, "was killed by SIGKILL")]
+)
+def test_a_failed_process_stops_the_others_and_is_named(mode, code, what):
+  proc = _launch("--processes=3", "--grace=0.5", "--", "-c", CHILD, mode)
+  assert proc.returncode == code, (proc.stdout, proc.stderr)
+  assert "process 1 of 3 (pid" in proc.stderr and what in proc.stderr
+  assert "stopping processes 0, 2" in proc.stderr
+  assert proc.seconds < 20, proc.seconds  # the others ignore SIGTERM: SIGKILL after --grace
+
+
+def test_one_process_of_many_needs_a_coordinator():
+  proc = _launch("--processes=2", "--process_id=1", "--", "-c", CHILD, "ok")
+  assert proc.returncode == 2 and "needs --coordinator" in proc.stderr
+  proc = _launch(
+    "--processes=2", "--process_id=1", "--coordinator=10.0.0.1:9", "--", "-c", CHILD, "ok"
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == "[p1] hello from 1 of 2 at 10.0.0.1:9"
