@@ -370,8 +370,25 @@ def check_compatible(meta: dict, config, path: str, resumable=RESUMABLE, kind: s
       None,
       f"the checkpoint in {path} was written with other settings; rerun "
       "with the same flags (or the run's config.json as --config), or use "
-      "another --workdir. Differences:\n  " + "\n  ".join(diffs),
+      "another --workdir. Differences:\n  " + "\n  ".join(diffs) + _old_logp_hint(meta),
     )
+
+
+def _old_logp_hint(meta: dict) -> str:
+  """The note for a checkpoint written when `update.old_logp` defaulted to 'rollout'."""
+  update = meta.get("config", {}).get("update", {})
+  if update.get("old_logp") != "rollout":
+    return ""
+  if update.get("is_method", "none") != "none":
+    return (
+      "\n(this checkpoint was trained with --update.old_logp=rollout and "
+      f"--update.is_method={update['is_method']}, which weighted the mismatch twice and is no "
+      "longer accepted; start a new --workdir, from it with --init_from if you like)"
+    )
+  return (
+    "\n(--update.old_logp defaults to 'recompute' since the PPO ratio's old policy became the "
+    "pre-update training forward; pass --update.old_logp=rollout to resume this run as it was)"
+  )
 
 
 # Flags of experiments/train.py and experiments/sft.py from before the configuration had
