@@ -111,15 +111,37 @@ class TaskConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Greedy evaluation (the recipe's rollout precision) on the task's held-out problems."""
+  """Evaluation (the recipe's rollout precision) on the task's held-out problems: greedy, or
+  sampled at a temperature."""
 
   every: Optional[int] = field(
     10, "Evaluate every N steps (none: only at the start and the end).", lo=1
   )
   size: int = field(64, "Held-out problems per evaluation.", lo=1)
+  temperature: float = field(
+    0.0,
+    "0: greedy accuracy; > 0: the mean accuracy of `samples` completions per problem drawn at "
+    "this temperature (from a fixed key, the same for every run).",
+    lo=0.0,
+    hi=100.0,
+  )
+  samples: int = field(1, "Completions per problem when temperature > 0.", lo=1)
+  batch: int = field(64, "Problems per sampler call of an evaluation.", lo=1)
+  also_bf16: bool = field(
+    False,
+    "RL: also score each evaluation with the bf16 rollout precision (eval_accuracy_bf16), so "
+    "that recipes are compared on one scale as well as in their own rollout precision.",
+  )
 
   def __post_init__(self):
     check_fields(self)
+
+  @property
+  def label(self) -> str:
+    """What the evaluation measures, for log lines."""
+    if self.temperature == 0:
+      return "greedy accuracy"
+    return f"accuracy at temperature {self.temperature:g} (x{self.samples})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ run, and earlier metrics in it are never deleted. A run whose updates are all sk
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -213,15 +214,23 @@ def _run(cfg: TrainConfig, log) -> dict:
   )
 
   def evaluate(loop):
-    return setup.evaluate(
+    score = functools.partial(
+      setup.evaluate,
       loop.state.params,
       mcfg,
       task,
       tok,
-      recipe.rollout,
       size=cfg.eval.size,
       max_new_tokens=cfg.sampling.max_new_tokens,
+      batch=cfg.eval.batch,
+      temperature=cfg.eval.temperature,
+      samples=cfg.eval.samples,
     )
+    res = score(recipe.rollout)
+    if cfg.eval.also_bf16:  # the same params scored with the bf16 rollout
+      ref = res if cfg.recipe == "bf16" else score(get_recipe("bf16").rollout)
+      res.update({f"{k}_bf16": v for k, v in ref.items()})
+    return res
 
   def meta(step_no, loop):
     return {
@@ -234,7 +243,7 @@ def _run(cfg: TrainConfig, log) -> dict:
 
   from jetrl.train.plots import write_plots  # pylint: disable=import-outside-toplevel
 
-  eval_hook = EvalHook(evaluate, eval_writer, cfg.eval.every, cfg.eval.size, log)
+  eval_hook = EvalHook(evaluate, eval_writer, cfg.eval.every, cfg.eval.size, log, cfg.eval.label)
   plot_hook = PlotHook(lambda: write_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
     MetricsHook(writer, Progress(cfg.steps, start, write=log), cfg.logging.every, console_fields),

@@ -172,8 +172,13 @@ def evaluate(
   max_new_tokens: int,
   batch: int = 64,
   split: str = "test",
+  temperature: float = 0.0,
+  samples: int = 1,
+  seed: int = 0,
 ) -> dict:
-  """Greedy accuracy on the first `size` problems of a held-out split."""
+  """Accuracy on the first `size` problems of a held-out split: greedy (temperature 0), or the
+  mean over `samples` completions per problem drawn at `temperature` from a fixed key (`seed`),
+  so that two policies evaluated alike see the same random numbers."""
   problems = task.batch(split, 0, size)
   ids = token_ids(tok)
   correct, lengths = [], []
@@ -182,18 +187,19 @@ def evaluate(
     prompts = [encode_prompt(tok, p.prompt) for p in chunk]
     sc = SamplingConfig(
       max_new_tokens=max_new_tokens,
-      temperature=0.0,
-      n=1,
+      temperature=float(temperature),
+      n=int(samples) if temperature > 0 else 1,
       stop_ids=ids.stop,
       pad_id=ids.pad,
       prompt_len=prompt_width(prompts),
     )
-    out = sample(params, mcfg, prompts, jax.random.PRNGKey(0), sc, precision)
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
+    out = sample(params, mcfg, prompts, key, sc, precision)
     if jax.process_count() > 1:  # rows may live on other hosts: gather before decoding text
       from jetrl.parallel import to_host
 
       out = to_host(out)
-    _, rewards = completions_and_rewards(task, tok, chunk, out, 1)
+    _, rewards = completions_and_rewards(task, tok, chunk, out, sc.n)
     correct += list(rewards)
     lengths += list(np.asarray(out.lengths))
   return {

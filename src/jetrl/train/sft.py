@@ -191,6 +191,9 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
       recipe.rollout,
       size=cfg.eval.size,
       max_new_tokens=cfg.max_new_tokens,
+      batch=cfg.eval.batch,
+      temperature=cfg.eval.temperature,
+      samples=cfg.eval.samples,
     )
 
   from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
@@ -201,6 +204,7 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
     cfg.eval.every,
     cfg.eval.size,
     log,
+    cfg.eval.label,
   )
   plot_hook = PlotHook(lambda: write_sft_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
@@ -256,7 +260,7 @@ def _run_sft(cfg: SFTConfig, log) -> dict:
       tb.close()
 
   res = eval_hook.last if eval_hook.last is not None else evaluate(loop)
-  log(f"SFT done: greedy accuracy {res['eval_accuracy']:.3f} on {cfg.eval.size} held-out problems")
+  log(f"SFT done: {cfg.eval.label} {res['eval_accuracy']:.3f} on {cfg.eval.size} held-out problems")
   summary = dict(workdir=cfg.workdir, **res)
   if plot_hook.paths:
     summary["plots"] = plot_hook.paths
