@@ -34,6 +34,8 @@ RUFF_FORMATTED := \
 	experiments/train.py \
 	experiments/sft.py \
 	experiments/compare_precisions.py \
+	experiments/gpu_study.py \
+	experiments/mismatch_length.py \
 	experiments/demo.py \
 	experiments/configs
 

@@ -128,14 +128,35 @@ def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
   assert sft_config(shared, 2).task.length == 1
 
 
+def _gpu_study(root):
+  """experiments/gpu_study.py as a module (its flags are defined once per process)."""
+  import importlib.util
+
+  if "gpu_study" not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+      "gpu_study", root / "experiments" / "gpu_study.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_study"] = module  # before it runs: its dataclass looks itself up there
+    spec.loader.exec_module(module)
+  return sys.modules["gpu_study"]
+
+
 @pytest.mark.slow
-def test_toy_study_report(tmp_path, tiny_study_config):
-  cmd = "python experiments/compare_precisions.py --report_dir=toy"
-  cfg = tiny_study_config(tmp_path, command=cmd)
-  lines = []
-  out = run_study(cfg, log=lines.append, quiet_runs=True)
-  report = (tmp_path / "report.md").read_text()
-  assert out["report"] == str(tmp_path / "report.md") and not out["not_run"]
+def test_gpu_study_toy_report_and_resume(tmp_path, root):
+  """experiments/gpu_study.py --toy: the warm start, the runs through `run_study`, the report,
+  the verdicts and gpu_study.json; a rerun skips what is done. Shapes as the tiny fixtures'."""
+  gs = _gpu_study(root)
+  opts = gs.Options(
+    out=str(tmp_path),
+    toy=True,
+    workers=1,
+    recipes=("fp8_rollout", "jet"),
+    seeds=(0,),
+    temperature=0.7,
+  )
+  out = gs.run(opts, "python3 experiments/gpu_study.py --toy")
+  report = (tmp_path / "study" / "report.md").read_text()
   for name in (
     "accuracy.png",
     "mismatch.png",
@@ -143,13 +164,13 @@ def test_toy_study_report(tmp_path, tiny_study_config):
     "final_accuracy.png",
     "paired_differences.png",
   ):
-    assert (tmp_path / name).stat().st_size > 1000, name
-  assert (tmp_path / "sft" / "L1" / "sft_summary.json").exists()
-  assert cmd in report and ACCURACY_HEADER in report and MISMATCH_HEADER in report
+    assert (tmp_path / "study" / name).stat().st_size > 1000, name
+  assert "gpu_study.py --toy" in report and ACCURACY_HEADER in report and MISMATCH_HEADER in report
   assert "## Length 1" in report and "central effect **not judged**" in report
-  assert json.loads((tmp_path / "verdicts.json").read_text())["1"]["valid"] == "not judged"
-  assert "| fp8_rollout |" in report and "| jet |" in report
-  rows = {r["recipe"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+  saved = json.loads((tmp_path / "gpu_study.json").read_text())
+  assert saved["verdicts"]["1"]["valid"] == "not judged" and not saved["not_run"]
+  assert saved["warm_start"]["steps"] == 4 and saved["device"]["platform"] == "cpu"
+  rows = {r["recipe"]: r for r in out["rows"]}
   assert set(rows) == {"fp8_rollout", "jet"}
   for r in rows.values():
     assert r["steps"] == 2 and r["eval_steps"] == [0, 2]
@@ -157,13 +178,12 @@ def test_toy_study_report(tmp_path, tiny_study_config):
     assert r["seq_abs_sum_mean"] > 0 and 0 <= r["ratio_out_frac"] <= 1
   # The off-policy recipe's rollout/training mismatch is far above the unified flow's.
   assert rows["fp8_rollout"]["abs_diff_mean"] > 3 * rows["jet"]["abs_diff_mean"]
-  assert any("[2/2] L1/jet/seed0: running" in s for s in lines)
+  log = (tmp_path / "gpu_study.log").read_text()
+  assert "[2/2] L1/jet/seed0: running" in log and "mechanism" in log
 
-  # Rerunning resumes: finished combinations are skipped and the warm start is reused.
-  lines2 = []
-  run_study(cfg, log=lines2.append, quiet_runs=True)
-  assert sum("done already, skipped" in s for s in lines2) == 2
-  assert not any("warm start" in s for s in lines2)
+  # Rerunning resumes: finished combinations are skipped.
+  gs.run(opts)
+  assert (tmp_path / "gpu_study.log").read_text().count("done already, skipped") == 2
 
 
 def test_time_budget_stops_new_combinations(tmp_path, tiny_study_config):
