@@ -8,7 +8,10 @@ is at least --min_tokens: 1-digit-carry addition with `length` digits per addend
 scratchpad grows with it), the `tiny` preset with --n_layers layers, the recipes bf16,
 fp8_rollout (old log-probs recomputed, no correction), fp8_rollout+tis and jet, --seeds seeds,
 every run's accuracy measured on --eval_size held-out problems x --eval_samples samples at the
-RL temperature, in its own rollout precision and in bf16.
+RL temperature, in its own rollout precision and in bf16. The RL settings are the CPU study's (GRPO, 16
+prompts x 8 samples, temperature 0.4, lr 2e-5, old log-probs recomputed) with --steps steps;
+the length, the model's depth and the warm start's length differ, so the two studies are not
+one length sweep.
 
 1. The warm start, shared by every run: bf16 SFT at a constant learning rate in chunks of
    --sft_chunk steps, each ending with an evaluation, until the accuracy reaches
@@ -46,18 +49,18 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Output directory (report, JSON, logs).", required=True)
 flags.DEFINE_bool("toy", False, "A toy size that runs on a CPU in seconds (for the tests).")
 flags.DEFINE_integer("workers", 4, "Worker processes (1: everything in this process).")
-flags.DEFINE_float("start_by_s", 420.0, "Start no run after this many seconds.")
+flags.DEFINE_float("start_by_s", 400.0, "Start no run after this many seconds.")
 flags.DEFINE_integer("min_tokens", 1024, "Smallest generation budget: sets the task length.")
 flags.DEFINE_integer("length", 0, "Task length knob (0: the smallest reaching --min_tokens).")
 flags.DEFINE_integer("n_layers", 4, "Layers of the tiny preset.")
 flags.DEFINE_list("recipes", ["bf16", "fp8_rollout", "fp8_rollout+tis", "jet"], "Recipe specs.")
 flags.DEFINE_list("seeds", [], "RL seeds (empty: 0-4, or 0-1 with --toy).")
-flags.DEFINE_integer("steps", 16, "RL steps per run.")
+flags.DEFINE_integer("steps", 24, "RL steps per run.")
 flags.DEFINE_integer("prompts_per_step", 16, "Prompts per RL step.")
 flags.DEFINE_integer("group_size", 8, "Samples per prompt.")
-flags.DEFINE_float("temperature", 0.5, "Sampling temperature of RL and of the evaluation.")
-flags.DEFINE_float("lr", 3e-5, "RL learning rate.")
-flags.DEFINE_integer("warmup_steps", 5, "RL warmup steps.")
+flags.DEFINE_float("temperature", 0.4, "Sampling temperature of RL and of the evaluation.")
+flags.DEFINE_float("lr", 2e-5, "RL learning rate.")
+flags.DEFINE_integer("warmup_steps", 0, "RL warmup steps.")
 flags.DEFINE_integer("eval_size", 256, "Held-out problems per evaluation.")
 flags.DEFINE_integer("eval_samples", 4, "Samples per problem in the evaluation.")
 flags.DEFINE_float("sft_lr", 1e-3, "Warm start learning rate (constant after a warmup).")
@@ -75,18 +78,18 @@ class Options:
   out: str
   toy: bool = False
   workers: int = 4
-  start_by_s: float = 420.0
+  start_by_s: float = 400.0
   min_tokens: int = 1024
   length: int = 0
   n_layers: int = 4
   recipes: tuple = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet")
   seeds: tuple = ()
-  steps: int = 16
+  steps: int = 24
   prompts_per_step: int = 16
   group_size: int = 8
-  temperature: float = 0.5
-  lr: float = 3e-5
-  warmup_steps: int = 5
+  temperature: float = 0.4
+  lr: float = 2e-5
+  warmup_steps: int = 0
   eval_size: int = 256
   eval_samples: int = 4
   sft_lr: float = 1e-3
