@@ -216,14 +216,14 @@ def worker(cfg, combos, deadline: float, log_path: str, t0: float) -> dict:
       not_run.append(tag)
       log(f"{tag}: not started (past --start_by_s)")
       continue
-    t0 = time.time()
+    start = time.time()
     try:
       summary = run(train_config(cfg, length, spec, seed), log=lambda *a, **k: None)
     except Exception:  # pylint: disable=broad-except
       log(f"{tag}: failed\n{traceback.format_exc()}")
       not_run.append(tag + " (failed)")
       continue
-    timing[tag] = time.time() - t0
+    timing[tag] = time.time() - start
     log(
       f"{tag}: {cfg.eval.label} {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} "
       f"({timing[tag]:.0f}s, {time.time() - t0:.0f}s since the start)"
