@@ -72,8 +72,8 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
         axes[i, 1].plot(x, y, "x--", color=colors[spec], alpha=0.7)
     axes[i, 0].set_title(f"length {L}: train reward (5-step mean)", fontsize=9)
     axes[i, 0].set_ylabel("reward")
-    axes[i, 1].set_title(f"length {L}: held-out greedy accuracy (o own, x bf16-scored)", fontsize=9)
-    axes[i, 1].set_ylabel("greedy accuracy")
+    axes[i, 1].set_title(f"length {L}: held-out accuracy (o own, x bf16-scored)", fontsize=9)
+    axes[i, 1].set_ylabel("accuracy")
     for ax in axes[i]:
       ax.set_xlabel("RL step"), ax.set_ylim(-0.02, 1.02), ax.grid(alpha=0.3)
   save(fig, axes, "accuracy.png")
@@ -128,7 +128,7 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
         ys.append(a[0][key]), es.append(a[0][key + "_sd"])
     ax.bar(xs, ys, w, yerr=es, color=colors[spec], label=spec, capsize=2)
   ax.set_xticks(range(len(lengths)), [f"length {L}" for L in lengths])
-  ax.set_xlabel("task length knob"), ax.set_ylabel("final greedy accuracy (bf16-scored)")
+  ax.set_xlabel("task length knob"), ax.set_ylabel("final accuracy (bf16-scored)")
   ax.set_ylim(0, 1.05), ax.grid(alpha=0.3, axis="y")
   save(fig, np.asarray([[ax]]), "final_accuracy.png")
 

@@ -413,7 +413,8 @@ def write_report(
     + (f" with {cfg.model.n_layers} layers" if cfg.model.n_layers else "")
     + f"; RL: {cfg.steps} steps, {cfg.prompts_per_step} prompts x {cfg.sampling.n} samples,"
     f" loss {cfg.update.loss}, old log-probs: {cfg.update.old_logp}, lr {cfg.optimizer.lr:g}, "
-    f"temperature {cfg.sampling.temperature:g}, greedy eval on {cfg.eval.size} held-out problems "
+    f"temperature {cfg.sampling.temperature:g}; evaluation: {cfg.eval.label} on {cfg.eval.size} "
+    "held-out problems "
     + (f"every {cfg.eval.every} steps" if cfg.eval.every else "at the start and the end")
     + ", scored in each recipe's own rollout precision and in bf16"
     + f"; warm start: {cfg.sft.steps} {cfg.sft.recipe} SFT steps (batch "
@@ -428,7 +429,7 @@ def write_report(
     + f"; seeds: {list(cfg.seeds)}.",
     "",
     (
-      "Accuracy columns: greedy accuracy on held-out problems at step 0 and at the end "
+      f"Accuracy columns: {cfg.eval.label} on held-out problems at step 0 and at the end "
       "(mean ± sample std over seeds), in the recipe's own rollout precision and scored with "
       "the bf16 rollout; gain = final − initial (bf16-scored); − bf16 = the paired difference "
       "from bf16 over the same seeds, with its 95% Student t interval and p-value; diverged = "
@@ -460,7 +461,7 @@ def write_report(
     out += [
       f"## Length {L} (max_new_tokens {max_new_tokens_for(cfg, L)})",
       "",
-      f"Warm start (length {sft_length(cfg, L)}) greedy accuracy (bf16 rollout): "
+      f"Warm start (length {sft_length(cfg, L)}) {cfg.eval.label} (bf16 rollout): "
       f"{_fmt(sft_acc)}" + (f"; SFT time {timing[key]:.0f} s" if key in timing else ""),
       "",
     ]
