@@ -47,6 +47,8 @@ RUFF_FORMATTED := \
 	experiments/evaluate.py \
 	experiments/export_hf.py \
 	experiments/compare_precisions.py \
+	experiments/gpu_study.py \
+	experiments/mismatch_length.py \
 	experiments/demo.py \
 	experiments/configs
 

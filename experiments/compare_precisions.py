@@ -1,11 +1,14 @@
-"""The precision-flow study: RL under several precision recipes and rollout lengths.
+"""The precision-flow study: RL under several precision recipes, rollout lengths and seeds.
 
-  python experiments/compare_precisions.py --report_dir=runs/study \
-      --recipes=bf16,fp8_rollout,fp8_rollout+tis,jet,fp8_tensor --lengths=3,8 --seeds=0
+  python experiments/compare_precisions.py --report_dir=runs/study    # docs/precision_study.md
+  python experiments/compare_precisions.py --report_dir=runs/s2 --lengths=2,4 --sft.length=2
 
-For every rollout length (the task's length knob; the generation budget follows from the
-task's longest gold completion) one bf16 SFT warm start is trained (skipped if present), then
-every (recipe, seed) runs the same RL experiment from it. Finished combinations are skipped, so
+The defaults are the design of docs/precision_study.md (bf16, fp8_rollout, fp8_rollout+tis and
+jet; length 3; seeds 0-4). For every rollout length (the task's length knob; the generation
+budget follows from the task's longest gold completion) one bf16 SFT warm start is trained
+(skipped if present; with --sft.length, one shared by every length), then every (recipe, seed)
+runs the same RL experiment from it, evaluated in its own rollout precision and in bf16; the
+report adds paired intervals against bf16 and the verdicts. Finished combinations are skipped, so
 rerunning the command resumes an interrupted study. Writes <report_dir>/report.md,
 results.json and PNG plots. The RL flags are those of experiments/train.py (--optimizer.lr,
 --sampling.temperature, --update.loss, ...), the warm start's are --sft.*. See

@@ -18,6 +18,11 @@ EDGES = (0, 2, 3, 8)
 
 
 def np_metrics(roll, train, mask, edges, log_clamp=20.0):
+  rows = [
+    abs(sum(float(train[b, t]) - float(roll[b, t]) for t in range(mask.shape[1]) if mask[b, t]))
+    for b in range(mask.shape[0])
+    if mask[b].any()
+  ]
   roll = roll.astype(np.float64)[mask]
   train = train.astype(np.float64)[mask]
   d = train - roll
@@ -28,6 +33,9 @@ def np_metrics(roll, train, mask, edges, log_clamp=20.0):
       "kl_k3": (np.exp(dc) - 1 - dc).mean(),
       "prob_ratio_error": np.exp(np.abs(dc)).mean(),
       "prob_pearson": np.corrcoef(np.exp(roll), np.exp(train))[0, 1],
+      "ratio_out_frac": np.mean((np.exp(d) < 0.8) | (np.exp(d) > 1.2)),
+      "seq_abs_sum_mean": np.mean(rows),
+      "seq_abs_sum_max": np.max(rows),
       "n_tokens": float(mask.sum()),
   }
   return out
@@ -108,6 +116,21 @@ def test_hand_values():
   np.testing.assert_allclose(out["prob_pearson"], -1.0, rtol=1e-6)
   np.testing.assert_allclose(out["bin_abs_diff_mean"], [math.log(2.0), 0.0], atol=1e-6)
   np.testing.assert_array_equal(out["bin_count"], [1, 1])
+  assert float(out["ratio_out_frac"]) == 0.5  # ratio 2 is outside [0.8, 1.2], ratio 1 inside
+  np.testing.assert_allclose(out["seq_abs_sum_mean"], math.log(2.0), rtol=1e-6)
+
+
+def test_sequence_log_ratio_is_the_sum_not_the_sum_of_magnitudes():
+  # Row 0: Δ = +0.3, -0.3, +0.1 -> |Σ Δ| = 0.1 (Σ |Δ| would be 0.7); row 1: Δ = -0.2, -0.2
+  # and a masked position holding garbage -> 0.4; row 2: no tokens (left out of the mean).
+  roll = np.full((3, 3), -1.0, np.float32)
+  train = roll + np.array([[0.3, -0.3, 0.1], [-0.2, -0.2, 9.0], [5.0, 5.0, 5.0]], np.float32)
+  mask = np.array([[1, 1, 1], [1, 1, 0], [0, 0, 0]], bool)
+  out = agreement_metrics(roll, train, mask, bin_edges=(0,))
+  np.testing.assert_allclose(out["seq_abs_sum_mean"], (0.1 + 0.4) / 2, atol=1e-6)
+  np.testing.assert_allclose(out["seq_abs_sum_max"], 0.4, atol=1e-6)
+  # exp(±0.3) = 1.35 / 0.74 and exp(-0.2) = 0.82, exp(0.1) = 1.11: two of five tokens outside.
+  np.testing.assert_allclose(out["ratio_out_frac"], 2 / 5, rtol=1e-6)
 
 
 def test_zero_variance_pearson_is_safe():
@@ -141,7 +164,8 @@ def test_extreme_gaps_stay_finite_and_nan_shows():
   np.testing.assert_allclose(out["abs_diff_max"], 50.0, rtol=1e-5)
   train[0, 0] = np.nan
   out = agreement_metrics(roll, train, mask, bin_edges=EDGES)
-  for key in ("abs_diff_mean", "abs_diff_max", "kl_k3", "prob_ratio_error", "prob_pearson"):
+  for key in ("abs_diff_mean", "abs_diff_max", "kl_k3", "prob_ratio_error", "prob_pearson",
+              "ratio_out_frac", "seq_abs_sum_mean", "seq_abs_sum_max"):
     assert np.isnan(float(out[key])), key
 
 

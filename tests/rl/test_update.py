@@ -1,13 +1,16 @@
-"""The jitted update step: exact first-minibatch ratio, learning direction, NaN skipping."""
+"""The jitted update step: exact first-minibatch ratio, learning direction, NaN skipping, and
+the loss's gradient against a float64 numpy derivation of the PPO ratio and IS weights."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jetrl.config import ConfigError
 from jetrl.precision import get_recipe
 from jetrl.rl import (OptimizerConfig, UpdateConfig, init_train_state, make_train_batch,
                       policy_logprobs, update_step)
+from jetrl.rl.update import StepSpec, accumulate, pre_update
 from jetrl.sampling import SamplingConfig, sample
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
@@ -50,6 +53,77 @@ def test_ratio_is_one_at_first_minibatch_and_loss_matches_numpy(setup):
   assert float(m["learning_rate"]) == np.float32(1e-3)
   for k in ("agree/abs_diff_mean", "agree/kl_k3", "grad_norm", "entropy"):
     assert np.isfinite(float(m[k])), k
+  assert "kl" not in m  # no reference policy (kl_coef = 0): no KL to report
+
+
+def np_policy_gradient(lp_new, lp_old_pre, lp_rollout, adv, mask, *, old_logp, is_method,
+                       cap, clip_low, clip_high):
+  """d loss / d log pi_theta per token, in float64, from the definitions:
+  r = pi_theta / pi_old (pi_old: the pre-update forward, or the rollout with old_logp="rollout"),
+  w = min(pi_old / pi_rollout, C) (tis) or 1[1/C <= pi_old / pi_rollout <= C] (mis), a constant;
+  l = -w min(r A, clip(r) A), averaged over each row's tokens, then over rows (GRPO)."""
+  lp_new, lp_old_pre, lp_rollout = (np.asarray(a, np.float64) for a in
+                                    (lp_new, lp_old_pre, lp_rollout))
+  old = lp_old_pre if old_logp == "recompute" else lp_rollout
+  r = np.exp(lp_new - old)
+  a = np.asarray(adv, np.float64)[:, None] * np.ones_like(r)
+  rho = np.exp(lp_old_pre - lp_rollout)
+  w = {"none": np.ones_like(r), "tis": np.minimum(rho, cap),
+       "mis": ((rho >= 1 / cap) & (rho <= cap)).astype(np.float64)}[is_method]
+  # The unclipped term r A is the minimum (and carries the gradient r A) unless the clip binds.
+  binds = ((a > 0) & (r > 1 + clip_high)) | ((a < 0) & (r < 1 - clip_low))
+  dl = np.where(binds, 0.0, -w * r * a)
+  m = np.asarray(mask, np.float64)
+  n = m.sum(1)
+  rows = (n > 0).sum()
+  return m * dl / np.maximum(n, 1)[:, None] / rows, binds[m > 0].mean(), w
+
+
+def test_loss_gradient_matches_hand_derivation(setup):
+  """The update's gradient with respect to the params is J^T g, with J the Jacobian of the
+  training log-probs and g the per-token gradient derived in numpy: the PPO ratio uses the
+  pre-update forward (not the rollout) as the old policy, and TIS / MIS weight it by
+  min(pi_old / pi_rollout, C) once; with old_logp="rollout" the ratio is pi_theta / pi_rollout."""
+  cfg, params, batch = setup
+  prec = get_recipe("fp32").train
+  lp = lambda p: policy_logprobs(p, cfg, batch, prec)[0]
+  pre = np.asarray(lp(params))
+  # A rollout that disagrees with the training forward: ratios pi_old / pi_rollout from 0.4 to
+  # 2.5, so TIS truncates some tokens at C = 1.5 and MIS drops some.
+  rng = np.random.default_rng(0)
+  shift = rng.uniform(np.log(0.4), np.log(2.5), pre.shape).astype(np.float32)
+  batch = batch._replace(rollout_logprobs=jnp.asarray(pre - shift))
+  # The policy has moved since the rollout (a later minibatch): ratios pi_theta / pi_old != 1.
+  keys = iter(jax.random.split(jax.random.PRNGKey(3), 64))
+  moved = jax.tree_util.tree_map(
+      lambda x: x + 0.2 * jnp.std(x) * jax.random.normal(next(keys), x.shape), params)
+  lp_new, vjp = jax.vjp(lp, moved)
+  mask = np.asarray(batch.mask).astype(bool)
+  flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
+  for old_logp, is_method in (("recompute", "tis"), ("recompute", "mis"), ("rollout", "none")):
+    ucfg = UpdateConfig(loss="grpo", old_logp=old_logp, is_method=is_method, is_cap=1.5)
+    spec = StepSpec(model_config=cfg, cfg=ucfg, precision=prec, temperature=1.0, remat=False,
+                    max_tokens=batch.targets.shape[1])
+    extra, _, _ = pre_update(init_train_state(params, ucfg), batch, spec, (0,))
+    np.testing.assert_allclose(  # the same forward, compiled in another program: to rounding
+        np.asarray(extra["old_logp"]), pre if old_logp == "recompute" else pre - shift,
+        rtol=1e-6, atol=1e-6)
+    grads, _, _ = accumulate(moved, batch, extra, spec)
+    g, clip_frac, w = np_policy_gradient(
+        lp_new, pre, pre - shift, batch.advantages, batch.mask, old_logp=old_logp,
+        is_method=is_method, cap=1.5, clip_low=0.2, clip_high=0.2)
+    np.testing.assert_allclose(np.asarray(extra["is_w"])[mask], w[mask], rtol=1e-6)
+    assert 0 < clip_frac < 0.9, clip_frac  # both branches of the clipped objective are exercised
+    if is_method == "tis":
+      assert 0 < (w[mask] == 1.5).mean() < 1
+    if is_method == "mis":
+      assert 0 < (w[mask] == 0).mean() < 1
+    (ref,) = vjp(jnp.asarray(g, jnp.float32))
+    got, want = flat(grads), flat(ref)
+    scale = np.abs(want).max()
+    assert scale > 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale,
+                               err_msg=f"{old_logp}, {is_method}")
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "jet"])
@@ -127,7 +201,9 @@ def test_bf16_master_weights(setup):
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(state.params))
   state, m = step(state, batch, jax.random.PRNGKey(0), ucfg, 1e-3, get_recipe("jet").train, cfg)
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(state.params))
-  assert int(state.step) == 1 and np.isfinite(float(m["kl"]))
+  # The reference is the initial policy, so at the first step (params equal to it) the k3 KL
+  # is 0 up to rounding (it was once measured against all-zero log-probs: 50.9).
+  assert int(state.step) == 1 and 0.0 <= float(m["kl"]) < 1e-3, float(m["kl"])
 
 
 def test_config_errors(setup):
@@ -137,6 +213,12 @@ def test_config_errors(setup):
     UpdateConfig(is_method="clip")
   with pytest.raises(ValueError, match="old_logp"):
     UpdateConfig(old_logp="ref")
+  assert UpdateConfig().old_logp == "recompute"
+  for method in ("tis", "mis", "seq_tis", "seq_mis"):
+    with pytest.raises(ConfigError, match=r"old_logp: 'rollout' cannot be combined with "
+                       rf"is_method='{method}'.*a second time"):
+      UpdateConfig(old_logp="rollout", is_method=method)
+  UpdateConfig(old_logp="rollout")  # without a correction: the rollout as the old policy
   for field in ("kl_coef", "clip_high", "is_cap"):
     for bad in (float("nan"), float("inf")):
       with pytest.raises(ValueError, match=f"{field}: must be a finite number"):

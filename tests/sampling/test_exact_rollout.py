@@ -138,7 +138,9 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
   """Sample, reward, update (the pre-update forward in micro-batches of half the rows), three
   times: the agreement metrics are exactly zero and the first PPO ratio exactly one."""
   cfg, _ = model
-  ucfg = UpdateConfig(loss="grpo", micro_batches=2, chunk_size=16)
+  # The rollout's log-probs as the PPO ratio's old policy: the first ratio compares them with
+  # the training forward (with "recompute" it would compare the forward with itself).
+  ucfg = UpdateConfig(loss="grpo", micro_batches=2, chunk_size=16, old_logp="rollout")
   opt = OptimizerConfig(lr=1e-3)
   state = init_train_state(sft_params, ucfg, opt)
   before = np.asarray(state.params["embed"]).copy()

@@ -24,12 +24,13 @@ STEP_FIELDS = [
   "response_length",
   "entropy",
   "loss",
-  "kl",
   "grad_norm",
   "learning_rate",
   "agree/abs_diff_mean",
   "agree/abs_diff_max",
   "agree/kl_k3",
+  "agree/ratio_out_frac",
+  "agree/seq_abs_sum_mean",
   "agree/bin_abs_diff_mean",
   "skipped_updates",
   "time/rollout",
@@ -67,6 +68,7 @@ def test_short_run_under_recipe(tmp_path, recipe, tiny_train_config):
       assert k in r, k
       assert np.all(np.isfinite(np.asarray(r[k], float))), (k, r[k])
     assert r["learning_rate"] == pytest.approx(1e-4)
+    assert "kl" not in r  # no KL penalty, so no reference to measure a KL against
   evals = read(tmp_path / "eval.jsonl")
   assert [e["step"] for e in evals] == [0, 2]
   assert summary["eval_before"] is not None and summary["skipped_updates"] == 0
@@ -176,6 +178,16 @@ def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
     ValueError,
     match=r"--lr: the checkpoint has this field \(0.0001\), this "
     r"version has no such field",
+  ):
+    run(cfg, log=quiet)
+  # A checkpoint from when the PPO ratio's old log-probs defaulted to the rollout's.
+  del saved["config"]["lr"]
+  saved["config"]["update"]["old_logp"] = "rollout"
+  json.dump(saved, open(meta, "w"))
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)--update.old_logp: checkpoint has 'rollout', this run has 'recompute'.*"
+    r"pass --update.old_logp=rollout to resume this run as it was",
   ):
     run(cfg, log=quiet)
 

@@ -1,6 +1,8 @@
-"""The precision-flow study at a toy size: report structure, resume, mismatch ordering, flags."""
+"""The precision-flow study: the paired statistics and the verdict rules against hand-computed
+values, then a toy-size run (report structure, resume, mismatch ordering) and the flags."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -9,13 +11,95 @@ import pytest
 from conftest import quiet
 from jetrl.config import ConfigError
 from jetrl.train.study import (
-  TABLE_HEADER,
+  ACCURACY_HEADER,
+  MISMATCH_HEADER,
   StudyConfig,
+  aggregate,
   max_new_tokens_for,
+  paired_interval,
   parse_recipe,
   run_study,
+  sft_config,
   train_config,
+  verdicts,
 )
+
+
+def test_paired_interval_hand_values():
+  # d = 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1 / sqrt 3; t(0.975, 2 df) = 4.302653;
+  # t = 2 sqrt 3, and for 2 df the two-sided p is 1 - t / sqrt(2 + t^2) = 1 - sqrt(12 / 14).
+  c = paired_interval([0.1, 0.2, 0.3])
+  half = 4.302653 * 0.1 / math.sqrt(3)
+  assert c["n"] == 3 and c["mean"] == pytest.approx(0.2) and c["sd"] == pytest.approx(0.1)
+  assert (c["lo"], c["hi"]) == (pytest.approx(0.2 - half, abs=1e-6), pytest.approx(0.2 + half))
+  assert c["p"] == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-6)
+  one = paired_interval([0.4])
+  assert one["mean"] == 0.4 and math.isnan(one["lo"]) and math.isnan(one["p"])
+  assert paired_interval([])["n"] == 0
+
+
+def _row(recipe, seed, init, final, mismatch):
+  keys = ("abs_diff_mean", "seq_abs_sum_mean", "kl_k3")
+  return dict(
+    length=3,
+    recipe=recipe,
+    seed=seed,
+    max_new_tokens=57,
+    eval_initial=init,
+    eval_initial_bf16=init,
+    eval_final=final,
+    eval_final_bf16=final,
+    steps_to_target=None,
+    diverged=False,
+    diverged_why=[],
+    abs_diff_max=1.0,
+    seq_abs_sum_max=1.0,
+    ratio_out_frac=0.0,
+    reward_last=0.5,
+    response_length=40.0,
+    time_rollout=1.0,
+    time_reward=0.0,
+    time_update=1.0,
+    wall_s=10.0,
+    **{k: mismatch for k in keys},
+  )
+
+
+def _grid(bf16_final, off_final, jet_final, off_mismatch=3e-3):
+  seeds = range(5)
+  return (
+    [_row("bf16", s, 0.40, bf16_final[s], 1e-3) for s in seeds]
+    + [_row("fp8_rollout", s, 0.40, off_final[s], off_mismatch) for s in seeds]
+    + [_row("jet", s, 0.40, jet_final[s], 2e-3) for s in seeds]
+  )
+
+
+def test_verdict_rules():
+  bf16 = [0.60, 0.55, 0.58, 0.62, 0.57]
+  # fp8_rollout 4 to 6 points below bf16 in every seed, jet within a point either way.
+  rows = _grid(
+    bf16,
+    [b - d for b, d in zip(bf16, (0.05, 0.04, 0.06, 0.05, 0.05))],
+    [b + d for b, d in zip(bf16, (0.01, -0.01, 0.0, 0.01, -0.01))],
+  )
+  v = verdicts(rows, aggregate(rows), 3)
+  assert (v["valid"], v["mechanism"], v["central"]) == ("valid", "confirmed", "confirmed")
+  off = next(a for a in aggregate(rows) if a["recipe"] == "fp8_rollout")
+  assert off["vs_bf16"]["mean"] == pytest.approx(-0.05) and off["gain_bf16"]["mean"] > 0.1
+  # The same gaps from a bf16 that gained 2 points: not valid, the central claim not judged.
+  flat = [0.42, 0.41, 0.43, 0.42, 0.42]
+  rows = _grid(flat, [b - 0.05 for b in flat], flat)
+  v = verdicts(rows, aggregate(rows), 3)
+  assert v["valid"].startswith("invalid") and v["central"] == "not judged"
+  # fp8_rollout within a point of bf16 in every seed: no 3-point drop fits the interval.
+  rows = _grid(
+    bf16, [b + d for b, d in zip(bf16, (0.01, -0.01, 0.0, 0.005, -0.005))], bf16, off_mismatch=5e-4
+  )
+  v = verdicts(rows, aggregate(rows), 3)
+  assert (v["central"], v["mechanism"]) == ("refuted at this scale", "not confirmed")
+  # A wide interval that holds both 0 and a large drop.
+  rows = _grid(bf16, [b + d for b, d in zip(bf16, (0.1, -0.15, 0.05, -0.1, 0.0))], bf16)
+  assert verdicts(rows, aggregate(rows), 3)["central"] == "inconclusive"
 
 
 def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
@@ -35,34 +119,71 @@ def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
     cfg.replace(lengths=(0,))
   with pytest.raises(ConfigError, match="task.name: 'gsm8k' is not a synthetic task"):
     cfg.replace(task={"name": "gsm8k"})
+  assert run_cfg.eval.also_bf16 and run_cfg.update.old_logp == "recompute"
+  with pytest.raises(ConfigError, match=r"update.old_logp: 'rollout' cannot be combined"):
+    cfg.replace(recipes=("fp8_rollout+tis",), update={"old_logp": "rollout"})
+  # One warm start shared by every length: the runs of length 2 start from the length-1 one.
+  shared = cfg.replace(lengths=(1, 2), sft={"length": 1})
+  assert train_config(shared, 2, "jet", 0).init_from.endswith("sft/L1")
+  assert sft_config(shared, 2).task.length == 1
+
+
+def _gpu_study(root):
+  """experiments/gpu_study.py as a module (its flags are defined once per process)."""
+  import importlib.util
+
+  if "gpu_study" not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+      "gpu_study", root / "experiments" / "gpu_study.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_study"] = module  # before it runs: its dataclass looks itself up there
+    spec.loader.exec_module(module)
+  return sys.modules["gpu_study"]
 
 
 @pytest.mark.slow
-def test_toy_study_report(tmp_path, tiny_study_config):
-  cmd = "python experiments/compare_precisions.py --report_dir=toy"
-  cfg = tiny_study_config(tmp_path, command=cmd)
-  lines = []
-  out = run_study(cfg, log=lines.append, quiet_runs=True)
-  report = (tmp_path / "report.md").read_text()
-  assert out["report"] == str(tmp_path / "report.md") and not out["not_run"]
-  for name in ("accuracy.png", "mismatch.png", "mismatch_by_position.png", "final_accuracy.png"):
-    assert (tmp_path / name).stat().st_size > 1000, name
-  assert (tmp_path / "sft" / "L1" / "sft_summary.json").exists()
-  assert cmd in report and TABLE_HEADER in report and "## Length 1" in report
-  assert "| fp8_rollout |" in report and "| jet |" in report
-  rows = {r["recipe"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+def test_gpu_study_toy_report_and_resume(tmp_path, root):
+  """experiments/gpu_study.py --toy: the warm start, the runs through `run_study`, the report,
+  the verdicts and gpu_study.json; a rerun skips what is done. Shapes as the tiny fixtures'."""
+  gs = _gpu_study(root)
+  opts = gs.Options(
+    out=str(tmp_path),
+    toy=True,
+    workers=1,
+    recipes=("fp8_rollout", "jet"),
+    seeds=(0,),
+    temperature=0.7,
+  )
+  out = gs.run(opts, "python3 experiments/gpu_study.py --toy")
+  report = (tmp_path / "study" / "report.md").read_text()
+  for name in (
+    "accuracy.png",
+    "mismatch.png",
+    "mismatch_by_position.png",
+    "final_accuracy.png",
+    "paired_differences.png",
+  ):
+    assert (tmp_path / "study" / name).stat().st_size > 1000, name
+  assert "gpu_study.py --toy" in report and ACCURACY_HEADER in report and MISMATCH_HEADER in report
+  assert "## Length 1" in report and "central effect **not judged**" in report
+  saved = json.loads((tmp_path / "gpu_study.json").read_text())
+  assert saved["verdicts"]["1"]["valid"] == "not judged" and not saved["not_run"]
+  assert saved["warm_start"]["steps"] == 4 and saved["device"]["platform"] == "cpu"
+  rows = {r["recipe"]: r for r in out["rows"]}
   assert set(rows) == {"fp8_rollout", "jet"}
   for r in rows.values():
     assert r["steps"] == 2 and r["eval_steps"] == [0, 2]
+    assert len(r["eval_accuracy_bf16"]) == 2  # scored in bf16 as well as in its own precision
+    assert r["seq_abs_sum_mean"] > 0 and 0 <= r["ratio_out_frac"] <= 1
   # The off-policy recipe's rollout/training mismatch is far above the unified flow's.
   assert rows["fp8_rollout"]["abs_diff_mean"] > 3 * rows["jet"]["abs_diff_mean"]
-  assert any("[2/2] L1/jet/seed0: running" in s for s in lines)
+  log = (tmp_path / "gpu_study.log").read_text()
+  assert "[2/2] L1/jet/seed0: running" in log and "mechanism" in log
 
-  # Rerunning resumes: finished combinations are skipped and the warm start is reused.
-  lines2 = []
-  run_study(cfg, log=lines2.append, quiet_runs=True)
-  assert sum("done already, skipped" in s for s in lines2) == 2
-  assert not any("warm start" in s for s in lines2)
+  # Rerunning resumes: finished combinations are skipped.
+  gs.run(opts)
+  assert (tmp_path / "gpu_study.log").read_text().count("done already, skipped") == 2
 
 
 def test_time_budget_stops_new_combinations(tmp_path, tiny_study_config):
@@ -101,4 +222,10 @@ def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
     "lengths",
     "recipes",
   } <= names
-  assert not names & {"task.length", "sampling.max_new_tokens", "update.is_method", "command"}
+  assert not names & {
+    "task.length",
+    "sampling.max_new_tokens",
+    "update.is_method",
+    "eval.also_bf16",
+    "command",
+  }

@@ -18,6 +18,14 @@ r_t = exp(Δ_t) = p_train(y_t) / p_rollout(y_t):
   prob_pearson       Pearson correlation of the token
                      probabilities exp(rollout_logp) and
                      exp(train_logp) over the masked tokens     (perfect: 1)
+  ratio_out_frac     fraction of tokens whose ratio r_t lies
+                     outside [0.8, 1.2] (`RATIO_BAND`; PPO's
+                     default clip range)                        (perfect: 0)
+  seq_abs_sum_mean   mean over the rows with a token of
+                     |sum_t Δ_t|, the magnitude of the sequence
+                     log importance ratio log p_train(y) / p_rollout(y)
+                     (not sum_t |Δ_t|, its upper bound)       (perfect: 0)
+  seq_abs_sum_max    max over rows of |sum_t Δ_t|             (perfect: 0)
   n_tokens           N
   bin_abs_diff_mean  [n_bins] mean |Δ_t| per position bin (0 for an empty bin)
   bin_count          [n_bins] number of masked tokens per position bin
@@ -49,6 +57,7 @@ import numpy as np
 from jetrl.rl.masking import as_mask, masked, masked_mean
 
 DEFAULT_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+RATIO_BAND = (0.8, 1.2)
 
 _F32 = jnp.float32
 
@@ -170,6 +179,15 @@ def agreement_metrics(
   # Keep NaN visible: a NaN probability makes denom NaN, and NaN > 0 is false.
   pearson = jnp.where(jnp.isnan(denom), jnp.nan, pearson)
 
+  lo, hi = RATIO_BAND
+  ratio = jnp.exp(clamped)
+  outside = ((ratio < _F32(lo)) | (ratio > _F32(hi))).astype(_F32)
+  outside = jnp.where(jnp.isnan(delta), jnp.nan, outside)  # NaN stays visible
+  seq_abs = jnp.abs(jnp.sum(delta, axis=1))
+  has_tok = jnp.any(m, axis=1)
+  n_rows = jnp.sum(has_tok, dtype=_F32)
+  seq_abs_mean = jnp.sum(jnp.where(has_tok, seq_abs, 0.0)) / jnp.maximum(n_rows, 1.0)
+
   bin_mean, bin_count = position_bins(abs_delta, m, bin_edges=bin_edges)
   return {
       "abs_diff_mean": mean(abs_delta),
@@ -177,6 +195,9 @@ def agreement_metrics(
       "kl_k3": mean(k3),
       "prob_ratio_error": mean(ratio_err),
       "prob_pearson": pearson.astype(_F32),
+      "ratio_out_frac": mean(outside),
+      "seq_abs_sum_mean": seq_abs_mean,
+      "seq_abs_sum_max": jnp.max(jnp.where(has_tok, seq_abs, 0.0)),
       "n_tokens": n,
       "bin_abs_diff_mean": bin_mean,
       "bin_count": bin_count,

@@ -1,9 +1,20 @@
 """The jitted policy-gradient update: one rollout batch in, new params and metrics out.
 
 Everything runs inside one `jit` under the training precision (`recipe.train`):
-  1. a no-grad training forward over the whole batch gives the pre-update log-probs: they are
-     the rollout/training agreement metrics, the importance-sampling (IS) weights' numerator,
-     and (with old_logp="recompute") the PPO ratio's "old" log-probs (`pre_update`);
+  1. a no-grad training forward over the whole batch gives the pre-update log-probs, log pi_old
+     (`pre_update`): the rollout/training agreement metrics compare them with the rollout's,
+     and they are the PPO ratio's "old" log-probs (old_logp="recompute", the default). The
+     per-token loss is then
+
+       l_t = -w_t * min(r_t * A, clip(r_t, 1 - clip_low, 1 + clip_high) * A)
+       r_t = pi_theta(y_t) / pi_old(y_t)                    (the PPO ratio; gradient through pi_theta)
+       w_t = 1                                              (is_method="none")
+             min(pi_old(y_t) / pi_rollout(y_t), C)          ("tis"; "mis": 1 inside [1/C, C], else 0)
+
+     with w_t a constant (stop-gradient): the rollout/training mismatch is corrected once, by
+     w, and the policy change once, by r. old_logp="rollout" takes pi_rollout as the old
+     policy (r_t = pi_theta / pi_rollout, which already holds the mismatch), so it admits no
+     IS correction: the pair is a ConfigError;
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches (`epoch`), each split into
      `micro_batches` for gradient accumulation (`accumulate`); every (micro-)loss returns
      (numerator, denominator) and the denominators are fixed per minibatch, so accumulation is
@@ -87,7 +98,10 @@ class UpdateConfig:
   )
   is_cap: float = field(2.0, "Cap C of the importance-sampling correction.", lo=1.0, hi=1e6)
   old_logp: str = field(
-    "rollout", "Source of the PPO ratio's old log-probs.", choices=OLD_LOGP_SOURCES
+    "recompute",
+    "Source of the PPO ratio's old log-probs: the pre-update training forward (recompute) or "
+    "the rollout's (rollout; no IS correction then).",
+    choices=OLD_LOGP_SOURCES,
   )
   ppo_epochs: int = field(1, "Passes over each rollout batch.", lo=1)
   minibatches: int = field(1, "Optimizer steps per pass.", lo=1)
@@ -110,6 +124,14 @@ class UpdateConfig:
     check_fields(self)
     if self.clip_low == 1.0:
       raise ConfigError("clip_low", "must be < 1 (a ratio clipped at 0 has no gradient), got 1.0")
+    if self.old_logp == "rollout" and self.is_method != "none":
+      raise ConfigError(
+        "old_logp",
+        f"'rollout' cannot be combined with is_method={self.is_method!r}: with the rollout's "
+        "log-probs as the old policy the PPO ratio pi_theta/pi_rollout already carries the "
+        "rollout/training mismatch, and the IS weight would apply it a second time; use "
+        "old_logp='recompute' (the default) with the correction, or is_method='none'",
+      )
 
   @property
   def resolved_clip_high(self) -> float:
@@ -210,9 +232,17 @@ def no_grad_logprobs(params, batch: TrainBatch, spec: StepSpec) -> jax.Array:
   return jax.lax.stop_gradient(lp.reshape(batch.targets.shape))
 
 
+def has_reference(cfg: UpdateConfig) -> bool:
+  """Whether the update has a reference policy: the KL penalty is on (kl_coef > 0). Without
+  one, no KL is computed and the metrics have no `kl`."""
+  return cfg.kl_coef > 0
+
+
 def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   """The pre-update training forward: (per-row extras for the loss, agreement metrics, IS
-  metrics)."""
+  metrics). The extras are the PPO ratio's old log-probs, the IS weights
+  min(pi_old / pi_rollout, C) (or their masked form) and, with a reference policy, its
+  log-probs."""
   cfg = spec.cfg
   pre_logp = no_grad_logprobs(state.params, batch, spec)
   agree = agreement_metrics(batch.rollout_logprobs, pre_logp, batch.mask, bin_edges=bin_edges)
@@ -220,10 +250,15 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
     pre_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
   )
   old_logp = pre_logp if cfg.old_logp == "recompute" else batch.rollout_logprobs
-  ref_logp = (
-    no_grad_logprobs(state.ref_params, batch, spec) if cfg.kl_coef > 0 else jnp.zeros_like(pre_logp)
-  )
-  return dict(old_logp=old_logp, is_w=is_w, ref_logp=ref_logp), agree, is_metrics
+  extra = dict(old_logp=old_logp, is_w=is_w)
+  if has_reference(cfg):
+    if state.ref_params is None:
+      raise ValueError(
+        "kl_coef > 0 needs the reference params in the train state (init_train_state with "
+        "the same UpdateConfig keeps a copy)"
+      )
+    extra["ref_logp"] = no_grad_logprobs(state.ref_params, batch, spec)
+  return extra, agree, is_metrics
 
 
 def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec):
@@ -241,24 +276,28 @@ def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec):
     max_tokens=spec.max_tokens,
     is_weights=None if cfg.is_method == "none" else extra["is_w"],
   )
-  kl_num, _ = spec.aggregate(
-    kl_penalty(logp, extra["ref_logp"], mb.mask, estimator=cfg.kl_estimator), mb.mask
-  )
   ent_num, _ = spec.aggregate(ent, mb.mask)
-  loss = (num + cfg.kl_coef * kl_num - cfg.entropy_coef * ent_num) / den
+  loss = num - cfg.entropy_coef * ent_num
   aux = dict(
     pg=num / den,
-    kl=kl_num / den,
     entropy=ent_num / den,
     clip_frac_low=pm["clip_frac_low"] * pm["n_tokens"],
     clip_frac_high=pm["clip_frac_high"] * pm["n_tokens"],
     ratio_mean=pm["ratio_mean"] * pm["n_tokens"],
     n_tokens=pm["n_tokens"],
   )
-  return loss, aux
+  if has_reference(cfg):
+    kl_num, _ = spec.aggregate(
+      kl_penalty(logp, extra["ref_logp"], mb.mask, estimator=cfg.kl_estimator), mb.mask
+    )
+    loss = loss + cfg.kl_coef * kl_num
+    aux["kl"] = kl_num / den
+  return loss / den, aux
 
 
-_AUX_KEYS = ("pg", "kl", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean", "n_tokens")
+def _aux_keys(cfg: UpdateConfig) -> tuple[str, ...]:
+  keys = ("pg", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean", "n_tokens")
+  return keys + (("kl",) if has_reference(cfg) else ())
 
 
 def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
@@ -270,7 +309,9 @@ def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
 
   def add(carry, micro):
     g, aux = grad_fn(params, micro[0], micro[1], den, spec)
-    loss = aux["pg"] + cfg.kl_coef * aux["kl"] - cfg.entropy_coef * aux["entropy"]
+    loss = aux["pg"] - cfg.entropy_coef * aux["entropy"]
+    if has_reference(cfg):
+      loss = loss + cfg.kl_coef * aux["kl"]
     return (
       jax.tree_util.tree_map(jnp.add, carry[0], g),
       carry[1] + loss,
@@ -278,7 +319,7 @@ def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
     ), None
 
   zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  aux0 = {k: jnp.float32(0.0) for k in _AUX_KEYS}
+  aux0 = {k: jnp.float32(0.0) for k in _aux_keys(cfg)}
   (grads, loss, aux), _ = jax.lax.scan(
     add, (zeros, jnp.float32(0), aux0), _split((mb, extra), cfg.micro_batches)
   )
@@ -320,7 +361,6 @@ def summarize(
   metrics = dict(
     loss=fmean(outs["loss"]),
     pg_loss=fmean(outs["pg"]),
-    kl=fmean(outs["kl"]),
     entropy=fmean(outs["entropy"]),
     grad_norm=fmean(outs["grad_norm"]),
     clip_frac_low=outs["clip_frac_low"].sum() / n_tok,
@@ -333,6 +373,8 @@ def summarize(
     is_frac_dropped=is_metrics["frac_dropped"],
     is_mean_weight=is_metrics["mean_weight"],
   )
+  if "kl" in outs:  # only against a real reference policy (kl_coef > 0)
+    metrics["kl"] = fmean(outs["kl"])
   metrics.update({f"agree/{k}": v for k, v in agree.items()})
   return metrics
 

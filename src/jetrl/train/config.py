@@ -217,21 +217,42 @@ class TaskConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Greedy evaluation (the recipe's rollout precision) on the task's held-out problems."""
+  """Evaluation (the recipe's rollout precision) on the task's held-out problems: greedy, or
+  sampled at a temperature."""
 
   every: Optional[int] = field(
     10, "Evaluate every N steps (none: only at the start and the end).", lo=1
   )
   size: int = field(64, "Held-out problems per evaluation.", lo=1)
+  temperature: float = field(
+    0.0,
+    "0: greedy accuracy; > 0: the mean accuracy of `samples` completions per problem drawn at "
+    "this temperature (from a fixed key, the same for every run).",
+    lo=0.0,
+    hi=100.0,
+  )
+  samples: int = field(1, "Completions per problem when temperature > 0.", lo=1)
   batch: int = field(
     64,
-    "Problems per greedy sampling call (each distinct batch shape compiles once: "
+    "Problems per sampling call (each distinct batch shape compiles once: "
     "--eval.batch=--eval.size compiles one).",
     lo=1,
+  )
+  also_bf16: bool = field(
+    False,
+    "RL: also score each evaluation with the bf16 rollout precision (eval_accuracy_bf16), so "
+    "that recipes are compared on one scale as well as in their own rollout precision.",
   )
 
   def __post_init__(self):
     check_fields(self)
+
+  @property
+  def label(self) -> str:
+    """What the evaluation measures, for log lines."""
+    if self.temperature == 0:
+      return "greedy accuracy"
+    return f"accuracy at temperature {self.temperature:g} (x{self.samples})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -505,8 +526,25 @@ def check_compatible(meta: dict, config, path: str, resumable=RESUMABLE, kind: s
       None,
       f"the checkpoint in {path} was written with other settings; rerun "
       "with the same flags (or the run's config.json as --config), or use "
-      "another --workdir. Differences:\n  " + "\n  ".join(diffs),
+      "another --workdir. Differences:\n  " + "\n  ".join(diffs) + _old_logp_hint(meta),
     )
+
+
+def _old_logp_hint(meta: dict) -> str:
+  """The note for a checkpoint written when `update.old_logp` defaulted to 'rollout'."""
+  update = meta.get("config", {}).get("update", {})
+  if update.get("old_logp") != "rollout":
+    return ""
+  if update.get("is_method", "none") != "none":
+    return (
+      "\n(this checkpoint was trained with --update.old_logp=rollout and "
+      f"--update.is_method={update['is_method']}, which weighted the mismatch twice and is no "
+      "longer accepted; start a new --workdir, from it with --init_from if you like)"
+    )
+  return (
+    "\n(--update.old_logp defaults to 'recompute' since the PPO ratio's old policy became the "
+    "pre-update training forward; pass --update.old_logp=rollout to resume this run as it was)"
+  )
 
 
 # Flags of experiments/train.py and experiments/sft.py from before the configuration had

@@ -111,17 +111,21 @@ class EvalHook(Hook):
     every: Optional[int],
     size: int,
     log: Callable[[str], None],
+    label: str = "greedy accuracy",
   ):
     self.evaluate, self.writer, self.every, self.size, self.log = evaluate, writer, every, size, log
+    self.label = label
     self.last: Optional[dict] = None
 
   def __call__(self, step, loop):
     t0 = time.time()
     self.last = self.evaluate(loop)
     self.writer.write(step, self.last)
+    bf16 = self.last.get("eval_accuracy_bf16")
     self.log(
-      f"  eval @ step {step}: greedy accuracy {self.last['eval_accuracy']:.3f} on "
-      f"{self.size} held-out problems ({time.time() - t0:.1f}s)"
+      f"  eval @ step {step}: {self.label} {self.last['eval_accuracy']:.3f}"
+      + ("" if bf16 is None else f" (bf16 rollout: {bf16:.3f})")
+      + f" on {self.size} held-out problems ({time.time() - t0:.1f}s)"
     )
 
 

@@ -21,6 +21,7 @@ and process 0 alone writes the run's files (docs/scaling.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -233,18 +234,25 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
     params = loop.state.params
     if layout is not None:
       params, _ = parallel.switch_layout(params, layout, sample_layout)
-    return setup.evaluate(
+    score = functools.partial(
+      setup.evaluate,
       params,
       mcfg,
       task,
       tok,
-      recipe.rollout,
       size=cfg.eval.size,
       max_new_tokens=cfg.sampling.max_new_tokens,
       batch=cfg.eval.batch,
       encode=encode,
       layout=sample_layout,
+      temperature=cfg.eval.temperature,
+      samples=cfg.eval.samples,
     )
+    res = score(recipe.rollout)
+    if cfg.eval.also_bf16:  # the same params scored with the bf16 rollout
+      ref = res if cfg.recipe == "bf16" else score(get_recipe("bf16").rollout)
+      res.update({f"{k}_bf16": v for k, v in ref.items()})
+    return res
 
   def meta(step_no, loop):
     return {
@@ -257,7 +265,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
 
   from jetrl.train.plots import write_plots  # pylint: disable=import-outside-toplevel
 
-  eval_hook = EvalHook(evaluate, eval_writer, cfg.eval.every, cfg.eval.size, log)
+  eval_hook = EvalHook(evaluate, eval_writer, cfg.eval.every, cfg.eval.size, log, cfg.eval.label)
   plot_hook = PlotHook(lambda: write_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
     MetricsHook(

@@ -338,10 +338,15 @@ def evaluate(
   split: str = "test",
   encode: Optional[Encoder] = None,
   layout=None,
+  temperature: float = 0.0,
+  samples: int = 1,
+  seed: int = 0,
 ) -> dict:
-  """Greedy accuracy on the first `size` problems of a held-out split, `batch` problems per
-  sampler call; prompts are `encode(text)` (default: plain), samples stop on every stop id of
-  the tokenizer.
+  """Accuracy on the first `size` problems of a held-out split, `batch` problems per sampler
+  call: greedy (temperature 0), or the mean over `samples` completions per problem drawn at
+  `temperature` from a fixed key (`seed`), so that two policies evaluated alike see the same
+  random numbers. Prompts are `encode(text)` (default: plain); samples stop on every stop id
+  of the tokenizer.
 
   layout: the sampling layout on a mesh (params placed on it): prompt rows are split over its
   batch axes, every process scores its own rows and the results are gathered."""
@@ -354,14 +359,15 @@ def evaluate(
     prompts = [encode(p.prompt) for p in chunk]
     sc = SamplingConfig(
       max_new_tokens=max_new_tokens,
-      temperature=0.0,
-      n=1,
+      temperature=float(temperature),
+      n=int(samples) if temperature > 0 else 1,
       stop_ids=ids.stop,
       pad_id=ids.pad,
       prompt_len=prompt_width(prompts),
     )
-    out = sample(params, mcfg, prompts, jax.random.PRNGKey(0), sc, precision, layout=layout)
-    rewards, lens, _ = score_rollout(task, tok, chunk, out, 1)
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
+    out = sample(params, mcfg, prompts, key, sc, precision, layout=layout)
+    rewards, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
     correct += list(rewards)
     lengths += list(lens)
   return {

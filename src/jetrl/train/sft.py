@@ -236,6 +236,8 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
       batch=cfg.eval.batch,
       encode=encode,
       layout=sample_layout,
+      temperature=cfg.eval.temperature,
+      samples=cfg.eval.samples,
     )
 
   from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
@@ -252,6 +254,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
     cfg.eval.every,
     cfg.eval.size,
     log,
+    cfg.eval.label,
   )
   plot_hook = PlotHook(lambda: write_sft_plots(cfg.workdir), cfg.logging.plot_every)
   hooks = [
@@ -309,7 +312,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
       tb.close()
 
   res = eval_hook.last if eval_hook.last is not None else evaluate(loop)
-  log(f"SFT done: greedy accuracy {res['eval_accuracy']:.3f} on {cfg.eval.size} held-out problems")
+  log(f"SFT done: {cfg.eval.label} {res['eval_accuracy']:.3f} on {cfg.eval.size} held-out problems")
   summary = dict(workdir=cfg.workdir, **res)
   if plot_hook.paths:
     summary["plots"] = plot_hook.paths

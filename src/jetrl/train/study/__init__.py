@@ -11,9 +11,11 @@ resumable), `report` (aggregates, table, report.md), `plots` (figures).
 
 Layout of the report directory:
 
-  sft/L{length}/                     the warm start of that length (skipped if present)
+  sft/L{length}/                     the warm start at that length (skipped if present); with
+                                     --sft.length one, shared by every length
   runs/L{length}/{recipe}/seed{s}/   one RL run (`jetrl.train.run`'s workdir)
   results.json                       one row per finished combination (the aggregates' source)
+  verdicts.json                      the verdicts per length (rules: `report`)
   report.md, *.png                   the report
 
 A recipe spec is a recipe name, optionally followed by `+` and an importance-sampling
@@ -32,14 +34,20 @@ from jetrl.train.study.config import (
   run_dir,
   sft_config,
   sft_dir,
+  sft_length,
   train_config,
 )
 from jetrl.train.study.report import (
+  ACCURACY_HEADER,
+  MISMATCH_HEADER,
   TABLE_HEADER,
   aggregate,
   collect,
+  format_mismatch_table,
   format_table,
+  paired_interval,
   summarize_run,
+  verdicts,
   write_report,
 )
 from jetrl.train.study.runner import run_study
@@ -56,12 +64,18 @@ __all__ = [
   "run_dir",
   "sft_config",
   "sft_dir",
+  "sft_length",
   "train_config",
+  "ACCURACY_HEADER",
+  "MISMATCH_HEADER",
   "TABLE_HEADER",
   "aggregate",
   "collect",
+  "format_mismatch_table",
   "format_table",
+  "paired_interval",
   "summarize_run",
+  "verdicts",
   "write_report",
   "run_study",
 ]

@@ -5,7 +5,12 @@ an RL run has (`--model.*`, `--task.*`, `--sampling.*`, `--optimizer.*`, `--upda
 `--eval.*`), plus the warm start's (`--sft.*`). Each combination's `TrainConfig` is made of
 those nodes, with what the grid sets: the recipe, `update.is_method` from a spec such as
 `fp8_rollout+tis`, `task.length`, the generation budget that length needs, the seed, the
-workdir and the warm start to begin from. Those fields are therefore not flags of the study.
+workdir, the warm start to begin from and `eval.also_bf16` (every run's evaluations are scored
+in its own rollout precision and in bf16). Those fields are therefore not flags of the study.
+
+The warm start: with `sft.length` set, one warm start at that length serves every length of
+the grid (so that the lengths differ in the RL rollouts alone); without it, each length
+trains its own.
 """
 
 from __future__ import annotations
@@ -32,13 +37,16 @@ from jetrl.train.config import (
   Tree,
 )
 
-DEFAULT_RECIPES = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet", "fp8_tensor")
+# BF16 training and rollout; the BF16-train / FP8-rollout baseline as the paper's trainer runs
+# it (old log-probs recomputed, no correction); the same with truncated IS; the unified flow.
+DEFAULT_RECIPES = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet")
 # Set by the grid for each combination, so not flags of the study.
 GRID_FIELDS = (
   "task.length",
   "task.data_path",
   "sampling.max_new_tokens",
   "update.is_method",
+  "eval.also_bf16",
   "command",
 )
 
@@ -60,9 +68,15 @@ def parse_recipe(spec: str) -> tuple[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-  """The supervised warm start trained once per length and shared by its runs."""
+  """The supervised warm start shared by the runs of a length (or of every length)."""
 
-  steps: int = field(300, "SFT steps per length.", lo=1)
+  steps: int = field(150, "SFT steps per warm start.", lo=1)
+  length: Optional[int] = field(
+    None,
+    "Task length of one warm start shared by every length of the study (none: one warm start "
+    "per length, at that length).",
+    lo=0,
+  )
   batch_size: int = field(32, "Problems per SFT step.", lo=1)
   seed: int = field(0, "Seed of the warm start.", lo=0, hi=SEED_MAX)
   recipe: str = field("bf16", "Precision recipe of the warm start.", choices=RECIPES)
@@ -85,22 +99,25 @@ class StudyConfig(Tree):
     "'+' and an importance-sampling correction (fp8_rollout+tis).",
   )
   lengths: tuple[int, ...] = field(
-    (3, 8), "Values of the task's length knob (the rollout length grows with it).", lo=0
+    (3,), "Values of the task's length knob (the rollout length grows with it).", lo=0
   )
   seeds: tuple[int, ...] = field(
-    (0,), "RL seeds (one warm start per length serves them all).", lo=0, hi=SEED_MAX
+    (0, 1, 2, 3, 4),
+    "RL seeds (one warm start per length serves them all).",
+    lo=0,
+    hi=SEED_MAX,
   )
-  steps: int = field(40, "RL steps per combination.", lo=1)
-  prompts_per_step: int = field(8, "Prompts per RL step.", lo=1)
+  steps: int = field(30, "RL steps per combination.", lo=1)
+  prompts_per_step: int = field(16, "Prompts per RL step.", lo=1)
   token_margin: int = field(
     8, "Generation budget = the task's longest gold completion + eos + this margin.", lo=0
   )
   target_accuracy: float = field(
-    0.5, "Greedy accuracy whose first crossing is reported (steps to target).", lo=0.0, hi=1.0
+    0.5, "Accuracy whose first crossing is reported (steps to target).", lo=0.0, hi=1.0
   )
   collapse_ratio: float = field(
     0.1,
-    "A run whose final greedy accuracy is below this fraction "
+    "A run whose final accuracy is below this fraction "
     "of its best (best >= 0.1) counts as collapsed.",
     lo=0.0,
     hi=1.0,
@@ -113,13 +130,16 @@ class StudyConfig(Tree):
   model: ModelSpec = node(ModelSpec, "The policy model.")
   task: TaskConfig = node(TaskConfig(difficulty=1), "A synthetic task (its length: --lengths).")
   sampling: SamplingConfig = node(
-    SamplingConfig(n=8, temperature=0.7), "Rollouts (the budget follows from each length)."
+    SamplingConfig(n=8, temperature=0.4), "Rollouts (the budget follows from each length)."
   )
-  optimizer: OptimizerConfig = node(OptimizerConfig(lr=5e-5), "The RL optimizer.")
+  optimizer: OptimizerConfig = node(OptimizerConfig(lr=2e-5), "The RL optimizer.")
   update: UpdateConfig = node(
     UpdateConfig, "The policy-gradient update (the correction: from each recipe spec)."
   )
-  eval: EvalConfig = node(EvalConfig, "Greedy evaluation on held-out problems.")
+  eval: EvalConfig = node(
+    EvalConfig(every=None, size=256, temperature=0.4, samples=4, batch=256),
+    "Evaluation on held-out problems (sampled at the RL temperature by default).",
+  )
   sft: WarmStartConfig = node(WarmStartConfig, "The warm start of each length.")
 
   def __post_init__(self):
@@ -128,7 +148,14 @@ class StudyConfig(Tree):
       if not getattr(self, name):
         raise ConfigError(name, "must not be empty")
     for spec in self.recipes:
-      parse_recipe(spec)
+      _, corr = parse_recipe(spec)
+      if corr != "none" and self.update.old_logp == "rollout":
+        raise ConfigError(
+          "update.old_logp",
+          f"'rollout' cannot be combined with the correction of {spec!r}: the PPO ratio "
+          "pi_theta/pi_rollout already carries the mismatch and the IS weight would apply it "
+          "a second time; use 'recompute' (the default)",
+        )
     if not self.task.synthetic:
       raise ConfigError(
         "task.name",
@@ -140,6 +167,11 @@ class StudyConfig(Tree):
         dataclasses.replace(self.task, length=int(length))
       except ConfigError as e:
         raise ConfigError("lengths", f"{length}: {e.detail}") from None
+    if self.sft.length is not None:
+      try:
+        dataclasses.replace(self.task, length=int(self.sft.length))
+      except ConfigError as e:
+        raise ConfigError("sft.length", e.detail) from None
 
 
 def max_new_tokens_for(cfg: StudyConfig, length: int) -> int:
@@ -151,8 +183,13 @@ def max_new_tokens_for(cfg: StudyConfig, length: int) -> int:
   return int(task.max_completion_chars) + 1 + cfg.token_margin
 
 
+def sft_length(cfg: StudyConfig, length: int) -> int:
+  """The task length of the warm start that the runs of `length` start from."""
+  return int(length) if cfg.sft.length is None else int(cfg.sft.length)
+
+
 def sft_dir(cfg: StudyConfig, length: int) -> str:
-  return os.path.join(cfg.report_dir, "sft", f"L{length}")
+  return os.path.join(cfg.report_dir, "sft", f"L{sft_length(cfg, length)}")
 
 
 def run_dir(cfg: StudyConfig, length: int, spec: str, seed: int) -> str:
@@ -179,26 +216,27 @@ def train_config(cfg: StudyConfig, length: int, spec: str, seed: int) -> TrainCo
     sampling=dataclasses.replace(cfg.sampling, max_new_tokens=max_new_tokens_for(cfg, length)),
     optimizer=cfg.optimizer,
     update=dataclasses.replace(cfg.update, is_method=corr),
-    eval=cfg.eval,
+    eval=dataclasses.replace(cfg.eval, also_bf16=True),
     checkpoint=CheckpointConfig(every=max(cfg.steps // 2, 1), keep=1),
     logging=LoggingConfig(tensorboard=False, plots=False),
   )
 
 
 def sft_config(cfg: StudyConfig, length: int) -> SFTConfig:
-  """The warm start of one length."""
+  """The warm start that the runs of `length` start from."""
   w = cfg.sft
+  at = sft_length(cfg, length)
   return SFTConfig(
     workdir=sft_dir(cfg, length),
     recipe=w.recipe,
     steps=w.steps,
     batch_size=w.batch_size,
-    max_new_tokens=max_new_tokens_for(cfg, length),
+    max_new_tokens=max_new_tokens_for(cfg, at),
     seed=w.seed,
     model=cfg.model,
-    task=dataclasses.replace(cfg.task, length=int(length)),
+    task=dataclasses.replace(cfg.task, length=at),
     optimizer=w.optimizer,
-    eval=EvalConfig(every=None, size=cfg.eval.size),
+    eval=dataclasses.replace(cfg.eval, every=None, also_bf16=False),
     logging=LoggingConfig(every=10, tensorboard=False, plots=False),
   )
 

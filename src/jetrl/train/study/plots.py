@@ -1,5 +1,6 @@
 """The study's figures: accuracy and reward against step, the mismatch |Δ log p| against step
-and by token position, final accuracy by length. One colour per recipe; axes labelled; the
+and by token position, final accuracy by length, paired differences from bf16 with their 95%
+intervals. One colour per recipe; axes labelled; the
 legend right of the panels; a log axis only where the values span orders of magnitude
 (`jetrl.train.plots`)."""
 
@@ -66,10 +67,13 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
       axes[i, 0].plot(x, _smooth(y), color=colors[spec], label=spec)
       x, y = _seed_mean(rs, "eval_accuracy", "eval_steps")
       axes[i, 1].plot(x, y, "o-", color=colors[spec], label=spec)
+      if all(r.get("eval_accuracy_bf16") for r in rs):
+        x, y = _seed_mean(rs, "eval_accuracy_bf16", "eval_steps")
+        axes[i, 1].plot(x, y, "x--", color=colors[spec], alpha=0.7)
     axes[i, 0].set_title(f"length {L}: train reward (5-step mean)", fontsize=9)
     axes[i, 0].set_ylabel("reward")
-    axes[i, 1].set_title(f"length {L}: held-out greedy accuracy", fontsize=9)
-    axes[i, 1].set_ylabel("greedy accuracy")
+    axes[i, 1].set_title(f"length {L}: held-out accuracy (o own, x bf16-scored)", fontsize=9)
+    axes[i, 1].set_ylabel("accuracy")
     for ax in axes[i]:
       ax.set_xlabel("RL step"), ax.set_ylim(-0.02, 1.02), ax.grid(alpha=0.3)
   save(fig, axes, "accuracy.png")
@@ -118,10 +122,44 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
       a = [a for a in agg if a["length"] == L and a["recipe"] == spec]
       if a:
         xs.append(i + (j - (len(recipes) - 1) / 2) * w)
-        ys.append(a[0]["eval_final"]), es.append(a[0]["eval_final_sd"])
+        key = (
+          "eval_final_bf16" if a[0]["eval_final_bf16"] == a[0]["eval_final_bf16"] else "eval_final"
+        )
+        ys.append(a[0][key]), es.append(a[0][key + "_sd"])
     ax.bar(xs, ys, w, yerr=es, color=colors[spec], label=spec, capsize=2)
   ax.set_xticks(range(len(lengths)), [f"length {L}" for L in lengths])
-  ax.set_xlabel("task length knob"), ax.set_ylabel("final greedy accuracy")
+  ax.set_xlabel("task length knob"), ax.set_ylabel("final accuracy (bf16-scored)")
   ax.set_ylim(0, 1.05), ax.grid(alpha=0.3, axis="y")
   save(fig, np.asarray([[ax]]), "final_accuracy.png")
+
+  others = [r for r in recipes if r != "bf16"]
+  fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.2), squeeze=False)
+  for i, L in enumerate(lengths):
+    ax = axes[0, i]
+    for j, spec in enumerate(others):
+      a = [a for a in agg if a["length"] == L and a["recipe"] == spec]
+      if not a:
+        continue
+      for k, (key, marker, name) in enumerate(
+        (("vs_bf16", "o", "bf16-scored"), ("vs_bf16_own", "s", "own precision"))
+      ):
+        c = a[0][key]
+        if c["n"] < 2:
+          continue
+        ax.errorbar(
+          j + (k - 0.5) * 0.25,
+          c["mean"],
+          yerr=[[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]],
+          fmt=marker,
+          color=colors[spec],
+          mfc=colors[spec] if k == 0 else "white",
+          capsize=3,
+          label=spec if k == 0 else None,
+        )
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(range(len(others)), others, fontsize=8)
+    ax.set_ylabel("final accuracy − bf16's (paired)")
+    ax.set_title(f"length {L}: mean and 95% CI (filled: bf16-scored)", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+  save(fig, axes, "paired_differences.png")
   return paths

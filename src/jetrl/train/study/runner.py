@@ -22,6 +22,7 @@ from jetrl.train.study.config import (
   is_done,
   sft_config,
   sft_dir,
+  sft_length,
   train_config,
 )
 from jetrl.train.study.report import collect, write_report
@@ -88,10 +89,10 @@ def run_study(
       log(f"warm start for length {length}: {cfg.sft.steps} SFT steps -> {sft_dir(cfg, length)}")
       t0 = time.time()
       res = run_sft(sft_config(cfg, length), log=sub_log)
-      timing[f"sft/L{length}"] = time.time() - t0
+      timing[f"sft/L{sft_length(cfg, length)}"] = time.time() - t0
       _write_timing(cfg, timing)
       log(
-        f"warm start for length {length}: greedy accuracy {res['eval_accuracy']:.3f} "
+        f"warm start for length {length}: {cfg.eval.label} {res['eval_accuracy']:.3f} "
         f"({time.time() - t0:.0f}s)"
       )
     log(f"{head}: running (study elapsed {time.time() - t_start:.0f}s)")
@@ -100,7 +101,7 @@ def run_study(
     timing[tag] = timing.get(tag, 0.0) + time.time() - t0
     _write_timing(cfg, timing)
     log(
-      f"{head}: greedy accuracy {summary['eval_before']:.3f} -> "
+      f"{head}: {cfg.eval.label} {summary['eval_before']:.3f} -> "
       f"{summary['eval_after']:.3f}, skipped updates {summary['skipped_updates']} "
       f"({time.time() - t0:.0f}s)"
     )
