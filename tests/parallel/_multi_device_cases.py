@@ -139,7 +139,11 @@ def _batch():
   return make_train_batch(prompt, pmask, toks, mask, lp, adv)
 
 
-UCFG = UpdateConfig(micro_batches=1, minibatches=1)
+# The PPO ratio against the batch's recorded log-probs: the comparison isolates the sharding.
+# With old_logp="recompute" the ratio's denominator is a pre-update forward whose last bits
+# depend on the rows each program sees (data:8 runs one row per device), and AdamW's first step
+# turns a gradient entry that is 0 in one run and ~1e-12 in the other into a difference of lr.
+UCFG = UpdateConfig(micro_batches=1, minibatches=1, old_logp="rollout")
 OPT = OptimizerConfig(lr=1e-6)
 
 
