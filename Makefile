@@ -12,6 +12,7 @@ TEST_WORKERS ?= 2
 # adopted (the rest keeps its earlier hand layout until it is next rewritten).
 RUFF_FORMATTED := \
 	src/jetrl/config \
+	src/jetrl/data/pipes.py \
 	src/jetrl/launch.py \
 	src/jetrl/parallel/hosts.py \
 	src/jetrl/rl/optimizer.py \

@@ -29,7 +29,6 @@ import collections
 import json
 import os
 import re
-import select
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import warnings
 from fractions import Fraction
 
 from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
+from jetrl.data.pipes import read_line
 
 DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
 STARTUP_TIMEOUT = 60.0
@@ -246,20 +246,7 @@ class _Worker:
         pass
 
   def _read_line(self, timeout: float) -> bytes | None:
-    deadline = time.monotonic() + timeout
-    fd = self.proc.stdout.fileno()
-    while b"\n" not in self.buffer:
-      remaining = deadline - time.monotonic()
-      if remaining <= 0:
-        return None
-      ready, _, _ = select.select([fd], [], [], remaining)
-      if not ready:
-        return None
-      chunk = os.read(fd, 65536)
-      if not chunk:
-        return None
-      self.buffer += chunk
-    line, _, self.buffer = self.buffer.partition(b"\n")
+    line, self.buffer, _ = read_line(self.proc.stdout.fileno(), self.buffer, timeout)
     return line
 
   def ask(self, a: str, b: str, timeout: float, deadline: float | None) -> bool | None:

@@ -28,14 +28,13 @@ import atexit
 import json
 import math
 import os
-import select
 import subprocess
 import sys
-import time
 import warnings
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
+from jetrl.data.pipes import read_line
 from jetrl.data.task import check_reward_args
 
 WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reward_worker.py")
@@ -149,21 +148,8 @@ class UserReward:
           pass
 
   def _read_line(self, timeout: float) -> Optional[bytes]:
-    deadline = time.monotonic() + timeout
-    fd = self.proc.stdout.fileno()
-    while b"\n" not in self.buffer:
-      remaining = deadline - time.monotonic()
-      if remaining <= 0:
-        return None
-      ready, _, _ = select.select([fd], [], [], remaining)
-      if not ready:
-        return None
-      chunk = os.read(fd, 1 << 16)
-      if not chunk:  # the worker closed its end: it is exiting
-        self.eof = True
-        return None
-      self.buffer += chunk
-    line, _, self.buffer = self.buffer.partition(b"\n")
+    line, self.buffer, closed = read_line(self.proc.stdout.fileno(), self.buffer, timeout)
+    self.eof = self.eof or closed
     return line
 
   def close(self) -> None:

@@ -34,7 +34,7 @@ from jetrl.rl.optimizer import schedule_key
 from jetrl.rl.update import TrainState
 from jetrl.train import resume, setup
 from jetrl.train.checkpoint import Checkpointer, load_params_from
-from jetrl.train.config import RESUMABLE, TrainConfig, given_task_config
+from jetrl.train.config import RESUMABLE, TrainConfig
 from jetrl.train.hooks import (
   CheckpointHook,
   EvalHook,
@@ -49,7 +49,7 @@ from jetrl.train.memory import check_step_memory, step_bytes
 from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.rl_step import RLStep, console_fields
 from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import start_fresh, take_workdir
+from jetrl.train.workdir import start_fresh
 from jetrl.train.writers import MetricWriter, Progress, TensorBoard
 
 METRIC_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
@@ -112,20 +112,7 @@ def run(cfg: TrainConfig, *, task=None, log=print) -> dict:
   workdir, before compiling; SkippedUpdatesError when the updates of --max_skipped_steps steps
   in a row were all skipped; CheckpointError when the workdir has checkpoints but none intact.
   """
-  if task is not None:
-    cfg = given_task_config(cfg, task)
-  cfg.check_paths()
-  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
-  lock = take_workdir(cfg.workdir, log)
-  reward = None
-  try:
-    reward = setup.load_user_reward(cfg.task, log)
-    return _run(cfg, log, task, reward)
-  finally:
-    if reward is not None:
-      reward.close()
-    if lock is not None:
-      lock.release()
+  return setup.run_guarded(cfg, task, log, _run)
 
 
 def _devices(cfg: TrainConfig, mcfg, recipe, log):

@@ -111,6 +111,30 @@ def make_task(task, *, seed: int) -> Task:
   return get_task(task.name, **kw)
 
 
+def run_guarded(cfg, task, log, body):
+  """What a run (RL or SFT) does around its body: the config of a given Task object, paths
+  checked, several processes started, the workdir locked, the user reward loaded; then
+  `body(cfg, log, task, reward)`, and the reward worker and the lock released however it ends."""
+  from jetrl import parallel  # pylint: disable=import-outside-toplevel
+  from jetrl.train.config import given_task_config  # pylint: disable=import-outside-toplevel
+  from jetrl.train.workdir import take_workdir  # pylint: disable=import-outside-toplevel
+
+  if task is not None:
+    cfg = given_task_config(cfg, task)
+  cfg.check_paths()
+  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
+  lock = take_workdir(cfg.workdir, log)
+  reward = None
+  try:
+    reward = load_user_reward(cfg.task, log)
+    return body(cfg, log, task, reward)
+  finally:
+    if reward is not None:
+      reward.close()
+    if lock is not None:
+      lock.release()
+
+
 def load_user_reward(task, log: Callable[[str], None] = print):
   """The `--task.reward` function (a `jetrl.data.UserReward`, its worker started and the
   function loaded), or None; what is wrong with it is a FlagError naming --task.reward."""

@@ -29,7 +29,7 @@ from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_opt
 from jetrl.sampling import SamplingConfig, pad_prompts
 from jetrl.train import resume, setup
 from jetrl.train.checkpoint import Checkpointer
-from jetrl.train.config import SFT_RESUMABLE, SFTConfig, given_task_config
+from jetrl.train.config import SFT_RESUMABLE, SFTConfig
 from jetrl.train.hooks import (
   CheckpointHook,
   EvalHook,
@@ -42,7 +42,7 @@ from jetrl.train.hooks import (
 from jetrl.train.memory import check_step_memory, step_bytes
 from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import start_fresh, take_workdir
+from jetrl.train.workdir import start_fresh
 from jetrl.train.writers import MetricWriter, Progress, TensorBoard
 
 METRIC_FILES = ("sft_metrics.jsonl", "sft_eval.jsonl")
@@ -121,20 +121,7 @@ def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
   """Run (or resume) a supervised warm start; returns the greedy evaluation at the end (also in
   workdir/sft_summary.json). `task`: a `jetrl.data.Task` object instead of the one `cfg.task`
   names. Errors as for `jetrl.train.run`."""
-  if task is not None:
-    cfg = given_task_config(cfg, task)
-  cfg.check_paths()
-  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
-  lock = take_workdir(cfg.workdir, log)
-  reward = None
-  try:
-    reward = setup.load_user_reward(cfg.task, log)
-    return _run_sft(cfg, log, task, reward)
-  finally:
-    if reward is not None:
-      reward.close()
-    if lock is not None:
-      lock.release()
+  return setup.run_guarded(cfg, task, log, _run_sft)
 
 
 def resume_check(cfg: SFTConfig, directory: str, changes: list):
