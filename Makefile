@@ -36,6 +36,7 @@ RUFF_FORMATTED := \
 	tests/train/test_cli.py \
 	tests/train/test_runner.py \
 	tests/train/test_study.py \
+	tests/train/test_warm_start_data.py \
 	tests/train/test_progress_and_plots.py \
 	tests/train/test_validation.py \
 	tests/train/test_model_task_options.py \

@@ -9,9 +9,10 @@ scratchpad grows with it), the `tiny` preset with --n_layers layers, the recipes
 fp8_rollout (old log-probs recomputed, no correction), fp8_rollout+tis and jet, --seeds seeds,
 every run's accuracy measured on --eval_size held-out problems x --eval_samples samples at the
 RL temperature, in its own rollout precision and in bf16. The RL settings are the CPU study's (GRPO, 16
-prompts x 8 samples, temperature 0.4, lr 2e-5, old log-probs recomputed) with --steps steps;
-the length, the model's depth and the warm start's length differ, so the two studies are not
-one length sweep.
+prompts x 8 samples, temperature 0.5, lr 5e-5, old log-probs recomputed) with --steps steps,
+and so is the warm start's answer noise (half of its gold solutions misreport the final
+answer's last digit, so RL has a clear signal to learn from); the length, the model's depth and
+the warm start's length differ, so the two studies are not one length sweep.
 
 1. The warm start, shared by every run: bf16 SFT at a constant learning rate in chunks of
    --sft_chunk steps, each ending with an evaluation, until the accuracy reaches
@@ -58,12 +59,13 @@ flags.DEFINE_list("seeds", [], "RL seeds (empty: 0-4, or 0-1 with --toy).")
 flags.DEFINE_integer("steps", 24, "RL steps per run.")
 flags.DEFINE_integer("prompts_per_step", 16, "Prompts per RL step.")
 flags.DEFINE_integer("group_size", 8, "Samples per prompt.")
-flags.DEFINE_float("temperature", 0.4, "Sampling temperature of RL and of the evaluation.")
-flags.DEFINE_float("lr", 2e-5, "RL learning rate.")
+flags.DEFINE_float("temperature", 0.5, "Sampling temperature of RL and of the evaluation.")
+flags.DEFINE_float("lr", 5e-5, "RL learning rate.")
 flags.DEFINE_integer("warmup_steps", 0, "RL warmup steps.")
 flags.DEFINE_integer("eval_size", 256, "Held-out problems per evaluation.")
 flags.DEFINE_integer("eval_samples", 4, "Samples per problem in the evaluation.")
 flags.DEFINE_float("sft_lr", 1e-3, "Warm start learning rate (constant after a warmup).")
+flags.DEFINE_float("answer_noise", 0.5, "Warm start: fraction of misreported final answers.")
 flags.DEFINE_integer("sft_batch", 32, "Warm start problems per step.")
 flags.DEFINE_integer("sft_chunk", 100, "Warm start steps between evaluations.")
 flags.DEFINE_integer("sft_max_steps", 3000, "Most warm start steps.")
@@ -87,12 +89,13 @@ class Options:
   steps: int = 24
   prompts_per_step: int = 16
   group_size: int = 8
-  temperature: float = 0.4
-  lr: float = 2e-5
+  temperature: float = 0.5
+  lr: float = 5e-5
   warmup_steps: int = 0
   eval_size: int = 256
   eval_samples: int = 4
   sft_lr: float = 1e-3
+  answer_noise: float = 0.5
   sft_batch: int = 32
   sft_chunk: int = 100
   sft_max_steps: int = 3000
@@ -173,6 +176,7 @@ def design(o: Options):
       steps=4 if toy else o.sft_chunk,
       batch_size=4 if toy else o.sft_batch,
       length=length,
+      answer_noise=o.answer_noise,
       optimizer=OptimizerConfig(lr=o.sft_lr, warmup_steps=0 if toy else 20),
     ),
   )

@@ -238,3 +238,17 @@ def test_length_knob_spans_50_to_1000_chars():
     long = get_task(name, length=min(task.length_range[1], 64))
     assert len(short.problem("train", 0).solution) <= 80
     assert len(long.problem("train", 0).solution) >= 1000
+
+
+def test_misreport_changes_only_the_last_answer_character():
+  from jetrl.data.synthetic import misreport
+
+  task = get_task("addition", difficulty=1, length=2)
+  p = task.solve((19, 20))  # 39
+  bad = misreport(p, task.answer_chars)
+  assert (bad.prompt, bad.answer) == (p.prompt, "39")
+  assert bad.solution == p.solution[: -len("answer: 39")] + "answer: 30"  # '9' wraps to '0'
+  assert task.reward(None, [p.solution, bad.solution], ["39", "39"]) == [1.0, 0.0]
+  assert misreport(task.solve((10, 25)), task.answer_chars).solution.endswith("answer: 36")
+  with pytest.raises(ValueError, match="does not end with 'answer: '"):
+    misreport(Problem("1+1\n", "2", "1+1=2"), task.answer_chars)

@@ -126,6 +126,14 @@ def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
   shared = cfg.replace(lengths=(1, 2), sft={"length": 1})
   assert train_config(shared, 2, "jet", 0).init_from.endswith("sft/L1")
   assert sft_config(shared, 2).task.length == 1
+  # One warm start trained on every length in turn, with the budget of the longest.
+  mixed = cfg.replace(lengths=(1, 2), sft={"mix": True})
+  assert train_config(mixed, 2, "jet", 0).init_from.endswith("sft/mix1_2")
+  warm = sft_config(mixed, 2)
+  assert (warm.mix_lengths, warm.task.length) == ((1, 2), 1)
+  assert warm.max_new_tokens == max_new_tokens_for(cfg, 2) > max_new_tokens_for(cfg, 1)
+  with pytest.raises(ConfigError, match="mix: trains on every length"):
+    cfg.replace(sft={"mix": True, "length": 1})
 
 
 def _gpu_study(root):

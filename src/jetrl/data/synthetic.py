@@ -43,6 +43,23 @@ def final_answer(text: Any) -> str | None:
   return last[len(ANSWER_PREFIX):]
 
 
+def misreport(problem: Problem, answer_chars: str) -> Problem:
+  """The problem with its gold solution's final answer misreported: the answer's last character
+  replaced by the next one of `answer_chars` (cyclically; '9' -> '0' for digits). The
+  scratchpad and the reference answer are unchanged, so the reward still scores the true
+  answer. Used for warm starts that solve a problem but report it unreliably
+  (`SFTConfig.answer_noise`)."""
+  head, sep, last = problem.solution.rstrip().rpartition("\n")
+  if not last.startswith(ANSWER_PREFIX) or len(last) == len(ANSWER_PREFIX):
+    raise ValueError(f"the gold solution does not end with {ANSWER_PREFIX!r}<answer>: "
+                     f"{problem.solution[-40:]!r}")
+  c = last[-1]
+  if c not in answer_chars:
+    raise ValueError(f"answer character {c!r} is not one of {answer_chars!r}")
+  swapped = answer_chars[(answer_chars.index(c) + 1) % len(answer_chars)]
+  return Problem(problem.prompt, problem.answer, head + sep + last[:-1] + swapped)
+
+
 def is_held_out(task_name: str, prompt: str) -> bool:
   """Whether a prompt lies on the held-out (test) side of the task's problem space."""
   digest = hashlib.sha256(f"{task_name}\n{prompt}".encode()).digest()

@@ -409,6 +409,21 @@ class SFTConfig(Tree):
     64, "Generation budget of the greedy evaluation; a longer gold solution is an error.", lo=1
   )
   seed: int = field(0, "Random seed.", lo=0, hi=SEED_MAX)
+  answer_noise: float = field(
+    0.0,
+    "Fraction of the gold solutions whose final answer is misreported (its last digit replaced "
+    "by the next one; synthetic tasks only): a warm start that works a problem out but reports "
+    "the result unreliably, which RL can then learn to report.",
+    lo=0.0,
+    hi=1.0,
+  )
+  mix_lengths: tuple[int, ...] = field(
+    (),
+    "Train on problems of these task lengths in turn (step i: the (i mod n)-th; synthetic "
+    "tasks only), so that one warm start serves RL runs at each of them (empty: --task.length "
+    "alone). The evaluation stays at --task.length.",
+    lo=0,
+  )
   mesh: Optional[str] = field(
     None,
     "Device mesh, e.g. data:2,fsdp:2 (none: every device on data). See docs/scaling.md.",
@@ -439,6 +454,23 @@ class SFTConfig(Tree):
   def __post_init__(self):
     check_fields(self)
     _check_mesh(self.mesh)
+    if self.answer_noise > 0 and not self.task.synthetic:
+      raise ConfigError(
+        "answer_noise",
+        f"{self.answer_noise} needs a synthetic task (addition, multiplication, sorting), "
+        f"whose answers are digits; got --task.name={self.task.name}",
+      )
+    if self.mix_lengths and not self.task.synthetic:
+      raise ConfigError(
+        "mix_lengths",
+        f"needs a synthetic task (addition, multiplication, sorting); got --task.name="
+        f"{self.task.name}",
+      )
+    for length in self.mix_lengths:
+      try:
+        dataclasses.replace(self.task, length=int(length))
+      except ConfigError as e:
+        raise ConfigError("mix_lengths", f"{length}: {e.detail}") from None
 
   @property
   def optimizer_steps(self) -> int:

@@ -13,8 +13,10 @@ learning-rate schedule is refused on resume unless `--allow_schedule_change`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import random
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,7 @@ import optax
 
 from jetrl import parallel
 from jetrl.config import FlagError
+from jetrl.data.synthetic import misreport
 from jetrl.precision import get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer, schedule_key
@@ -75,6 +78,38 @@ def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
     smask[i, : len(s)] = True
   zeros = np.zeros((len(sols), t_max), np.float32)
   return make_train_batch(ptok, pmask, stok, smask, zeros, np.zeros(len(sols), np.float32))
+
+
+def mixed_tasks(cfg: SFTConfig, task, width: int, tok, encode):
+  """(the tasks that the steps take problems from in turn, the prompt width they need): the
+  task itself, or one per `cfg.mix_lengths`. Each one's first batch is built once here, so a
+  gold solution longer than --max_new_tokens is an error before the first step."""
+  if not cfg.mix_lengths:
+    return [task], width
+  tasks = []
+  for length in cfg.mix_lengths:
+    t, w = setup.load_task(
+      dataclasses.replace(cfg.task, length=int(length)), seed=cfg.seed, tok=tok, encode=encode
+    )
+    tasks.append(t)
+    width = max(width, w)
+  for t in tasks:
+    try:
+      _solution_batch(tok, t.batch("train", 0, cfg.batch_size), width, cfg.max_new_tokens, encode)
+    except FlagError as e:
+      raise FlagError("max_new_tokens", f"at --mix_lengths {t.length}: {e.detail}") from None
+  return tasks, width
+
+
+def misreported(problems, task, cfg: SFTConfig, first_index: int) -> list:
+  """`problems` with the final answer of each gold solution misreported with probability
+  `cfg.answer_noise` (`jetrl.data.synthetic.misreport`), drawn per training index and seed, so
+  a resumed run sees the same targets."""
+  out = []
+  for i, p in enumerate(problems):
+    u = random.Random(f"answer_noise|{cfg.seed}|{first_index + i}").random()
+    out.append(misreport(p, task.answer_chars) if u < cfg.answer_noise else p)
+  return out
 
 
 def _sft_step(
@@ -144,6 +179,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   task, width = setup.load_task(
     cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
   )
+  train_tasks, width = mixed_tasks(cfg, task, width, tok, encode)
   mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
   setup.check_tokenizer(mcfg, tok)
   check_step_memory(
@@ -269,7 +305,11 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   skipped = int(opt_state.skipped)
   try:
     for step in range(start, cfg.steps):
-      problems = task.batch("train", step * cfg.batch_size, cfg.batch_size)
+      problems = train_tasks[step % len(train_tasks)].batch(
+        "train", step * cfg.batch_size, cfg.batch_size
+      )
+      if cfg.answer_noise:
+        problems = misreported(problems, task, cfg, step * cfg.batch_size)
       batch = _solution_batch(tok, problems, width, cfg.max_new_tokens, encode)
       if layout is not None:  # every process builds the same batch and places its rows
         batch = layout.shard_batch(batch)

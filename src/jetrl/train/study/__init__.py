@@ -13,6 +13,7 @@ Layout of the report directory:
 
   sft/L{length}/                     the warm start at that length (skipped if present); with
                                      --sft.length one, shared by every length
+  sft/mix{lengths}/                  with --sft.mix, one trained on every length, shared by all
   runs/L{length}/{recipe}/seed{s}/   one RL run (`jetrl.train.run`'s workdir)
   results.json                       one row per finished combination (the aggregates' source)
   verdicts.json                      the verdicts per length (rules: `report`)
@@ -35,6 +36,7 @@ from jetrl.train.study.config import (
   sft_config,
   sft_dir,
   sft_length,
+  sft_name,
   train_config,
 )
 from jetrl.train.study.report import (
@@ -65,6 +67,7 @@ __all__ = [
   "sft_config",
   "sft_dir",
   "sft_length",
+  "sft_name",
   "train_config",
   "ACCURACY_HEADER",
   "MISMATCH_HEADER",

@@ -8,9 +8,10 @@ those nodes, with what the grid sets: the recipe, `update.is_method` from a spec
 workdir, the warm start to begin from and `eval.also_bf16` (every run's evaluations are scored
 in its own rollout precision and in bf16). Those fields are therefore not flags of the study.
 
-The warm start: with `sft.length` set, one warm start at that length serves every length of
-the grid (so that the lengths differ in the RL rollouts alone); without it, each length
-trains its own.
+The warm start: with `sft.mix`, one warm start trained on every length of the grid in turn
+serves every length (so that the lengths differ in the RL rollouts alone, and each starts from
+a model that has seen it); with `sft.length` set, one warm start at that length serves every
+length; with neither, each length trains its own.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from jetrl.train.config import (
 )
 
 # BF16 training and rollout; the BF16-train / FP8-rollout baseline as the paper's trainer runs
-# it (old log-probs recomputed, no correction); the same with truncated IS; the unified flow.
-DEFAULT_RECIPES = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet")
+# it (old log-probs recomputed, no correction); the same with truncated IS; the unified flow;
+# the unified flow with bitwise-equal rollout and training log-probs.
+DEFAULT_RECIPES = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet", "jet_exact")
 # Set by the grid for each combination, so not flags of the study.
 GRID_FIELDS = (
   "task.length",
@@ -70,20 +72,37 @@ def parse_recipe(spec: str) -> tuple[str, str]:
 class WarmStartConfig:
   """The supervised warm start shared by the runs of a length (or of every length)."""
 
-  steps: int = field(150, "SFT steps per warm start.", lo=1)
+  steps: int = field(200, "SFT steps per warm start.", lo=1)
   length: Optional[int] = field(
     None,
     "Task length of one warm start shared by every length of the study (none: one warm start "
     "per length, at that length).",
     lo=0,
   )
+  mix: bool = field(
+    False,
+    "One warm start trained on every length of the study in turn (SFTConfig.mix_lengths), "
+    "shared by every length, so that the lengths differ in the RL runs alone and each starts "
+    "from a model that has seen it.",
+  )
   batch_size: int = field(32, "Problems per SFT step.", lo=1)
   seed: int = field(0, "Seed of the warm start.", lo=0, hi=SEED_MAX)
+  answer_noise: float = field(
+    0.5,
+    "Fraction of the warm start's gold solutions whose final answer is misreported "
+    "(SFTConfig.answer_noise).",
+    lo=0.0,
+    hi=1.0,
+  )
   recipe: str = field("bf16", "Precision recipe of the warm start.", choices=RECIPES)
   optimizer: OptimizerConfig = node(SFT_OPTIMIZER, "The warm start's optimizer.")
 
   def __post_init__(self):
     check_fields(self)
+    if self.mix and self.length is not None:
+      raise ConfigError(
+        "mix", "trains on every length of the study; leave --sft.length none with it"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,14 +149,14 @@ class StudyConfig(Tree):
   model: ModelSpec = node(ModelSpec, "The policy model.")
   task: TaskConfig = node(TaskConfig(difficulty=1), "A synthetic task (its length: --lengths).")
   sampling: SamplingConfig = node(
-    SamplingConfig(n=8, temperature=0.4), "Rollouts (the budget follows from each length)."
+    SamplingConfig(n=8, temperature=0.5), "Rollouts (the budget follows from each length)."
   )
-  optimizer: OptimizerConfig = node(OptimizerConfig(lr=2e-5), "The RL optimizer.")
+  optimizer: OptimizerConfig = node(OptimizerConfig(lr=5e-5), "The RL optimizer.")
   update: UpdateConfig = node(
     UpdateConfig, "The policy-gradient update (the correction: from each recipe spec)."
   )
   eval: EvalConfig = node(
-    EvalConfig(every=None, size=256, temperature=0.4, samples=4, batch=256),
+    EvalConfig(every=None, size=256, temperature=0.5, samples=4, batch=256),
     "Evaluation on held-out problems (sampled at the RL temperature by default).",
   )
   sft: WarmStartConfig = node(WarmStartConfig, "The warm start of each length.")
@@ -184,12 +203,28 @@ def max_new_tokens_for(cfg: StudyConfig, length: int) -> int:
 
 
 def sft_length(cfg: StudyConfig, length: int) -> int:
-  """The task length of the warm start that the runs of `length` start from."""
+  """The task length of the warm start that the runs of `length` start from (with
+  `sft.mix`, the length its evaluation runs at: the study's first)."""
+  if cfg.sft.mix:
+    return int(cfg.lengths[0])
   return int(length) if cfg.sft.length is None else int(cfg.sft.length)
 
 
+def sft_name(cfg: StudyConfig, length: int) -> str:
+  """The warm start's name: L<length>, or mix<lengths> for one trained on every length."""
+  if cfg.sft.mix:
+    return "mix" + "_".join(str(int(L)) for L in cfg.lengths)
+  return f"L{sft_length(cfg, length)}"
+
+
+def sft_lengths_text(cfg: StudyConfig, length: int) -> str:
+  if cfg.sft.mix:
+    return "lengths " + ", ".join(str(int(L)) for L in cfg.lengths) + " in turn"
+  return f"length {sft_length(cfg, length)}"
+
+
 def sft_dir(cfg: StudyConfig, length: int) -> str:
-  return os.path.join(cfg.report_dir, "sft", f"L{sft_length(cfg, length)}")
+  return os.path.join(cfg.report_dir, "sft", sft_name(cfg, length))
 
 
 def run_dir(cfg: StudyConfig, length: int, spec: str, seed: int) -> str:
@@ -231,8 +266,10 @@ def sft_config(cfg: StudyConfig, length: int) -> SFTConfig:
     recipe=w.recipe,
     steps=w.steps,
     batch_size=w.batch_size,
-    max_new_tokens=max_new_tokens_for(cfg, at),
+    max_new_tokens=max(max_new_tokens_for(cfg, L) for L in (cfg.lengths if w.mix else [at])),
     seed=w.seed,
+    answer_noise=w.answer_noise,
+    mix_lengths=tuple(int(L) for L in cfg.lengths) if w.mix else (),
     model=cfg.model,
     task=dataclasses.replace(cfg.task, length=at),
     optimizer=w.optimizer,

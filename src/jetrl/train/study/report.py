@@ -38,6 +38,8 @@ from jetrl.train.study.config import (
   run_dir,
   sft_dir,
   sft_length,
+  sft_lengths_text,
+  sft_name,
 )
 from jetrl.train.study.plots import write_plots
 from jetrl.train.writers import read_jsonl
@@ -399,7 +401,7 @@ def write_report(
   """report.md (and the figures, and verdicts.json) of the finished rows; its path."""
   agg = aggregate(rows)
   plots = write_plots(cfg, rows, agg) if rows else []
-  shared = cfg.sft.length is not None
+  shared = cfg.sft.length is not None or cfg.sft.mix
   out = [
     "# Precision-flow study",
     "",
@@ -420,7 +422,7 @@ def write_report(
     + f"; warm start: {cfg.sft.steps} {cfg.sft.recipe} SFT steps (batch "
     f"{cfg.sft.batch_size}, lr {cfg.sft.optimizer.lr:g}), "
     + (
-      f"one at length {cfg.sft.length}, shared by every length, recipe and seed"
+      f"one on {sft_lengths_text(cfg, cfg.lengths[0])}, shared by every length, recipe and seed"
       if shared
       else "one per length, shared by every recipe and seed of that length"
     )
@@ -457,11 +459,12 @@ def write_report(
     if os.path.exists(p):
       with open(p) as f:
         sft_acc = json.load(f).get("eval_accuracy")
-    key = f"sft/L{sft_length(cfg, L)}"
+    key = f"sft/{sft_name(cfg, L)}"
     out += [
       f"## Length {L} (max_new_tokens {max_new_tokens_for(cfg, L)})",
       "",
-      f"Warm start (length {sft_length(cfg, L)}) {cfg.eval.label} (bf16 rollout): "
+      f"Warm start ({sft_lengths_text(cfg, L)}; evaluated at length {sft_length(cfg, L)}) "
+      f"{cfg.eval.label} (bf16 rollout): "
       f"{_fmt(sft_acc)}" + (f"; SFT time {timing[key]:.0f} s" if key in timing else ""),
       "",
     ]

@@ -22,7 +22,7 @@ from jetrl.train.study.config import (
   is_done,
   sft_config,
   sft_dir,
-  sft_length,
+  sft_name,
   train_config,
 )
 from jetrl.train.study.report import collect, write_report
@@ -89,7 +89,7 @@ def run_study(
       log(f"warm start for length {length}: {cfg.sft.steps} SFT steps -> {sft_dir(cfg, length)}")
       t0 = time.time()
       res = run_sft(sft_config(cfg, length), log=sub_log)
-      timing[f"sft/L{sft_length(cfg, length)}"] = time.time() - t0
+      timing[f"sft/{sft_name(cfg, length)}"] = time.time() - t0
       _write_timing(cfg, timing)
       log(
         f"warm start for length {length}: {cfg.eval.label} {res['eval_accuracy']:.3f} "
