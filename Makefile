@@ -44,6 +44,7 @@ RUFF_FORMATTED := \
 	tests/test_launch.py \
 	tests/parallel/test_multi_process.py \
 	tests/parallel/_hosts_cases.py \
+	tests/models/test_exact_cache.py \
 	experiments/train.py \
 	experiments/sft.py \
 	experiments/evaluate.py \

@@ -13,6 +13,7 @@ the same script can time an older checkout of the decoder.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 
 from absl import app, flags
@@ -56,8 +57,12 @@ def main(argv):
   cache_dtype = jnp.float32 if prec is None else jnp.dtype(prec.compute_dtype)
 
   def rollout_params(params):
+    # The sampler's rollout weights without fused projections (prequantized, layers sliced,
+    # and jet_exact's gridded LM head); older checkouts lack some of these.
+    if hasattr(M, "rollout_weights"):
+      return M.rollout_weights(params, prec, fuse=False)
     params = M.prequantize_linear_weights(params, prec)
-    unstack = getattr(M, "unstack_layers", None)  # absent in older checkouts
+    unstack = getattr(M, "unstack_layers", None)
     return unstack(params) if unstack else params
 
   @jax.jit
@@ -75,7 +80,9 @@ def main(argv):
     return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros((b, 1), jnp.int32)))[1]
 
   def fresh_cache():
-    cache = M.init_cache(cfg, b, slots, cache_dtype)
+    # The sampler's cache (jet_exact: keys and values kept on their grids) where supported.
+    kw = {"precision": prec} if "precision" in inspect.signature(M.init_cache).parameters else {}
+    cache = M.init_cache(cfg, b, slots, cache_dtype, **kw)
     return cache._replace(index=jnp.int32(p),
                           mask=jnp.broadcast_to(jnp.arange(slots) < p, (b, slots)))
 

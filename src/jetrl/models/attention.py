@@ -78,6 +78,29 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
   return jnp.transpose(out.astype(cd), (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
 
 
+def write_grids(k_cache: jax.Array, v_cache: jax.Array, e_cache: jax.Array, k: jax.Array,
+                v: jax.Array, start, cd):
+  """A gridded KV cache's layer (`KVCache.v_exp`) with new keys and values k, v
+  [B, Hkv, T, Dh] written at `start`: each rounded to its grid once, here (exact_ops).
+
+  The key / value is first cast to the cache's dtype, as a plain cache stores it, so the
+  grid is that of the value a plain cache would hold.
+  """
+  kg = exact_ops.grid_keys(k.astype(k_cache.dtype), cd)
+  vg, fv = exact_ops.grid_values(v.astype(v_cache.dtype), cd)
+  update = jax.lax.dynamic_update_slice
+  return (update(k_cache, kg.astype(k_cache.dtype), start),
+          update(v_cache, vg.astype(v_cache.dtype), start),
+          update(e_cache, fv, start))
+
+
+def attend_grids(q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array,
+                 cd) -> jax.Array:
+  """`attend(..., exact=True)` over a gridded cache's keys kg, values vg and value exponents
+  fv [B, Hkv, S, 1] (`write_grids`): the same values, without re-gridding the cache."""
+  return exact_ops.attend_grids(q, kg, vg, fv, allowed, cd, reference=attend)
+
+
 def heads_first(x: jax.Array) -> jax.Array:
   """[B, T, Hkv, Dh] -> [B, Hkv, T, Dh], the layout `attend` takes keys and values in."""
   return jnp.swapaxes(x, 1, 2)

@@ -9,12 +9,13 @@ whose mask is set. RoPE positions are the caller's (a left-padded row's real tok
 
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from jetrl.models.config import ModelConfig
+from jetrl.precision import Precision, is_batch_invariant
 
 
 class KVCache(NamedTuple):
@@ -22,6 +23,11 @@ class KVCache(NamedTuple):
 
   k, v: tuples of one [B, Hkv, S, Dh] array per layer (compute dtype, post-RoPE keys);
   mask [B, S] bool; index int32.
+  v_exp: empty, except in a cache for a batch-invariant precision (`jet_exact`;
+    `init_cache(..., precision=...)`): one int32 [B, Hkv, S, 1] array per layer, each value
+    row's grid exponent. Such a cache holds every key and value already rounded to its grid
+    (`exact_ops.grid_keys`, `grid_values`), written once with the slot, so that a decode step
+    grids only its own new key and value (docs/numerics.md, "Bitwise on-policy").
 
   One array per layer (not one stacked [L, ...] array) lets each decode step update and read
   a layer's cache in place; the kv-head axis comes before the slot axis, so the step's batched
@@ -32,17 +38,25 @@ class KVCache(NamedTuple):
   v: Tuple[jax.Array, ...]
   mask: jax.Array
   index: jax.Array
+  v_exp: Tuple[jax.Array, ...] = ()
 
 
-def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
-  """An empty cache of `max_len` slots per row (zeros, nothing masked in, index 0)."""
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16, *,
+               precision: Optional[Precision] = None) -> KVCache:
+  """An empty cache of `max_len` slots per row (zeros, nothing masked in, index 0).
+
+  precision: the rollout precision; a batch-invariant one gets the gridded layout (`v_exp`).
+  """
   for name, value in (("batch", batch), ("max_len", max_len)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
   shape = (batch, config.n_kv_heads, max_len, config.head_dim)
   zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
+  v_exp = ()
+  if is_batch_invariant(precision):
+    v_exp = tuple(jnp.zeros(shape[:-1] + (1,), jnp.int32) for _ in range(config.n_layers))
   return KVCache(k=zeros(), v=zeros(), mask=jnp.zeros((batch, max_len), bool),
-                 index=jnp.zeros((), jnp.int32))
+                 index=jnp.zeros((), jnp.int32), v_exp=v_exp)
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:

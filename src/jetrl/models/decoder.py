@@ -106,6 +106,9 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   params["layers"] may be stacked or a tuple of per-layer dicts (`unstack_layers`; a decode
   loop passes those so the weights are sliced once, not at every step).
   Logits are [B, T, V], or [B, 1, V] for the last new token when last_only.
+  Under a batch-invariant precision, a cache from `init_cache(..., precision=precision)`
+  (with `v_exp`) keeps each key and value on its grid from the step that wrote it; a plain
+  one is gridded whole at every step (the same logits, slower).
   """
   _check_config(config)
   check_params(params, config, allow_unstacked=True)
@@ -127,6 +130,13 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
       if tuple(a.shape) != expected:
         raise ValueError(f"cache.{name}[{i}] must have shape {expected} (B, Hkv, S, Dh) for "
                          f"this config, batch and mask, got {tuple(a.shape)}")
+  if cache.v_exp and not (isinstance(cache.v_exp, tuple) and len(cache.v_exp) == config.n_layers
+                          and all(tuple(a.shape) == expected[:-1] + (1,) for a in cache.v_exp)):
+    raise ValueError(f"cache.v_exp must be empty or a tuple of {config.n_layers} per-layer "
+                     f"arrays of shape {expected[:-1] + (1,)} (init_cache builds them)")
+  if cache.v_exp and not is_batch_invariant(precision):
+    raise ValueError("cache.v_exp is set (a gridded cache for a batch-invariant precision), "
+                     "but the precision is not batch-invariant")
   if tuple(cache.mask.shape) != (b, s):
     raise ValueError(f"cache.mask must have shape {(b, s)}, got {tuple(cache.mask.shape)}")
   if t > s:
@@ -143,19 +153,27 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   cos, sin = rope_tables(config, positions, cd)
 
   x = _embed(params, tokens, cd)
-  new_k, new_v = [], []
+  # A batch-invariant precision with a gridded cache (init_cache(..., precision=...)) writes
+  # each new key / value on its grid once; without one the whole cache is gridded per step.
+  grids = exact and len(cache.v_exp) == config.n_layers
+  new_k, new_v, new_e = [], [], []
   # Layers are unrolled over the per-layer cache arrays: each is updated and read in place.
   # (A scan over a stacked cache copies the layer's slice out at every step.)
   layers = unstack_layers(params)["layers"]
   for i, layer in enumerate(layers):
     h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
     q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
+    k, v = attn.heads_first(k), attn.heads_first(v)
     start = (zero, zero, index, zero)
-    kc = jax.lax.dynamic_update_slice(cache.k[i], attn.heads_first(k).astype(cache.k[i].dtype),
-                                      start)
-    vc = jax.lax.dynamic_update_slice(cache.v[i], attn.heads_first(v).astype(cache.v[i].dtype),
-                                      start)
-    x = x + attn.output(attn.attend(q, kc, vc, allowed, cd, exact), layer, precision, cd)
+    if grids:
+      kc, vc, ec = attn.write_grids(cache.k[i], cache.v[i], cache.v_exp[i], k, v, start, cd)
+      out = attn.attend_grids(q, kc, vc, ec, allowed, cd)
+      new_e.append(ec)
+    else:
+      kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start)
+      vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start)
+      out = attn.attend(q, kc, vc, allowed, cd, exact)
+    x = x + attn.output(out, layer, precision, cd)
     x = _mlp_residual(x, layer, config, precision, cd)
     new_k.append(kc)
     new_v.append(vc)
@@ -163,4 +181,6 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
     x = x[:, -1:, :]
   h = rms_norm(x, params["final_norm"], config.rms_eps, cd, exact)
   logits = lm_head(h, params, config, cd, exact)
-  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t)
+  v_exp = tuple(new_e) if grids else cache.v_exp
+  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t,
+                         v_exp=v_exp)

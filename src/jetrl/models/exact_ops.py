@@ -141,76 +141,153 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
   """Masked GQA attention with the shapes and meaning of `attention.attend` (`reference`).
 
   q [B, T, H, Dh]; k, v [B, Hkv, S, Dh]; allowed [B, T, S]. Returns [B, T, H * Dh] in cd.
+  The keys and values are put on their grids here (`grid_keys`, `grid_values`), then
+  `attend_grids`.
   """
   b, t, h, dh = q.shape
   hkv, s = k.shape[1], k.shape[2]
   chex.assert_shape([k, v], (b, hkv, s, dh))
   chex.assert_shape(allowed, (b, t, s))
-  return with_reference_vjp(lambda *a: _attend(*a, cd=cd),
-                            lambda *a: reference(*a, cd), q, k, v, allowed)
+
+  def exact(q, k, v, allowed):
+    return _attend_grids(q, grid_keys(k, cd), *grid_values(v, cd), allowed, cd=cd)
+
+  return with_reference_vjp(exact, lambda *a: reference(*a, cd), q, k, v, allowed)
+
+
+def grid_keys(k: jax.Array, cd) -> jax.Array:
+  """Each key vector (last axis, Dh) rounded to its QK^T grid, in cd (exactly).
+
+  The grid n 2^(e - bits) depends on the vector alone, so a KV cache can hold the rounded key
+  from the step that wrote it on: `attend_grids` reads it as it is. In cd because a bf16 (or
+  float32) vector's rounded entries are bf16 (float32) numbers: the entries within 2^(8 -
+  bits) of the largest are on the grid already, the smaller ones become integers below 2^8
+  times the grid's unit (a normal number: `to_grid` keeps it >= 2^-126).
+  """
+  bits = dot_bits(k.shape[-1])[1]
+  n, e = to_grid(k.astype(cd), -1, bits)
+  return _from_grid(n, e, bits, cd)
+
+
+def grid_values(v: jax.Array, cd):
+  """(value rows rounded to their PV grids, in cd; their exponents f, int32 [..., 1]).
+
+  f (2^f bounds the row's largest entry) scales the probabilities in `attend_grids`; like the
+  rounded row it depends on the row alone, so a KV cache keeps both from the step that wrote
+  the row.
+  """
+  n, f = to_grid(v.astype(cd), -1, PV_BITS[1])
+  return _from_grid(n, f, PV_BITS[1], cd), f.astype(jnp.int32)
+
+
+def _from_grid(n, e, bits, cd):
+  """n 2^(e - bits) in cd, exactly (see `grid_keys`)."""
+  if n.dtype == jnp.float32:  # to_grid's float32 branch: the unit 2^(e - bits) is normal
+    unit = jax.lax.bitcast_convert_type((e - bits + 127) << 23, jnp.float32)
+    return (n * unit).astype(cd)
+  with x64():
+    return (n * pow2(e - bits)).astype(cd)
+
+
+def attend_grids(q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array,
+                 cd, reference) -> jax.Array:
+  """`attend` on keys and values already on their grids (a KV cache's: `grid_keys`,
+  `grid_values`); kg, vg [B, Hkv, S, Dh], fv [B, Hkv, S, 1]. The same values as `attend` on
+  the keys and values they came from. Differentiated as `reference` on kg and vg.
+  """
+  b, t, h, dh = q.shape
+  hkv, s = kg.shape[1], kg.shape[2]
+  chex.assert_shape([kg, vg], (b, hkv, s, dh))
+  chex.assert_shape(fv, (b, hkv, s, 1))
+  chex.assert_shape(allowed, (b, t, s))
+  return with_reference_vjp(lambda *a: _attend_grids(*a, cd=cd),
+                            lambda q, k, v, f, a: reference(q, k, v, a, cd),
+                            q, kg, vg, fv, allowed)
 
 
 def _dot64(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-  """float64 einsum of integer-valued operands whose sums are exact (any order, one value)."""
+  """float64 einsum of operands whose sums are exact (any order, one value)."""
   return jnp.einsum(spec, a.astype(F64), b.astype(F64), preferred_element_type=F64)
 
 
-def _attend(q, k, v, allowed, *, cd):
+def _attend_grids(q, kg, vg, fv, allowed, *, cd):
+  """The exact attention from gridded keys kg, values vg and value exponents fv.
+
+  QK^T: the query on its grid (nq 2^(eq - a)) times a gridded key (nk 2^(ek - b)): every
+  product is a multiple of 2^(eq + ek - a - b) below 2^(eq + ek), and Dh of them stay within
+  53 bits, so the float64 dot of the gridded values is exact: the integer dot, scaled back.
+  PV: the value row's 2^f moves into the probabilities, which share one grid per query in two
+  levels (hi, lo of 16 bits); hi_s 2^-f_s times the gridded row nv_s 2^(f_s - 21) is
+  hi_s nv_s 2^-21, a multiple of 2^-21 below 2^16, and at most 2^16 of them stay within 53
+  bits: the float64 dots of both levels are exact too. The grids are those of the integer
+  formulation in docs/numerics.md, so the values are the same.
+  """
   b, t, h, dh = q.shape
-  hkv, s = k.shape[1], k.shape[2]
+  hkv, s = kg.shape[1], kg.shape[2]
   g = h // hkv
   if s > MAX_KEYS:
     raise ValueError(f"exact attention: {s} key slots; at most {MAX_KEYS} are summed exactly")
   small = g * t <= 8  # a decode step
   qg = jnp.transpose(q.reshape(b, t, hkv, g, dh), (0, 2, 3, 1, 4))  # [B, Hkv, G, T, Dh]
-  qk_bits = dot_bits(dh)
+  qbits = dot_bits(dh)[0]
   scale = np.float64(np.float32(dh ** -0.5))
+  qv = _from_grid(*to_grid(qg.astype(cd), -1, qbits), qbits, jnp.float32)
   with x64():
-    # Scores: exact float64 dots of grid integers, scaled back by powers of two (exact).
-    nq, eq = to_grid(qg.astype(cd), -1, qk_bits[0])          # eq [B, Hkv, G, T, 1]
-    nk, ek = to_grid(k.astype(cd), -1, qk_bits[1])           # ek [B, Hkv, S, 1]
     if small:  # XLA:CPU's batched float64 dots are slow for a few query rows: multiply-sum
-      dots = jnp.sum(nq.astype(F64)[:, :, :, :, None] * nk.astype(F64)[:, :, None, None], -1)
+      scores = jnp.sum(qv.astype(F64)[:, :, :, :, None] * kg.astype(F64)[:, :, None, None], -1)
     else:
-      dots = _dot64("bkgtd,bksd->bkgts", nq, nk)
-    scores = dots * pow2(eq - sum(qk_bits)) * pow2(jnp.swapaxes(ek, -1, -2))[:, :, None]
+      scores = _dot64("bkgtd,bksd->bkgts", qv, kg)
     scores = jnp.where(allowed[:, None, None], scores, MASK_VALUE)
     top = jnp.max(scores, axis=-1, keepdims=True)            # order-free
     e = exp64((scores - top) * scale)
     # Probabilities in cd, as jet's. The denominator's one-level exact sum is within 2^-22.
     probs = (e / exact_sum(e, -1, levels=1, max_terms=MAX_KEYS)[..., None]).astype(cd)
-    # PV: each value row v_s on its own grid (nv_s 2^(f_s - bits)); its factor 2^f_s moves
-    # into the probabilities, which then share one grid per query, in two levels (hi, lo).
-    nv, fv = to_grid(v.astype(cd), -1, PV_BITS[1])           # fv [B, Hkv, S, 1]
-    pf = probs.astype(F64) * pow2(jnp.swapaxes(fv, -1, -2))[:, :, None]  # [B, Hkv, G, T, S]
+    f = jnp.swapaxes(fv, -1, -2)[:, :, None]                 # [B, Hkv, 1, 1, S]
+    pf = probs.astype(F64) * pow2(f)                         # [B, Hkv, G, T, S]
     hi, ep = to_grid(pf, -1, PV_BITS[0])                     # ep [B, Hkv, G, T, 1]
     lo = jnp.round((pf - hi * pow2(ep - PV_BITS[0])) * pow2(2 * PV_BITS[0] - ep))
-    out = (_dot64("bkgts,bksd->bkgtd", hi, nv) * pow2(ep - sum(PV_BITS))
-           + _dot64("bkgts,bksd->bkgtd", lo, nv) * pow2(ep - sum(PV_BITS) - PV_BITS[0]))
+    w = jnp.concatenate([hi, lo], axis=2) * pow2(-f)         # [B, Hkv, 2G, T, S]
+    pv = _dot64("bkgts,bksd->bkgtd", w, vg)
+    out = pv[:, :, :g] * pow2(ep - PV_BITS[0]) + pv[:, :, g:] * pow2(ep - 2 * PV_BITS[0])
     out = out.astype(cd)
   return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
 
 
 # -------------------------------------------------------------------- LM head and log-softmax
 
+def grid_lm_head(w: jax.Array, tied: bool, cd) -> jax.Array:
+  """The LM head's weights (w [D, V], or [V, D] when tied) with each vocabulary entry's
+  weights rounded to its grid, in cd (exactly; see `grid_keys`). A rollout computes this once
+  (`jetrl.models.rollout_weights`) instead of at every decode step."""
+  bits = dot_bits(w.shape[1] if tied else w.shape[0])[1]
+  n, e = to_grid(w.astype(cd), 1 if tied else 0, bits)
+  return _from_grid(n, e, bits, cd)
+
+
 def _logits(h: jax.Array, w: jax.Array, tied: bool, cd) -> jax.Array:
   """float32 logits [..., V] = h [..., D] @ w ([D, V], or [V, D] when tied), exact dots."""
-  bits = dot_bits(h.shape[-1])
+  return _logits_grids(h, grid_lm_head(w, tied, cd), tied, cd)
+
+
+def _logits_grids(h: jax.Array, wg: jax.Array, tied: bool, cd) -> jax.Array:
+  """`_logits` with the weights on their grids (`grid_lm_head`). Each product of a gridded
+  hidden state (unit 2^(eh - a)) and a gridded vocabulary entry (2^(ew - b)) is a multiple of
+  2^(eh + ew - a - b) below 2^(eh + ew); D of them stay within 53 bits: the float64 dot of
+  the gridded values is exact."""
+  bits = dot_bits(h.shape[-1])[0]
+  hg = _from_grid(*to_grid(h.astype(cd), -1, bits), bits, jnp.float32)
   with x64():
-    nh, eh = to_grid(h.astype(cd), -1, bits[0])                # eh [..., 1]
-    nw, ew = to_grid(w.astype(cd), 1 if tied else 0, bits[1])  # per vocabulary entry
-    if tied:
-      dots = _dot64("...d,vd->...v", nh, nw)
-      ew = ew[:, 0]
-    else:
-      dots = _dot64("...d,dv->...v", nh, nw)
-      ew = ew[0]
-    return (dots * pow2(eh + ew - sum(bits))).astype(jnp.float32)
+    return _dot64("...d,vd->...v" if tied else "...d,dv->...v", hg, wg).astype(jnp.float32)
 
 
 def lm_head(h: jax.Array, w: jax.Array, tied: bool, cd, reference) -> jax.Array:
   """float32 logits of `layers.lm_head` (`reference(h, w)`) with exact dots."""
   return with_reference_vjp(lambda a, b: _logits(a, b, tied, cd), reference, h, w)
+
+
+def lm_head_grids(h: jax.Array, wg: jax.Array, tied: bool, cd, reference) -> jax.Array:
+  """`lm_head` from weights already on their grids (`grid_lm_head`): the same logits."""
+  return with_reference_vjp(lambda a, b: _logits_grids(a, b, tied, cd), reference, h, wg)
 
 
 def inverse_temperature(temperature) -> jax.Array:
@@ -254,5 +331,6 @@ def token_logprobs_from_logits(logits: jax.Array, tokens: jax.Array, temperature
   return logp
 
 
-__all__ = ["exp64", "log64", "rms_norm", "attend", "lm_head", "chunk_stats",
+__all__ = ["exp64", "log64", "rms_norm", "attend", "attend_grids", "grid_keys", "grid_values",
+           "grid_lm_head", "lm_head", "lm_head_grids", "chunk_stats",
            "log_softmax_stats", "token_logprobs_from_logits", "inverse_temperature"]

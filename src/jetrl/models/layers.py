@@ -17,6 +17,7 @@ import numpy as np
 
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
+from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import Precision, linear
 from jetrl.precision.formats import compute_dtype as _dtype_of
 from jetrl.precision.formats import dot_precision
@@ -104,8 +105,11 @@ def lm_head(h: jax.Array, params, config: ModelConfig, cd, exact: bool = False) 
   chex.assert_axis_dimension(h, -1, config.d_model)
   if exact:
     key = "embed" if config.tie_embeddings else "lm_head"
-    return exact_ops.lm_head(h, params[key], config.tie_embeddings, cd,
-                             reference=lambda a, w: lm_head(a, {key: w}, config, cd))
+    reference = lambda a, w: lm_head(a, {key: w}, config, cd)
+    if LM_HEAD_GRID in params:  # a rollout's weights, gridded once (rollout_weights)
+      return exact_ops.lm_head_grids(h, params[LM_HEAD_GRID], config.tie_embeddings, cd,
+                                     reference=reference)
+    return exact_ops.lm_head(h, params[key], config.tie_embeddings, cd, reference=reference)
   if config.tie_embeddings:
     w, dims = params["embed"], (((h.ndim - 1,), (1,)), ((), ()))
   else:

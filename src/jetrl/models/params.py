@@ -16,7 +16,9 @@ params = {
 Matrices are stored [in, out] (y = x @ w), i.e. transposed relative to torch nn.Linear.
 
 `forward_cached` also takes "layers" as a tuple of L per-layer dicts (`unstack_layers`): a
-decode loop slices the stacked weights once, outside the loop, instead of at every step.
+decode loop slices the stacked weights once, outside the loop, instead of at every step; and
+a rollout's LM_HEAD_GRID (the LM head on its exact-dot grids, `jet_exact` only; shaped like
+"lm_head", or like "embed" when tied).
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ def unstack_layers(params) -> dict:
                                    for i in range(n)))
 
 
+# A batch-invariant rollout's LM head weights on their grids (jetrl.models.rollout_weights).
+LM_HEAD_GRID = "lm_head_grid"
+
 # Projections a rollout may fuse (jetrl.models.rollout_weights): fused name -> parts.
 FUSED_PROJECTIONS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
@@ -117,6 +122,8 @@ def check_params(params, config: ModelConfig, allow_unstacked: bool = False) -> 
     expected = dict(expected, layers={i: _fused_expectation(per_layer, params["layers"][i])
                                       for i in range(config.n_layers)})
     params = dict(params, layers=dict(enumerate(params["layers"])))
+    if LM_HEAD_GRID in params:
+      expected[LM_HEAD_GRID] = expected["embed" if config.tie_embeddings else "lm_head"]
 
   def walk(exp, got, prefix):
     if not isinstance(got, dict):

@@ -11,7 +11,10 @@ repeats the same work. `rollout_weights` returns the params pytree a rollout rea
     Under a blockwise FP8 recipe the weights are fused only where every part's output width is
     a multiple of the block, so that no BxB block straddles two parts: each part's FP8 values
     and scales are then exactly those of quantizing it alone;
-  * the layers sliced once into a tuple (`unstack_layers`).
+  * the layers sliced once into a tuple (`unstack_layers`);
+  * under a batch-invariant precision (`jet_exact`), "lm_head_grid": the LM head's weights
+    with each vocabulary entry on its exact-dot grid (`exact_ops.grid_lm_head`), which the
+    exact LM head otherwise recomputes at every step. One compute-dtype copy of the LM head.
 Everything else (norms, embeddings, biases) is left as it is.
 """
 
@@ -21,8 +24,10 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, unstack_layers
-from jetrl.precision import Precision, prequantize_weight
+from jetrl.models import exact_ops
+from jetrl.models.layers import compute_dtype
+from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
+from jetrl.precision import Precision, is_batch_invariant, prequantize_weight
 from jetrl.precision.backend import wants_k_major
 
 def prequantize_linear_weights(params, precision: Optional[Precision]):
@@ -61,4 +66,14 @@ def rollout_weights(params, precision: Optional[Precision], *, fuse: bool = True
   """The params a rollout reads (see the module doc)."""
   if fuse:
     params = fuse_projections(params, precision)
+  if is_batch_invariant(precision):
+    params = grid_lm_head(params, precision)
   return unstack_layers(prequantize_linear_weights(params, precision))
+
+
+def grid_lm_head(params, precision: Precision):
+  """params with LM_HEAD_GRID: the exact LM head's gridded weights (tied: from "embed")."""
+  tied = "lm_head" not in params
+  w = params["embed"] if tied else params["lm_head"]
+  cd = compute_dtype(precision, params)
+  return dict(params, **{LM_HEAD_GRID: exact_ops.grid_lm_head(w, tied, cd)})

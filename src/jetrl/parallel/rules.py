@@ -258,16 +258,18 @@ class Layout:
     s = self.rows_sharding(rows, strict=True, what="TrainBatch")
     return jax.tree_util.tree_map(lambda _: s, batch)
 
-  def cache_sharding(self, rows: int) -> KVCache:
+  def cache_sharding(self, rows: int, value_exponents: bool = False) -> KVCache:
     """KVCache of shardings for `rows` rows: each layer's k / v [B, Hkv, S, Dh] with B over
     the batch axes and Hkv over `tensor` when divisible; mask [B, S] like B; index
-    replicated."""
+    replicated. value_exponents: a gridded cache's (batch-invariant precision) v_exp
+    [B, Hkv, S, 1] too, like k / v."""
     sizes = self.axis_sizes
     b = _rows_axes(rows, sizes, False, "KV cache")
     t = _clean(TENSOR, sizes)
     heads = t if self.config.n_kv_heads % _axis_size(sizes, t) == 0 else None
     kv = (self.named(P(b, heads, None, None)),) * self.config.n_layers
-    return KVCache(k=kv, v=kv, mask=self.named(P(b, None)), index=self.replicated)
+    return KVCache(k=kv, v=kv, mask=self.named(P(b, None)), index=self.replicated,
+                   v_exp=kv if value_exponents else ())
 
   # -- placement ---------------------------------------------------------------------------
   def put(self, tree, shardings):

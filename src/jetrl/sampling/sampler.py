@@ -159,7 +159,8 @@ def _repeat_cache(cache, n: int):
   if n == 1:
     return cache
   rep = lambda layers: tuple(jnp.repeat(a, n, axis=0) for a in layers)
-  return cache._replace(k=rep(cache.k), v=rep(cache.v), mask=jnp.repeat(cache.mask, n, axis=0))
+  return cache._replace(k=rep(cache.k), v=rep(cache.v), mask=jnp.repeat(cache.mask, n, axis=0),
+                        v_exp=rep(cache.v_exp))
 
 
 def _constrain(cache, cache_sharding):
@@ -174,7 +175,8 @@ def _constrain(cache, cache_sharding):
 def _prefill(params, tokens, mask, *, model_config: ModelConfig, config: SamplingConfig,
              precision: Optional[Precision], cache_dtype, cache_sharding=None):
   b, p = tokens.shape
-  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype)
+  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype,
+                     precision=precision)
   positions = positions_from_mask(mask)
   logits, cache = forward_cached(params, model_config, tokens, cache, positions=positions,
                                  token_mask=mask, precision=precision, last_only=True)
@@ -253,7 +255,8 @@ def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], 
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
-    cache_sharding = layout.cache_sharding(len(tokens) * config.n)
+    cache_sharding = layout.cache_sharding(len(tokens) * config.n,
+                                           value_exponents=is_batch_invariant(precision))
   # Fused projections change which columns a tensor-parallel layout splits: single device only.
   params = rollout_params(params, precision=precision, fuse=layout is None)
   cache, logits = _prefill(params, tokens_in, mask_in, model_config=model_config, config=config,
