@@ -1,9 +1,10 @@
 """The batch-invariant arithmetic of `jet_exact`: the FP8 GEMM against a float64 numpy
 reference of its blockwise formula, batch invariance bit for bit, exact fixed-point sums,
-float64 exp / log, and the recipe's definition."""
+float64 exp / log, a correctly rounded rsqrt, and the recipe's definition."""
 
 import dataclasses
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 
 from fp8_reference import ref_quantize, to_bf16
-from jetrl.models.exact_ops import exp64, log64
+from jetrl.models import layers
+from jetrl.models.exact_ops import exp64, log64, rms_norm, rsqrt32
 from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, linear, quantize_weight
 from jetrl.precision.exact import exact_sum, fp8_fprop, x64
 
@@ -110,6 +112,37 @@ def test_exp64_and_log64_match_float64_references():
   with x64():  # the same values whatever the array's shape (vector or scalar code paths)
     for n in (1, 3, 7, 17):
       np.testing.assert_array_equal(np.asarray(jax.jit(exp64)(jnp.asarray(x[:n]))), e[:n])
+
+
+def _rounded_to_nearest(v, r):
+  """Whether float32 r is 1 / sqrt(v) rounded to nearest: the midpoints to its float32
+  neighbours, squared times v, lie on either side of 1 (exactly, in rationals)."""
+  v, mid = Fraction(float(v)), Fraction(float(r))
+  lo = (mid + Fraction(float(np.nextafter(r, np.float32(0))))) / 2
+  hi = (mid + Fraction(float(np.nextafter(r, np.float32(np.inf))))) / 2
+  return lo * lo * v < 1 < hi * hi * v
+
+
+def test_rsqrt32_is_correctly_rounded_in_any_program():
+  """XLA:CPU runs a fusion with >= 4096 elements through YNNPACK, whose rsqrt differs from
+  XLA's own in the last bit: `rsqrt32` is the correctly rounded value in both, so the exact
+  RMSNorm of a vector is the same in a batch of 4608 vectors as in a batch of 8."""
+  rng = np.random.default_rng(4)
+  v = np.concatenate([(2.0 ** rng.uniform(-126, 127, 20000)), rng.uniform(1e-6, 4.0, 20000),
+                      [1.0, 2.0, 4.0, 0.25, 1e-6, 3.4028235e38, 1.1754944e-38]]).astype(np.float32)
+  f = jax.jit(rsqrt32)
+  r = np.asarray(f(v))
+  assert all(_rounded_to_nearest(v[i], r[i]) for i in range(len(v))), "not correctly rounded"
+  np.testing.assert_array_equal(np.concatenate([f(v[i:i + 7]) for i in range(0, 70, 7)]), r[:70])
+  special = np.asarray(f(np.asarray([0.0, -1.0, np.inf, np.nan], np.float32)))
+  assert special[0] == np.inf and np.isnan(special[1]) and special[2] == 0 and np.isnan(special[3])
+  # Query / key norms of 72 tokens x 4 heads: 16 rows reach YNNPACK's threshold, 2 do not.
+  x = jnp.asarray(rng.standard_normal((16, 72, 4, 64)) * np.exp(rng.uniform(-3, 3, (16, 72, 4, 1))),
+                  jnp.bfloat16)
+  w = jnp.asarray(rng.uniform(0.5, 1.5, 64), jnp.float32)
+  norm = jax.jit(lambda a: rms_norm(a, w, 1e-6, jnp.bfloat16, layers.rms_norm))
+  big, small = np.asarray(norm(x)[:2], np.float32), np.asarray(norm(x[:2]), np.float32)
+  np.testing.assert_array_equal(big, small)
 
 
 def test_recipe():

@@ -4,8 +4,10 @@ Compared with max |delta| == 0.0 on a random and on a briefly SFT-trained tiny m
 `token_logprobs` on the rollout batch, on every row alone with another left padding, and in
 the update step's pre-update forward of a short RL run; varied: batch size, samples per
 prompt, prompt lengths and padding, temperature (greedy too), log-prob chunk size, position
-in the sequence. `jet`, the same comparison, is close but not exact. (Host devices of a data
-mesh: tests/parallel/_multi_device_cases.py.)
+in the sequence, and a batch large enough (24 rows) for XLA:CPU to run the training forward's
+query / key norms through YNNPACK while the sampler's small decode steps stay in XLA's own code.
+`jet`, the same comparison, is close but not exact. (Host devices of a data mesh:
+tests/parallel/_multi_device_cases.py.)
 """
 
 import jax
@@ -44,6 +46,8 @@ _lp_row = jax.jit(token_logprobs, static_argnames=("config", "precision", "chunk
 def _prompts(which):
   if which == "A":
     return TASK.batch("train", 0, 4)
+  if which == "C":  # 12 x 2 = 24 rows: 24 x 56 tokens x 4 heads >= 4096 query norms
+    return TASK.batch("train", 4, 12)
   return [get_task("addition", difficulty=1, length=n, seed=0).batch("test", i, 1)[0]
           for i, n in enumerate((1, 3, 2, 3, 1, 2, 2, 3))]
 
@@ -76,7 +80,7 @@ def sft_params(model):
 def _rollout(cfg, params, which, recipe, seed=0):
   problems = _prompts(which)
   prompts = [setup.encode_prompt(TOK, p.prompt) for p in problems]
-  sc = SC_A if which == "A" else SC_B
+  sc = SC_B if which == "B" else SC_A
   out = sample(params, cfg, prompts, jax.random.PRNGKey(seed), sc, recipe.rollout)
   return problems, sc, jax.tree_util.tree_map(np.asarray, out)
 
@@ -121,6 +125,18 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise(model, sft_params, 
   _, sc, out = _rollout(cfg, params, which, EXACT)
   assert out.mask.sum() >= 40
   whole, alone = _diffs(cfg, params, out, np.float32(sc.temperature or 1.0), EXACT)
+  assert whole == 0.0 and alone == 0.0, (whole, alone)
+
+
+@pytest.mark.slow
+def test_rollout_logprobs_equal_the_training_forward_bitwise_in_a_large_batch(model):
+  """24 rows: XLA:CPU hands the training forward's RMSNorm fusions of >= 4096 vectors to
+  YNNPACK, whose rsqrt rounds differently from XLA's; the decode steps and the rows alone stay
+  below that size. The exact RMSNorm's rsqrt (`exact_ops.rsqrt32`) is the same in both."""
+  cfg, params = model
+  _, sc, out = _rollout(cfg, params, "C", EXACT)
+  assert len(out.tokens) == 24 and out.mask.sum() >= 200
+  whole, alone = _diffs(cfg, params, out, np.float32(sc.temperature), EXACT)
   assert whole == 0.0 and alone == 0.0, (whole, alone)
 
 

@@ -17,8 +17,10 @@ an exact sum has one value whatever the order, the shapes or the device:
     `exact_sum`;
   - exp and log are written out in float64 arithmetic (`exp64`, `log64`): XLA's exp and log
     round differently in vectorised and scalar code, i.e. depending on the array's shape;
-  - the remaining steps are elementwise arithmetic (+, *, /, rsqrt, casts, silu in the MLP),
-    which XLA computes alike for every element whatever the array's shape. Most products are
+  - the RMS statistic's rsqrt is correctly rounded (`rsqrt32`): XLA:CPU computes a large
+    fusion's rsqrt in YNNPACK, a small one's in its own code, and the two round differently;
+  - the remaining steps are elementwise arithmetic (+, *, /, casts, silu in the MLP), which
+    XLA (and YNNPACK) compute alike for every element whatever the array's shape. Most products are
     exact (float32 factors in float64, powers of two), so a fused multiply-add cannot change
     them; the others (exp64 / log64's polynomials) sit inside one elementwise expression
     that every program compiles alike, in float64 before a final rounding.
@@ -118,6 +120,43 @@ def log64(y: jax.Array) -> jax.Array:
     return jnp.where((y < 0) | jnp.isnan(y), jnp.nan, out)
 
 
+def rsqrt32(v: jax.Array) -> jax.Array:
+  """float32 1 / sqrt(v), correctly rounded (nearest), for float32 v; the same bits whatever
+  the array's shape, the fusion or the kernel library that computes it.
+
+  XLA's rsqrt is an approximation whose last bit depends on where it runs: XLA:CPU hands a
+  fusion with at least 4096 elements in an operand (the reduction of an RMS statistic over a
+  large batch, say) to YNNPACK, whose rsqrt differs from XLA's own in about a third of the values
+  (docs/numerics.md). Here an estimate n0 of n = round(2^24 / sqrt(v')) is corrected with
+  exact integer arithmetic, so the result does not depend on how the estimate was computed:
+  v = v' 4^k with v' in [1, 4), 1 / sqrt(v') in (1/2, 1] on float32's grid of 2^-24 there,
+  and n0 + 1 (n0 - 1) when the midpoint above (below) squared times v' is below (above) 1,
+  i.e. M^2 V against 2^73 with M = 2 n0 +- 1 and V = v' 2^23, both integers (no ties: M is
+  odd). v <= 0, subnormal, Inf or NaN: XLA's rsqrt (0, Inf and NaN are exact there).
+  """
+  with x64():
+    v64 = v.astype(jnp.float32).astype(F64)
+    bits = jax.lax.bitcast_convert_type(v64, jnp.int64)
+    e = ((bits >> 52) & 0x7FF) - 1023
+    k = e >> 1                                              # floor(e / 2)
+    vp = v64 * pow2(-2 * k)                                 # [1, 4), exact
+    big_v = (vp * 2.0 ** 23).astype(jnp.int64)              # exact: 24 significant bits
+    est = (1.0 / jnp.sqrt(vp)) * 2.0 ** 24                  # any estimate within one step
+    n0 = jnp.round(est).astype(jnp.int64)
+
+    def below(m):  # m^2 V < 2^73 for odd integers m < 2^26, exactly in int64
+      m2 = m * m
+      hv = (m2 >> 26) * big_v                               # < 2^51
+      lv = (m2 & ((1 << 26) - 1)) * big_v                   # < 2^51
+      a = jnp.clip(hv - (1 << 47), -(1 << 26), 1 << 26)
+      return a * (1 << 26) + lv < 0
+
+    n = n0 + below(2 * n0 + 1).astype(jnp.int64) - (~below(2 * n0 - 1)).astype(jnp.int64)
+    r = (n.astype(F64) * 2.0 ** -24 * pow2(-k)).astype(jnp.float32)
+  normal = (v > 0) & (v < jnp.inf) & (v >= np.finfo(np.float32).tiny)
+  return jnp.where(normal, r, jax.lax.rsqrt(v.astype(jnp.float32)))
+
+
 # ---------------------------------------------------------------------------------- RMSNorm
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, reference) -> jax.Array:
@@ -128,7 +167,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, reference) -> jax.
       xx = x.astype(F64)
       # Squares of bf16 / float32 values are exact in float64; their sum too (exact_sum).
       var = (exact_sum(xx * xx, -1) / x.shape[-1]).astype(jnp.float32)[..., None]
-    y = (x.astype(jnp.float32) * jax.lax.rsqrt(var + eps)).astype(cd)
+    y = (x.astype(jnp.float32) * rsqrt32(var + eps)).astype(cd)
     return y * weight.astype(cd)
 
   return with_reference_vjp(exact, lambda a, w: reference(a, w, eps, cd), x, weight)
@@ -331,6 +370,6 @@ def token_logprobs_from_logits(logits: jax.Array, tokens: jax.Array, temperature
   return logp
 
 
-__all__ = ["exp64", "log64", "rms_norm", "attend", "attend_grids", "grid_keys", "grid_values",
-           "grid_lm_head", "lm_head", "lm_head_grids", "chunk_stats",
+__all__ = ["exp64", "log64", "rsqrt32", "rms_norm", "attend", "attend_grids", "grid_keys",
+           "grid_values", "grid_lm_head", "lm_head", "lm_head_grids", "chunk_stats",
            "log_softmax_stats", "token_logprobs_from_logits", "inverse_temperature"]
