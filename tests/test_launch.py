@@ -122,3 +122,25 @@ def test_one_process_of_many_needs_a_coordinator():
   )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == "[p1] hello from 1 of 2 at 10.0.0.1:9"
+
+
+class _Exited:
+  def __init__(self, code):
+    self.code = code
+
+  def poll(self):
+    return self.code
+
+
+@pytest.mark.parametrize(
+  "codes,named",
+  [
+    ({0: 1, 1: -9, 2: None}, (1, -9)),  # the peer of a killed process exited first: name the kill
+    ({0: None, 1: 3, 2: 1}, (1, 3)),  # no signal: the lowest id that failed
+    ({0: 0, 1: 0, 2: 0}, (None, 0)),
+  ],
+)
+def test_the_killed_process_is_named_when_its_peers_fail_by_the_same_poll(codes, named):
+  run = object.__new__(launch.Launch)
+  run.ids, run.procs = list(codes), {i: _Exited(c) for i, c in codes.items()}
+  assert run.wait(poll=0) == named

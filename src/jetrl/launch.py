@@ -233,16 +233,17 @@ class Launch:
       print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
   def wait(self, poll: float = 0.1) -> tuple[Optional[int], int]:
-    """Waits until every child has exited 0, or one has failed: (failed id or None, code)."""
+    """Waits until every child has exited 0, or one has failed: (failed id or None, code).
+
+    When several have failed by the same poll, one killed by a signal is named first: the
+    others' errors are then its consequence (a peer that lost its collectives exits 1, and on
+    a loaded machine it may do so before this loop sees the killed one)."""
     while True:
-      running = False
-      for i in self.ids:
-        code = self.procs[i].poll()
-        if code is None:
-          running = True
-        elif code != 0:
-          return i, code
-      if not running:
+      codes = {i: self.procs[i].poll() for i in self.ids}
+      failed = [(i, c) for i, c in codes.items() if c not in (None, 0)]
+      if failed:
+        return ([f for f in failed if f[1] < 0] or failed)[0]
+      if all(c is not None for c in codes.values()):
         return None, 0
       time.sleep(poll)
 
