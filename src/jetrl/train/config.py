@@ -214,6 +214,15 @@ class TaskConfig:
   def synthetic(self) -> bool:
     return self.name in SYNTHETIC_TASKS
 
+  def check_lengths(self, name: str, lengths) -> None:
+    """ConfigError naming `name` (a field of the config holding this task) when one of
+    `lengths` is not a valid length knob of this task."""
+    for length in lengths:
+      try:
+        dataclasses.replace(self, length=int(length))
+      except ConfigError as e:
+        raise ConfigError(name, f"{length}: {e.detail}") from None
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -466,11 +475,7 @@ class SFTConfig(Tree):
         f"needs a synthetic task (addition, multiplication, sorting); got --task.name="
         f"{self.task.name}",
       )
-    for length in self.mix_lengths:
-      try:
-        dataclasses.replace(self.task, length=int(length))
-      except ConfigError as e:
-        raise ConfigError("mix_lengths", f"{length}: {e.detail}") from None
+    self.task.check_lengths("mix_lengths", self.mix_lengths)
 
   @property
   def optimizer_steps(self) -> int:

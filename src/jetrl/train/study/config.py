@@ -181,16 +181,9 @@ class StudyConfig(Tree):
         f"{self.task.name!r} is not a synthetic task; the study "
         "varies the length knob of addition, multiplication or sorting",
       )
-    for length in self.lengths:
-      try:
-        dataclasses.replace(self.task, length=int(length))
-      except ConfigError as e:
-        raise ConfigError("lengths", f"{length}: {e.detail}") from None
+    self.task.check_lengths("lengths", self.lengths)
     if self.sft.length is not None:
-      try:
-        dataclasses.replace(self.task, length=int(self.sft.length))
-      except ConfigError as e:
-        raise ConfigError("sft.length", e.detail) from None
+      self.task.check_lengths("sft.length", [self.sft.length])
 
 
 def max_new_tokens_for(cfg: StudyConfig, length: int) -> int:
@@ -218,6 +211,7 @@ def sft_name(cfg: StudyConfig, length: int) -> str:
 
 
 def sft_lengths_text(cfg: StudyConfig, length: int) -> str:
+  """What the warm start of `length`'s runs trained on, for the report."""
   if cfg.sft.mix:
     return "lengths " + ", ".join(str(int(L)) for L in cfg.lengths) + " in turn"
   return f"length {sft_length(cfg, length)}"
