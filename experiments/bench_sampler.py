@@ -7,6 +7,8 @@ Both sides sample (temperature 1) the full budget with no stop token, from one r
 built by jetrl and exported with `save_pretrained` (so transformers runs the same weights).
 jetrl runs in float32 (plain matmuls: the same arithmetic as torch's float32), and under the
 bf16, jet and jet_exact recipes. The first jetrl call of each setting compiles and is not timed.
+"first token" times the same call generating one token: the prefill's share of a call (and one
+decode step); the rest of "s / call" is the decode loop.
 
 On a CPU, one XLA device runs a decode step's small GEMMs on one core, while torch spreads
 its ops over all cores. `--host_devices=N` (default 2, this machine's core count) also runs
@@ -19,6 +21,7 @@ transformers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -96,7 +99,7 @@ def main(argv):
   hf_call()  # warm up
   t = _median_time(hf_call, FLAGS.repeats)
   rows.append(dict(engine="transformers generate", precision="float32", seconds=t,
-                   tokens_per_s=n_tokens / t))
+                   tokens_per_s=n_tokens / t, first_token_seconds=None))
   print(f"  transformers float32: {n_tokens / t:9.1f} tok/s", flush=True)
 
   sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0,
@@ -116,26 +119,32 @@ def main(argv):
         p = layout.shard_params(params)
       key = iter(range(1000))
 
-      def jet_call():
-        out = sample(p, cfg, plist, jax.random.PRNGKey(next(key)), sc, prec, layout=layout)
+      def jet_call(config=sc):
+        out = sample(p, cfg, plist, jax.random.PRNGKey(next(key)), config, prec, layout=layout)
         jax.block_until_ready(out.tokens)
-        assert int(out.lengths.min()) == FLAGS.new_tokens
+        assert int(out.lengths.min()) == config.max_new_tokens
 
       jet_call()  # compile
       t = _median_time(jet_call, FLAGS.repeats)
-      rows.append(dict(engine=engine, precision=label, seconds=t, tokens_per_s=n_tokens / t))
+      # The prefill's share: a call that generates one token (the prefill, one step).
+      first = functools.partial(jet_call, dataclasses.replace(sc, max_new_tokens=1))
+      first()
+      t1 = _median_time(first, FLAGS.repeats)
+      rows.append(dict(engine=engine, precision=label, seconds=t, tokens_per_s=n_tokens / t,
+                       first_token_seconds=t1))
       print(f"  {engine}, {label}: {n_tokens / t:9.1f} tok/s", flush=True)
 
   base = rows[0]["tokens_per_s"]
   print(f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"
         f" {FLAGS.batch} prompts x {FLAGS.prompt_len} tokens, {FLAGS.new_tokens} new tokens, "
         f"sampling on; jax {jax.__version__}, torch {torch.__version__}\n")
-  print("| engine | precision | s / call | tokens/s | vs transformers |")
-  print("|---|---|---:|---:|---:|")
+  print("| engine | precision | s / call | first token, s | tokens/s | vs transformers |")
+  print("|---|---|---:|---:|---:|---:|")
   for r in rows:
     r["vs_transformers"] = r["tokens_per_s"] / base
-    print(f"| {r['engine']} | {r['precision']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | "
-          f"{r['vs_transformers']:.2f}x |")
+    first = "-" if r["first_token_seconds"] is None else f"{r['first_token_seconds']:.3f}"
+    print(f"| {r['engine']} | {r['precision']} | {r['seconds']:.2f} | {first} | "
+          f"{r['tokens_per_s']:.0f} | {r['vs_transformers']:.2f}x |")
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:
       json.dump(rows, f, indent=1)

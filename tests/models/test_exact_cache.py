@@ -211,15 +211,19 @@ def test_decode_over_gridded_and_plain_caches_equals_the_full_forward():
     M.forward(params, cfg, toks, precision=prec, positions=pos, attention_mask=mask)
   )
   step = jax.jit(
-    lambda w, tk, c, ps, m: M.forward_cached(
-      w, cfg, tk, c, positions=ps, token_mask=m, precision=prec
-    )
+    lambda w, tk, c, ps, m, slots=None: M.forward_cached(
+      w, cfg, tk, c, positions=ps, token_mask=m, precision=prec, attend_slots=slots
+    ),
+    static_argnums=5,
   )
 
-  def decode(weights, cache):
+  def decode(weights, cache, views=(None, None)):
+    # views: attend_slots of the prefill and of the decode steps (None: the whole cache).
     out = []
     for lo, hi in [(0, p)] + [(i, i + 1) for i in range(p, p + t)]:
-      logits, cache = step(weights, toks[:, lo:hi], cache, pos[:, lo:hi], mask[:, lo:hi])
+      logits, cache = step(
+        weights, toks[:, lo:hi], cache, pos[:, lo:hi], mask[:, lo:hi], views[lo > 0]
+      )
       out.append(np.asarray(logits))
     return np.concatenate(out, 1)
 
@@ -227,5 +231,12 @@ def test_decode_over_gridded_and_plain_caches_equals_the_full_forward():
     M.rollout_weights(params, prec), M.init_cache(cfg, 3, 20, jnp.bfloat16, precision=prec)
   )
   plain = decode(params, M.init_cache(cfg, 3, 20, jnp.bfloat16))
+  # Attention over the filled slots only: the prompt's own p, then 16 of the 20.
+  viewed = decode(
+    M.rollout_weights(params, prec),
+    M.init_cache(cfg, 3, 20, jnp.bfloat16, precision=prec),
+    views=(p, 16),
+  )
   assert np.abs(gridded - full)[mask].max() == 0.0
   assert np.abs(plain - full)[mask].max() == 0.0
+  assert np.abs(viewed - full)[mask].max() == 0.0

@@ -158,6 +158,11 @@ def test_bad_call_arguments():
   with pytest.raises(ValueError, match="token_mask"):
     M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 8, jnp.float32),
                      positions=kw["positions"], token_mask=jnp.ones((2, 3), bool))
+  for slots in (3, 9):
+    with pytest.raises(ValueError, match="attend_slots must be between the 4 new tokens and "
+                                         "the cache's 8 slots"):
+      M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 8, jnp.float32),
+                       attend_slots=slots, **kw)
   with pytest.raises(ValueError, match="max_len"):
     M.init_cache(CONFIG, 2, 0)
 

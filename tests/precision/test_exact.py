@@ -78,6 +78,20 @@ def test_exact_gemm_is_batch_invariant(xw):
   np.testing.assert_array_equal(alone.view(np.uint32), ref_exact_gemm(x[7:8], w).view(np.uint32))
 
 
+@pytest.mark.parametrize("tile_bytes", [4096, 70000])
+def test_exact_gemm_in_row_tiles_equals_the_reference(xw, monkeypatch, tile_bytes):
+  # Large outputs go in row tiles (strided rows, zero-padded when no divisor fits): small
+  # tiles forced here, on 130 rows and on 131 (prime: padded), must not change a bit.
+  from jetrl.precision import exact
+  x, w = xw
+  monkeypatch.setattr(exact, "TILE_BYTES", tile_bytes)
+  for rows in (x, np.concatenate([x, x[7:8]])):
+    assert exact._row_tiles(rows.shape[0], N) >= 2
+    f = jax.jit(lambda a, b: fp8_fprop(a, *quantize_weight(b, G)[:2], G))
+    y = np.asarray(f(jnp.asarray(rows, jnp.bfloat16), w))
+    np.testing.assert_array_equal(y.view(np.uint32), ref_exact_gemm(rows, w).view(np.uint32))
+
+
 def test_exact_sum_does_not_depend_on_the_order():
   rng = np.random.default_rng(2)
   terms = rng.standard_normal((4, 1000)) * np.exp(rng.uniform(-30, 30, (4, 1000)))
@@ -143,6 +157,18 @@ def test_rsqrt32_is_correctly_rounded_in_any_program():
   norm = jax.jit(lambda a: rms_norm(a, w, 1e-6, jnp.bfloat16, layers.rms_norm))
   big, small = np.asarray(norm(x)[:2], np.float32), np.asarray(norm(x[:2]), np.float32)
   np.testing.assert_array_equal(big, small)
+  # The values: the mean square exactly (fsum), its rsqrt correctly rounded to float32, then
+  # x * rsqrt in float32, bf16, times the bf16 weight, bf16 (ties of the double rounding of
+  # 1 / sqrt and the sum's 2^-38 error can move a value by one bf16 step, rarely).
+  xs = np.asarray(x[:2], np.float64).reshape(-1, 64)
+  var = np.float32([math.fsum(r * r) / 64 for r in xs]) + np.float32(1e-6)
+  inv = (1.0 / np.sqrt(var.astype(np.float64))).astype(np.float32)
+  y = (xs.astype(np.float32) * inv[:, None]).astype(ml_dtypes.bfloat16)
+  want = (y.astype(np.float32) * np.asarray(w, np.float32).astype(ml_dtypes.bfloat16).astype(
+      np.float32)).astype(ml_dtypes.bfloat16).astype(np.float32)
+  got = big.reshape(-1, 64)
+  assert np.mean(got == want) > 0.999
+  np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=0)
 
 
 def test_recipe():

@@ -121,6 +121,12 @@ def test_memory_floor_matches_hand_computed_bytes():
   assert parts["params, AdamW state, gradients"] == n * (4 + 4 + 4 + 4 + 4)
   assert parts["rollout KV cache"] == 2 * layers * 16 * 80 * cfg.n_kv_heads * cfg.head_dim * 2
   assert parts["rollout logits"] == 16 * vocab * 4
+  # A batch-invariant recipe's cache adds each value row's int32 exponent: 4 bytes per slot,
+  # layer and kv head.
+  exact = step_bytes(cfg, rows=16, seq_len=80, micro_rows=4, value_exponents=True)
+  assert (
+    exact["rollout KV cache"] == parts["rollout KV cache"] + layers * 16 * 80 * cfg.n_kv_heads * 4
+  )
   per_token = (
     2 * d + 2 * cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim + 3 * cfg.d_ff
   )

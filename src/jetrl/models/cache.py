@@ -65,6 +65,10 @@ def positions_from_mask(token_mask: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def cache_bytes(config: ModelConfig, batch: int, max_len: int, itemsize: int = 2) -> int:
-  """Bytes of k and v for a cache of this size (the mask and index are negligible)."""
-  return 2 * config.n_layers * batch * max_len * config.kv_dim * itemsize
+def cache_bytes(config: ModelConfig, batch: int, max_len: int, itemsize: int = 2,
+                value_exponents: bool = False) -> int:
+  """Bytes of k and v for a cache of this size (the mask and index are negligible), plus the
+  value rows' int32 exponents of a batch-invariant precision's cache (`value_exponents`)."""
+  slots = config.n_layers * batch * max_len
+  return 2 * slots * config.kv_dim * itemsize + (4 * slots * config.n_kv_heads
+                                                 if value_exponents else 0)

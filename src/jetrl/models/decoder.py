@@ -96,7 +96,8 @@ def forward(params, config: ModelConfig, tokens: jax.Array, *,
 
 def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCache, *,
                    positions: jax.Array, token_mask: jax.Array,
-                   precision: Optional[Precision] = None, last_only: bool = False):
+                   precision: Optional[Precision] = None, last_only: bool = False,
+                   attend_slots: Optional[int] = None):
   """Run T new tokens against the cache; returns (float32 logits, new cache).
 
   Writes the new tokens' k / v at slots [index, index + T), sets their mask from token_mask
@@ -109,6 +110,11 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   Under a batch-invariant precision, a cache from `init_cache(..., precision=precision)`
   (with `v_exp`) keeps each key and value on its grid from the step that wrote it; a plain
   one is gridded whole at every step (the same logits, slower).
+  attend_slots: attention reads only the first `attend_slots` slots (T <= attend_slots <= S);
+  the caller guarantees that no slot at or after it is set and that index + T <=
+  attend_slots (a prefill into an empty cache passes T). Masked slots add nothing, so the
+  logits are those of the whole cache (bit for bit under a batch-invariant precision, whose
+  sums are exact; within float32 reordering otherwise), at the cost of the slots read.
   """
   _check_config(config)
   check_params(params, config, allow_unstacked=True)
@@ -141,6 +147,10 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
     raise ValueError(f"cache.mask must have shape {(b, s)}, got {tuple(cache.mask.shape)}")
   if t > s:
     raise ValueError(f"{t} new tokens do not fit in a cache of {s} slots")
+  n = s if attend_slots is None else int(attend_slots)
+  if not t <= n <= s:
+    raise ValueError(f"attend_slots must be between the {t} new tokens and the cache's {s} "
+                     f"slots, got {attend_slots}")
 
   cd = compute_dtype(precision, params)
   exact = is_batch_invariant(precision)
@@ -148,8 +158,9 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   zero = jnp.zeros((), jnp.int32)
   mask = jax.lax.dynamic_update_slice(cache.mask, token_mask.astype(bool), (zero, index))
   q_slots = index + jnp.arange(t, dtype=jnp.int32)
-  k_slots = jnp.arange(s, dtype=jnp.int32)
-  allowed = (k_slots[None, :] <= q_slots[:, None])[None] & mask[:, None, :]  # [B, T, S]
+  k_slots = jnp.arange(n, dtype=jnp.int32)
+  allowed = (k_slots[None, :] <= q_slots[:, None])[None] & mask[:, None, :n]  # [B, T, n]
+  view = lambda a: a if n == s else a[:, :, :n]  # the slots attention reads
   cos, sin = rope_tables(config, positions, cd)
 
   x = _embed(params, tokens, cd)
@@ -167,12 +178,12 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
     start = (zero, zero, index, zero)
     if grids:
       kc, vc, ec = attn.write_grids(cache.k[i], cache.v[i], cache.v_exp[i], k, v, start, cd)
-      out = attn.attend_grids(q, kc, vc, ec, allowed, cd)
+      out = attn.attend_grids(q, view(kc), view(vc), view(ec), allowed, cd)
       new_e.append(ec)
     else:
       kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start)
       vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start)
-      out = attn.attend(q, kc, vc, allowed, cd, exact)
+      out = attn.attend(q, view(kc), view(vc), allowed, cd, exact)
     x = x + attn.output(out, layer, precision, cd)
     x = _mlp_residual(x, layer, config, precision, cd)
     new_k.append(kc)

@@ -165,8 +165,11 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, reference) -> jax.
   def exact(x, weight):
     with x64():
       xx = x.astype(F64)
-      # Squares of bf16 / float32 values are exact in float64; their sum too (exact_sum).
-      var = (exact_sum(xx * xx, -1) / x.shape[-1]).astype(jnp.float32)[..., None]
+      # Squares of bf16 / float32 values are exact in float64; their sum is order-free
+      # (exact_sum), one level: within D 2^-(54 - log2 D) of the largest square, far below
+      # the float32 rounding of the mean.
+      d = x.shape[-1]
+      var = (exact_sum(xx * xx, -1, levels=1, max_terms=d) / d).astype(jnp.float32)[..., None]
     y = (x.astype(jnp.float32) * rsqrt32(var + eps)).astype(cd)
     return y * weight.astype(cd)
 

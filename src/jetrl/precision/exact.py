@@ -45,6 +45,8 @@ F64 = jnp.float64
 EXACT_BITS = 53
 # exact_sum: at most MAX_SUM_TERMS terms per sum unless the caller bounds them tighter.
 MAX_SUM_TERMS = 1 << 20
+# fp8_fprop: about TILE_BYTES of float64 partial output rows at a time.
+TILE_BYTES = 2 << 20
 
 
 def x64():
@@ -126,6 +128,15 @@ def dot_bits(k: int) -> tuple[int, int]:
   return total // 2, total - total // 2
 
 
+def _row_tiles(m: int, n: int) -> int:
+  """How many row tiles `fp8_fprop` computes an [m, n] output in: about m n 8 / TILE_BYTES,
+  a divisor of m if one lies within 2x of that (no padding), 1 for small outputs."""
+  need = -(-m * n * 8 // TILE_BYTES)
+  if need < 2 or m < 16:
+    return 1
+  return next((d for d in range(need, min(2 * need, m) + 1) if m % d == 0), need)
+
+
 def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
   """The batch-invariant FP8 forward GEMM: float32 [M, N] from x2 [M, K] and FP8 weights.
 
@@ -147,14 +158,32 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
   sw = jnp.repeat(s, b, axis=1, total_repeat_length=s.shape[1] * b)[:, :n]   # [nkb, N]
   # FP8 -> float32 is exact; float32 -> float64 too (XLA's direct FP8 -> float64 is slower).
   xf, wf = xq.astype(jnp.float32), q.astype(jnp.float32)
-  acc = None
-  with x64():
-    for kb in range(nkb):
-      lo, hi = kb * b, min((kb + 1) * b, k)
-      d = jax.lax.dot_general(xf[:, lo:hi].astype(F64), wf[lo:hi].astype(F64),
-                              (((1,), (0,)), ((), ())), preferred_element_type=F64)
-      scale = sx[:, kb].astype(F64)[:, None] * sw[kb].astype(F64)[None, :]
-      t = (d * scale).astype(jnp.float32)
-      acc = t if acc is None else acc + t
+
+  def rows(xf, sx):  # the rows of y from those rows of x and their scales
+    acc = None
+    with x64():
+      for kb in range(nkb):
+        lo, hi = kb * b, min((kb + 1) * b, k)
+        d = jax.lax.dot_general(xf[:, lo:hi].astype(F64), wf[lo:hi].astype(F64),
+                                (((1,), (0,)), ((), ())), preferred_element_type=F64)
+        scale = sx[:, kb].astype(F64)[:, None] * sw[kb].astype(F64)[None, :]
+        t = (d * scale).astype(jnp.float32)
+        acc = t if acc is None else acc + t
+    return acc
+
+  # Each block dot writes a float64 partial of its rows; past a few MB the partials leave the
+  # cache, so many rows go in tiles of about TILE_BYTES of partial each (a loop, not a larger
+  # program). Tile j holds rows j, j + tiles, j + 2 tiles, ...: a row-sharded x splits each
+  # tile the same way. Every element's arithmetic is the same whatever the tiling: it cannot
+  # change a bit.
+  tiles = _row_tiles(m, n)
+  if tiles < 2:
+    acc = rows(xf, sx)
+  else:
+    mp = -(-m // tiles) * tiles
+    strided = lambda a: jnp.moveaxis(jnp.pad(a, ((0, mp - m), (0, 0))).reshape(
+        mp // tiles, tiles, a.shape[1]), 1, 0)      # [tiles, rows per tile, ...]
+    out = jax.lax.map(lambda a: rows(*a), (strided(xf), strided(sx)))
+    acc = jnp.moveaxis(out, 0, 1).reshape(mp, n)[:m]
   chex.assert_shape(acc, (m, n))
   return acc

@@ -178,8 +178,10 @@ def _prefill(params, tokens, mask, *, model_config: ModelConfig, config: Samplin
   cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype,
                      precision=precision)
   positions = positions_from_mask(mask)
+  # The cache is empty: the prompt attends to its own p slots, not the whole cache.
   logits, cache = forward_cached(params, model_config, tokens, cache, positions=positions,
-                                 token_mask=mask, precision=precision, last_only=True)
+                                 token_mask=mask, precision=precision, last_only=True,
+                                 attend_slots=p)
   cache = _constrain(_repeat_cache(cache, config.n), cache_sharding)
   return cache, jnp.repeat(logits[:, -1], config.n, axis=0)
 

@@ -79,6 +79,7 @@ def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
     master_bytes=2 if u.master_dtype == "bfloat16" else 4,
     compute_bytes=4 if cfg.recipe == "fp32" else 2,
     ref_params=u.kl_coef > 0,
+    value_exponents=get_recipe(cfg.recipe).rollout.batch_invariant,
   )
   check_step_memory(
     parts,

@@ -25,13 +25,13 @@ GIB = 1024 ** 3
 
 def step_bytes(mcfg: ModelConfig, *, rows: int, seq_len: int, micro_rows: int,
                master_bytes: int = 4, compute_bytes: int = 2, ref_params: bool = False,
-               chunk: int = 256) -> dict[str, int]:
+               chunk: int = 256, value_exponents: bool = False) -> dict[str, int]:
   """Bytes by part (see the module docstring); every part is needed at some point of a step."""
   n = mcfg.n_params
   per_token = (2 * mcfg.d_model + 2 * mcfg.q_dim + 2 * mcfg.kv_dim + 3 * mcfg.d_ff)
   return {
       "params, AdamW state, gradients": n * (master_bytes * (2 if ref_params else 1) + 8 + 4),
-      "rollout KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes),
+      "rollout KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, value_exponents),
       "rollout logits": rows * mcfg.vocab_size * 4,
       "update activations": micro_rows * seq_len * mcfg.n_layers * per_token * compute_bytes,
       "update log-prob chunk": micro_rows * min(chunk, seq_len) * mcfg.vocab_size * 4,
