@@ -128,6 +128,23 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise(model, sft_params, 
   assert whole == 0.0 and alone == 0.0, (whole, alone)
 
 
+def test_decode_in_segments_changes_no_bit(model, monkeypatch):
+  """A long budget decodes in segments whose attention reads only the cache's filled part
+  (`decode_segments`); forced here at 40 tokens: the same rollout, bit for bit."""
+  from jetrl.sampling import sampler
+  cfg, params = model
+  _, _, whole = _rollout(cfg, params, "A", EXACT)
+  monkeypatch.setattr(sampler, "SEGMENT_MIN_TOKENS", 8)
+  assert sampler.decode_segments(MAX_NEW) == (10, 20, 40)
+  _, sc, parts = _rollout(cfg, params, "A", EXACT)
+  assert parts.mask.sum() >= 40 and parts.lengths.max() > 20  # reaches the last segment
+  for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(parts)):
+    np.testing.assert_array_equal(a, b)
+  lp, _ = _lp(params, model_config=cfg, batch=_batch(parts), precision=EXACT.train,
+              temperature=np.float32(sc.temperature), chunk_size=16)
+  assert np.abs(np.asarray(lp) - parts.logprobs)[parts.mask].max() == 0.0
+
+
 @pytest.mark.slow
 def test_rollout_logprobs_equal_the_training_forward_bitwise_in_a_large_batch(model):
   """24 rows: XLA:CPU hands the training forward's RMSNorm fusions of >= 4096 vectors to
