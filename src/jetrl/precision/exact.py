@@ -159,14 +159,18 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
   # FP8 -> float32 is exact; float32 -> float64 too (XLA's direct FP8 -> float64 is slower).
   xf, wf = xq.astype(jnp.float32), q.astype(jnp.float32)
 
+  blocks = [(kb * b, min((kb + 1) * b, k)) for kb in range(nkb)]
+  with x64():  # the weight blocks and their scales in float64, once (not once per row tile)
+    wd = [wf[lo:hi].astype(F64) for lo, hi in blocks]
+    swd = sw.astype(F64)
+
   def rows(xf, sx):  # the rows of y from those rows of x and their scales
     acc = None
     with x64():
-      for kb in range(nkb):
-        lo, hi = kb * b, min((kb + 1) * b, k)
-        d = jax.lax.dot_general(xf[:, lo:hi].astype(F64), wf[lo:hi].astype(F64),
+      for kb, (lo, hi) in enumerate(blocks):
+        d = jax.lax.dot_general(xf[:, lo:hi].astype(F64), wd[kb],
                                 (((1,), (0,)), ((), ())), preferred_element_type=F64)
-        scale = sx[:, kb].astype(F64)[:, None] * sw[kb].astype(F64)[None, :]
+        scale = sx[:, kb].astype(F64)[:, None] * swd[kb][None, :]
         t = (d * scale).astype(jnp.float32)
         acc = t if acc is None else acc + t
     return acc
