@@ -14,6 +14,8 @@ RUFF_FORMATTED := \
 	src/jetrl/config \
 	src/jetrl/data/pipes.py \
 	src/jetrl/launch.py \
+	src/jetrl/precision/cpu_kernels.py \
+	src/jetrl/precision/ffi_build.py \
 	src/jetrl/parallel/hosts.py \
 	src/jetrl/rl/optimizer.py \
 	src/jetrl/rl/remat.py \
@@ -32,6 +34,7 @@ RUFF_FORMATTED := \
 	src/jetrl/train/evaluate.py \
 	src/jetrl/train/study \
 	tests/conftest.py \
+	tests/precision/test_cpu_kernels.py \
 	tests/config \
 	tests/train/test_cli.py \
 	tests/train/test_runner.py \

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8_reference import ref_quantize, to_bf16
+from fp8_reference import ref_exact_gemm, to_bf16
 from jetrl.models import layers
 from jetrl.models.exact_ops import exp64, log64, rms_norm, rsqrt32
 from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, linear, quantize_weight
@@ -21,22 +21,6 @@ from jetrl.precision.exact import exact_sum, fp8_fprop, x64
 EXACT = get_recipe("jet_exact")
 G = EXACT.train.fprop
 M, K, N = 130, 300, 200  # partial token groups, partial K and N blocks
-
-
-def ref_exact_gemm(x, w, b=128):
-  """The blockwise formula in numpy: per K block, an exact float64 dot of the E4M3 values,
-  times float64(sx) * float64(sw), rounded to float32; the blocks added in float32 in order."""
-  xq, sx = ref_quantize(x, (1, b))
-  wq, sw = ref_quantize(w, (b, b))
-  xq, wq = xq.astype(np.float64), wq.astype(np.float64)
-  sw_cols = np.repeat(sw, b, axis=1)[:, :w.shape[1]].astype(np.float64)
-  acc = None
-  for kb in range(sx.shape[1]):
-    blk = slice(kb * b, (kb + 1) * b)
-    d = xq[:, blk] @ wq[blk]   # exact in float64 whatever numpy's order (<= 128 E4M3 products)
-    t = (d * (sx[:, kb].astype(np.float64)[:, None] * sw_cols[kb][None, :])).astype(np.float32)
-    acc = t if acc is None else (acc + t).astype(np.float32)
-  return acc
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +71,8 @@ def test_exact_gemm_in_row_tiles_equals_the_reference(xw, monkeypatch, tile_byte
   monkeypatch.setattr(exact, "TILE_BYTES", tile_bytes)
   for rows in (x, np.concatenate([x, x[7:8]])):
     assert exact._row_tiles(rows.shape[0], N) >= 2
-    f = jax.jit(lambda a, b: fp8_fprop(a, *quantize_weight(b, G)[:2], G))
+    # The XLA path (the CPU kernel computes whole outputs at once, without tiles).
+    f = jax.jit(lambda a, b: fp8_fprop(a, *quantize_weight(b, G)[:2], G, kernel=False))
     y = np.asarray(f(jnp.asarray(rows, jnp.bfloat16), w))
     np.testing.assert_array_equal(y.view(np.uint32), ref_exact_gemm(rows, w).view(np.uint32))
 

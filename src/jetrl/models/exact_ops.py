@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.precision import cpu_kernels as _cpu_kernels
 from jetrl.precision.exact import F64, dot_bits, exact_sum, pow2, to_grid, x64
 
 # At most MAX_KEYS key slots; PV_BITS: grid bits of the probabilities (times 2^e of the value
@@ -248,8 +249,42 @@ def attend_grids(q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allo
 
 
 def _dot64(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-  """float64 einsum of operands whose sums are exact (any order, one value)."""
+  """float64 einsum of operands whose sums are exact (any order, one value).
+
+  On the CPU (one device) the four contractions below run as one kernel call each
+  (`cpu_kernels.exact_dot`: an exact sum has one value, so the bits are the same)."""
+  if spec in _KERNEL_DOTS and _kernel_dtypes(a, b) and _cpu_kernels.usable():
+    return _KERNEL_DOTS[spec](a, b)
   return jnp.einsum(spec, a.astype(F64), b.astype(F64), preferred_element_type=F64)
+
+
+def _kernel_dtypes(a, b) -> bool:
+  return a.dtype in (jnp.float32, F64) and b.dtype in (jnp.bfloat16, jnp.float32)
+
+
+def _qk_kernel(a, b):  # a [B, K, G, T, D], b [B, K, S, D] -> [B, K, G, T, S]
+  bb, kk, g, t, d = a.shape
+  out = _cpu_kernels.exact_dot(a.reshape(bb * kk, g * t, d), b.reshape(bb * kk, -1, d),
+                               b_nk=True)
+  return out.reshape(bb, kk, g, t, -1)
+
+
+def _pv_kernel(a, b):  # a [B, K, G, T, S], b [B, K, S, D] -> [B, K, G, T, D]
+  bb, kk, g, t, s = a.shape
+  out = _cpu_kernels.exact_dot(a.reshape(bb * kk, g * t, s), b.reshape(bb * kk, s, -1),
+                               b_nk=False)
+  return out.reshape(bb, kk, g, t, -1)
+
+
+def _head_kernel(b_nk: bool):  # a [..., D], b [V, D] (b_nk) or [D, V] -> [..., V]
+  def f(a, b):
+    out = _cpu_kernels.exact_dot(a.reshape(1, -1, a.shape[-1]), b[None], b_nk=b_nk)
+    return out.reshape(*a.shape[:-1], out.shape[-1])
+  return f
+
+
+_KERNEL_DOTS = {"bkgtd,bksd->bkgts": _qk_kernel, "bkgts,bksd->bkgtd": _pv_kernel,
+                "...d,vd->...v": _head_kernel(True), "...d,dv->...v": _head_kernel(False)}
 
 
 def _attend_grids(q, kg, vg, fv, allowed, *, cd):
@@ -275,7 +310,8 @@ def _attend_grids(q, kg, vg, fv, allowed, *, cd):
   scale = np.float64(np.float32(dh ** -0.5))
   qv = _from_grid(*to_grid(qg.astype(cd), -1, qbits), qbits, jnp.float32)
   with x64():
-    if small:  # XLA:CPU's batched float64 dots are slow for a few query rows: multiply-sum
+    if small and not _cpu_kernels.usable():
+      # XLA:CPU's batched float64 dots are slow for a few query rows: multiply-sum
       scores = jnp.sum(qv.astype(F64)[:, :, :, :, None] * kg.astype(F64)[:, :, None, None], -1)
     else:
       scores = _dot64("bkgtd,bksd->bkgts", qv, kg)

@@ -28,12 +28,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -41,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.precision.ffi_build import build, cache_dir, compiler  # noqa: F401 (re-exported)
 from jetrl.precision.formats import E4M3, E5M2
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_blockwise_gemm.cc"
@@ -62,47 +59,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def _round_up(a: int, b: int) -> int:
   return _cdiv(a, b) * b
-
-
-def cache_dir() -> Path:
-  root = os.environ.get("JETRL_CACHE_DIR") or os.path.join(Path.home(), ".cache", "jetrl")
-  return Path(root) / "ffi"
-
-
-def compiler() -> Optional[str]:
-  return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-
-
-def build(source: Path = SOURCE, *, defines: tuple[str, ...] = (), out_dir: Optional[Path] = None
-          ) -> Path:
-  """Compile `source` into a shared library (cached by content, compiler and jaxlib version).
-
-  Returns the library's path. Raises RuntimeError with the compiler's message on failure.
-  """
-  cxx = compiler()
-  if cxx is None:
-    raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-  include = jax.ffi.include_dir()
-  text = source.read_bytes()
-  tag = hashlib.sha256(text + repr((cxx, defines, jax.__version__, include)).encode()).hexdigest()
-  out_dir = out_dir or cache_dir()
-  out = out_dir / f"lib{source.stem}-{tag[:16]}.so"
-  if out.exists():
-    return out
-  out_dir.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-  os.close(fd)
-  cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{include}",
-         *(f"-D{d}" for d in defines), str(source), "-o", tmp]
-  try:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-      raise RuntimeError(f"building {source.name} failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
-    os.replace(tmp, out)  # atomic: a concurrent build never sees a partial library
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-  return out
 
 
 def _cublaslt_candidates() -> list[str]:
@@ -189,7 +145,7 @@ def load(*, _platform: str = "CUDA", _library: Optional[Path] = None,
         _State.reason = reason
         return reason
       _State.info["cublaslt"] = _load_cublaslt()
-    path = _library or build()
+    path = _library or build(SOURCE)
     lib = ctypes.CDLL(str(path))
     _configure(lib)
     version = int(lib.jetrl_cublaslt_version())

@@ -33,10 +33,13 @@ as float32 (or the caller's dtype) and the rest of the program keeps 32-bit defa
 
 from __future__ import annotations
 
+from typing import Optional
+
 import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.precision import cpu_kernels as _cpu_kernels
 from jetrl.precision.formats import E4M3
 from jetrl.precision.quantize import quantize
 
@@ -137,7 +140,8 @@ def _row_tiles(m: int, n: int) -> int:
   return next((d for d in range(need, min(2 * need, m) + 1) if m % d == 0), need)
 
 
-def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
+def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g, *,
+              kernel: Optional[bool] = None) -> jax.Array:
   """The batch-invariant FP8 forward GEMM: float32 [M, N] from x2 [M, K] and FP8 weights.
 
   x2 is quantized exactly as jet's fprop quantizes it (1 x block groups along K); q [K, N]
@@ -145,6 +149,11 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
   `Fp8Gemm` (block scaling, E4M3, blocks of at most 128). Per K block kb:
     t_kb = float32( dot64(xq[:, kb], q[kb, :]) * (float64(sx[:, kb]) * float64(sw[kb, :])) )
   and y = t_0 + t_1 + ... in float32, left to right.
+
+  On the CPU, in a process with one device, this runs as one kernel call (`cpu_kernels`: the
+  same arithmetic, the same bits) when that kernel is available; with more devices XLA would
+  gather a custom call's operands onto each of them, so the XLA path runs. `kernel` = True /
+  False forces the kernel / the XLA path.
   """
   # Precision validates this for batch-invariant recipes; a direct call is checked here too.
   assert g.scaling == "block" and g.fmt == "e4m3" and g.block <= 128, g
@@ -155,6 +164,10 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
   nkb = -(-k // b)
   chex.assert_shape(s, (nkb, -(-n // b)))
   xq, sx = quantize(x2, (1, b), E4M3, g.pow2_scale)
+  if kernel is None:
+    kernel = _cpu_kernels.usable()
+  if kernel:
+    return _cpu_kernels.exact_fp8_gemm(xq, sx, q, s, b)
   sw = jnp.repeat(s, b, axis=1, total_repeat_length=s.shape[1] * b)[:, :n]   # [nkb, N]
   # FP8 -> float32 is exact; float32 -> float64 too (XLA's direct FP8 -> float64 is slower).
   xf, wf = xq.astype(jnp.float32), q.astype(jnp.float32)
