@@ -144,3 +144,21 @@ def test_the_killed_process_is_named_when_its_peers_fail_by_the_same_poll(codes,
   run = object.__new__(launch.Launch)
   run.ids, run.procs = list(codes), {i: _Exited(c) for i, c in codes.items()}
   assert run.wait(poll=0) == named
+
+
+class _Proc(_Exited):
+  def __init__(self, code, pid):
+    super().__init__(code)
+    self.pid = pid
+
+
+def test_the_failure_line_names_peers_to_stop_and_peers_already_gone():
+  procs = {0: _Proc(1, 10), 1: _Proc(-9, 11), 2: _Proc(None, 12), 3: _Proc(-6, 13)}
+  assert launch.failure_line(1, -9, 4, procs) == (
+    "process 1 of 4 (pid 11) was killed by SIGKILL; stopping process 2"
+    "; process 0 had already exited with code 1; process 3 had already been killed by SIGABRT"
+  )
+  procs = {0: _Proc(None, 10), 1: _Proc(3, 11), 2: _Proc(None, 12)}
+  assert launch.failure_line(1, 3, 3, procs) == (
+    "process 1 of 3 (pid 11) exited with code 3; stopping processes 0, 2"
+  )

@@ -178,6 +178,22 @@ def describe(code: int) -> str:
   return f"exited with code {code}"
 
 
+def failure_line(failed: int, code: int, processes: int, procs: dict) -> str:
+  """What the launcher says when process `failed` ended with `code`: which peers it stops, and
+  which had already ended on their own (e.g. a collective failing on the dead peer's closed
+  connection) before the launcher looked."""
+  others = [i for i in procs if i != failed and procs[i].poll() is None]
+  gone = [i for i in procs if i != failed and procs[i].poll() is not None]
+  line = f"process {failed} of {processes} (pid {procs[failed].pid}) {describe(code)}"
+  if others:
+    line += f"; stopping process{'es' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+  for i in gone:
+    line += f"; process {i} had already " + describe(procs[i].poll()).replace(
+      "was killed", "been killed"
+    )
+  return line
+
+
 def exit_code(code: int) -> int:
   return 128 - code if code < 0 else code
 
@@ -325,16 +341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if failed is None:
     launch.close()
     return 0
-  others = [i for i in ids if i != failed and launch.procs[i].poll() is None]
-  launch.say(
-    f"process {failed} of {args.processes} (pid {launch.procs[failed].pid}) "
-    f"{describe(code)}"
-    + (
-      f"; stopping process{'es' if len(others) > 1 else ''} {', '.join(map(str, others))}"
-      if others
-      else ""
-    )
-  )
+  launch.say(failure_line(failed, code, args.processes, launch.procs))
   launch.stop(args.grace)
   launch.close()
   launch.say(f"failed: process {failed} {describe(code)}")

@@ -245,9 +245,14 @@ def test_sigkill_of_one_process_stops_the_run_naming_it(runs):
   killed = runs["killed"]
   assert killed.returncode == 128 + 9, killed.stderr[-3000:]
   assert runs["kill_wait"] < KILL_BOUND, runs["kill_wait"]
-  assert "process 1 of 2" in killed.stderr and "was killed by SIGKILL; stopping process 0" in (
-    killed.stderr
-  )
+  # Process 0 is stopped by the launcher, or has already failed on its own (its collective
+  # lost the killed peer) by the time the launcher looks: either way the message says which.
+  assert "process 1 of 2" in killed.stderr
+  assert re.search(
+    r"was killed by SIGKILL; (stopping process 0|process 0 had already "
+    r"(exited with code \d+|been killed by \w+))",
+    killed.stderr,
+  ), killed.stderr[-3000:]
   assert "failed: process 1 was killed by SIGKILL" in killed.stderr
 
 
