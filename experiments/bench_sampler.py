@@ -54,7 +54,7 @@ flags.DEFINE_integer("host_devices", 2, "CPU only: also run jetrl over a data:N 
 flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
 
 
-def _median_time(fn, repeats):
+def _timed(fn, repeats):
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def main(argv):
     assert out.shape[1] == FLAGS.prompt_len + FLAGS.new_tokens
 
   hf_call()  # warm up
-  t = _median_time(hf_call, FLAGS.repeats)
+  t = _timed(hf_call, FLAGS.repeats)
   rows.append(dict(engine="transformers generate", precision="float32", seconds=t,
                    tokens_per_s=n_tokens / t, first_token_seconds=None))
   print(f"  transformers float32: {n_tokens / t:9.1f} tok/s", flush=True)
@@ -133,11 +133,11 @@ def main(argv):
         assert int(out.lengths.min()) == config.max_new_tokens
 
       jet_call()  # compile
-      t = _median_time(jet_call, FLAGS.repeats)
+      t = _timed(jet_call, FLAGS.repeats)
       # The prefill's share: a call that generates one token (the prefill, one step).
       first = functools.partial(jet_call, dataclasses.replace(sc, max_new_tokens=1))
       first()
-      t1 = _median_time(first, FLAGS.repeats)
+      t1 = _timed(first, FLAGS.repeats)
       rows.append(dict(engine=engine, precision=label, seconds=t, tokens_per_s=n_tokens / t,
                        first_token_seconds=t1))
       print(f"  {engine}, {label}: {n_tokens / t:9.1f} tok/s", flush=True)
@@ -145,7 +145,8 @@ def main(argv):
   base = rows[0]["tokens_per_s"]
   print(f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"
         f" {FLAGS.batch} prompts x {FLAGS.prompt_len} tokens, {FLAGS.new_tokens} new tokens, "
-        f"sampling on, {FLAGS.statistic} of {FLAGS.repeats} calls; jax {jax.__version__}, torch {torch.__version__}\n")
+        f"sampling on, {FLAGS.statistic} of {FLAGS.repeats} calls; jax {jax.__version__}, "
+        f"torch {torch.__version__}\n")
   print("| engine | precision | s / call | first token, s | tokens/s | vs transformers |")
   print("|---|---|---:|---:|---:|---:|")
   for r in rows:

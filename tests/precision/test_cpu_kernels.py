@@ -111,6 +111,8 @@ def test_disabled_by_the_environment(monkeypatch):
   try:
     assert "JETRL_EXACT_CPU_KERNEL=0" in cpu_kernels.unavailable_reason()
     assert not cpu_kernels.usable()
+    with pytest.raises(RuntimeError, match="not available here .disabled by"):
+      cpu_kernels.exact_dot(jnp.zeros((1, 2, 3)), jnp.zeros((1, 3, 4)), b_nk=False)
   finally:
     monkeypatch.delenv("JETRL_EXACT_CPU_KERNEL")
     cpu_kernels._load.cache_clear()

@@ -45,15 +45,8 @@ DOT_TARGET = "jetrl_exact_dot"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 
 
-def _check_problem():
-  """A small problem with every kind of tail: M not a multiple of 4, K of 128, N of 32 or 128."""
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((7, 300)).astype(np.float32) * np.exp(rng.uniform(-6, 3, (7, 300)))
-  w = rng.standard_normal((300, 161)).astype(np.float32) * 0.05
-  return jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32)
-
-
 _LOCK = threading.Lock()
+_CHECK_THREAD = "jetrl-kernel-check"
 
 
 def unavailable_reason() -> Optional[str]:
@@ -95,7 +88,7 @@ def _outside_any_trace(fn):
     except Exception as e:  # pylint: disable=broad-except
       out["value"] = f"{type(e).__name__}: {e}"
 
-  t = threading.Thread(target=run, name="jetrl-kernel-check")
+  t = threading.Thread(target=run, name=_CHECK_THREAD)
   t.start()
   t.join()
   return out["value"]
@@ -106,7 +99,11 @@ def _self_check() -> Optional[str]:
   from jetrl.precision.weights import quantize_weight  # pylint: disable=import-outside-toplevel
 
   g = get_recipe("jet_exact").rollout.fprop
-  x, w = _check_problem()
+  # A small GEMM with every kind of tail: M not a multiple of 4, K of 128, N of 32 or 128.
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((7, 300)).astype(np.float32) * np.exp(rng.uniform(-6, 3, (7, 300)))
+  w = rng.standard_normal((300, 161)).astype(np.float32) * 0.05
+  x, w = jnp.asarray(x), jnp.asarray(w)
   q, s, _ = quantize_weight(w, g)
   cpu = jax.devices("cpu")[0]
   with jax.default_device(cpu):
@@ -117,7 +114,6 @@ def _self_check() -> Optional[str]:
     bad = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
     return f"self-check: {bad} of {got.size} GEMM outputs differ from the XLA path's bits"
   # The exact dot, both layouts, on integers whose sums are exact in float64.
-  rng = np.random.default_rng(1)
   a = rng.integers(-(2**20), 2**20, (3, 5, 70)).astype(np.float64)
   b = rng.integers(-(2**7), 2**7, (3, 70, 37)).astype(np.float32)
   want = np.einsum("tmk,tkn->tmn", a, b.astype(np.float64))
@@ -136,6 +132,17 @@ def available() -> bool:
   return unavailable_reason() is None
 
 
+def _require(target: str) -> None:
+  """Build and register the kernels if not done yet (a direct call may come before any
+  `usable()`), or a clear error if they cannot run. The self-check's own calls, on its thread
+  while loading holds the lock, skip this."""
+  if threading.current_thread().name == _CHECK_THREAD:
+    return
+  reason = unavailable_reason()
+  if reason is not None:
+    raise RuntimeError(f"{target}: jet_exact's CPU kernels are not available here ({reason})")
+
+
 def exact_fp8_gemm(
   xq: jax.Array, sx: jax.Array, q: jax.Array, sw: jax.Array, block: int
 ) -> jax.Array:
@@ -144,6 +151,7 @@ def exact_fp8_gemm(
 
   Callers check `usable()` first (one device in the process).
   """
+  _require(TARGET)
   m, n = xq.shape[0], q.shape[1]
   u8 = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8)
   call = jax.ffi.ffi_call(
@@ -167,6 +175,7 @@ def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
       f"exact_dot: a must be float32 or float64 and b bfloat16 or float32; got "
       f"{a.dtype} and {b.dtype}"
     )
+  _require(DOT_TARGET)
   t, m, k = a.shape
   n = b.shape[1] if b_nk else b.shape[2]
   if b.shape[0] != t or (b.shape[2] if b_nk else b.shape[1]) != k:

@@ -252,40 +252,38 @@ inline double Bf16ToDouble(uint16_t h) {
   return static_cast<double>(f);
 }
 
-// n values of `src` (type `type`, stride `stride` elements) -> double.
-void ToDouble(const void* src, ffi::DataType type, int64_t stride, int64_t n, double* dst) {
+// n contiguous values of `src` (of type `type`) -> double, exactly.
+void ToDouble(const void* src, ffi::DataType type, int64_t n, double* dst) {
   switch (type) {
     case ffi::DataType::BF16: {
       const uint16_t* p = static_cast<const uint16_t*>(src);
       int64_t i = 0;
 #if defined(__AVX512F__)
-      if (stride == 1)
-        for (; i + 16 <= n; i += 16) {  // bf16 -> float32 bits -> double, exactly
-          const __m512i w = _mm512_slli_epi32(
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))),
-              16);
-          const __m512 f = _mm512_castsi512_ps(w);
-          _mm512_storeu_pd(dst + i, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
-          _mm512_storeu_pd(dst + i + 8, _mm512_cvtps_pd(_mm256_castpd_ps(
-              _mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))));
-        }
+      for (; i + 16 <= n; i += 16) {  // bf16 -> float32 bits -> double, exactly
+        const __m512i w = _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))),
+            16);
+        const __m512 f = _mm512_castsi512_ps(w);
+        _mm512_storeu_pd(dst + i, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
+        _mm512_storeu_pd(dst + i + 8, _mm512_cvtps_pd(_mm256_castpd_ps(
+            _mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))));
+      }
 #endif
-      for (; i < n; ++i) dst[i] = Bf16ToDouble(p[i * stride]);
+      for (; i < n; ++i) dst[i] = Bf16ToDouble(p[i]);
       break;
     }
     case ffi::DataType::F32: {
       const float* p = static_cast<const float*>(src);
       int64_t i = 0;
 #if defined(__AVX512F__)
-      if (stride == 1)
-        for (; i + 8 <= n; i += 8) _mm512_storeu_pd(dst + i, _mm512_cvtps_pd(_mm256_loadu_ps(p + i)));
+      for (; i + 8 <= n; i += 8) _mm512_storeu_pd(dst + i, _mm512_cvtps_pd(_mm256_loadu_ps(p + i)));
 #endif
-      for (; i < n; ++i) dst[i] = static_cast<double>(p[i * stride]);
+      for (; i < n; ++i) dst[i] = static_cast<double>(p[i]);
       break;
     }
     default: {
       const double* p = static_cast<const double*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = p[i * stride];
+      std::copy(p, p + n, dst);
       break;
     }
   }
@@ -327,9 +325,9 @@ ffi::Error ExactDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b
   // b [N, K]: one converted key row at a time, dotted with every row of a.
   auto nk_part = [&](int64_t t, int64_t n0, int64_t n1) {
     std::vector<double> ar(M * K), br(K);
-    ToDouble(A + t * M * K * ab, at, 1, M * K, ar.data());
+    ToDouble(A + t * M * K * ab, at, M * K, ar.data());
     for (int64_t n = n0; n < n1; ++n) {
-      ToDouble(B + (t * N + n) * K * bb, bt, 1, K, br.data());
+      ToDouble(B + (t * N + n) * K * bb, bt, K, br.data());
       for (int64_t m = 0; m < M; ++m) C[(t * M + m) * N + n] = Dot(ar.data() + m * K, br.data(), K);
     }
   };
@@ -337,7 +335,7 @@ ffi::Error ExactDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b
   auto kn_part = [&](int64_t t, int64_t s0, int64_t s1) {
     const int64_t mb = (M + kRows - 1) / kRows;
     std::vector<double> ar(M * K), accs(mb * kRows * kCols);
-    ToDouble(A + t * M * K * ab, at, 1, M * K, ar.data());
+    ToDouble(A + t * M * K * ab, at, M * K, ar.data());
     alignas(64) double panel[kMaxBlock * kCols];
     for (int64_t s = s0; s < s1; ++s) {
       const int64_t n0 = s * kCols, nt = std::min<int64_t>(kCols, N - n0);
@@ -346,7 +344,7 @@ ffi::Error ExactDotImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b
         const int64_t kn = std::min<int64_t>(kMaxBlock, K - k0);
         for (int64_t k = 0; k < kn; ++k) {
           double* pr = panel + k * kCols;
-          ToDouble(B + ((t * K + k0 + k) * N + n0) * bb, bt, 1, nt, pr);
+          ToDouble(B + ((t * K + k0 + k) * N + n0) * bb, bt, nt, pr);
           for (int j = static_cast<int>(nt); j < kCols; ++j) pr[j] = 0.0;
         }
         for (int64_t i = 0; i < mb; ++i) {
