@@ -8,55 +8,8 @@ PYTEST_ARGS ?=
 # --dist loadfile keeps each file (and its module-scoped compiled fixtures) on one worker.
 TEST_WORKERS ?= 2
 
-# `ruff check` covers the whole tree; `ruff format --check` the modules written since ruff was
-# adopted (the rest keeps its earlier hand layout until it is next rewritten).
-RUFF_FORMATTED := \
-	src/jetrl/config \
-	src/jetrl/data/pipes.py \
-	src/jetrl/launch.py \
-	src/jetrl/precision/cpu_kernels.py \
-	src/jetrl/precision/ffi_build.py \
-	src/jetrl/parallel/hosts.py \
-	src/jetrl/rl/optimizer.py \
-	src/jetrl/rl/remat.py \
-	src/jetrl/rl/masking.py \
-	src/jetrl/rl/update.py \
-	src/jetrl/train/cli.py \
-	src/jetrl/train/hooks.py \
-	src/jetrl/train/rl_step.py \
-	src/jetrl/train/loop.py \
-	src/jetrl/train/sft.py \
-	src/jetrl/train/config.py \
-	src/jetrl/train/setup.py \
-	src/jetrl/train/plots.py \
-	src/jetrl/train/validation.py \
-	src/jetrl/train/export.py \
-	src/jetrl/train/evaluate.py \
-	src/jetrl/train/study \
-	tests/conftest.py \
-	tests/precision/test_cpu_kernels.py \
-	tests/config \
-	tests/train/test_cli.py \
-	tests/train/test_runner.py \
-	tests/train/test_study.py \
-	tests/train/test_warm_start_data.py \
-	tests/train/test_progress_and_plots.py \
-	tests/train/test_validation.py \
-	tests/train/test_model_task_options.py \
-	tests/rl/test_optimizer.py \
-	tests/test_launch.py \
-	tests/parallel/test_multi_process.py \
-	tests/parallel/_hosts_cases.py \
-	tests/models/test_exact_cache.py \
-	experiments/train.py \
-	experiments/sft.py \
-	experiments/evaluate.py \
-	experiments/export_hf.py \
-	experiments/compare_precisions.py \
-	experiments/gpu_study.py \
-	experiments/mismatch_length.py \
-	experiments/demo.py \
-	experiments/configs
+# ruff checks and formats the whole tree (settings in pyproject.toml).
+RUFF_PATHS := src tests experiments
 
 .PHONY: demo test lint bench smollm2 install install-test clean
 
@@ -85,8 +38,8 @@ demo: $(VENV)/.installed
 	$(PY) experiments/demo.py
 
 lint: $(VENV)/.installed-test
-	$(VENV)/bin/ruff check src tests experiments
-	$(VENV)/bin/ruff format --check $(RUFF_FORMATTED)
+	$(VENV)/bin/ruff check $(RUFF_PATHS)
+	$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 
 test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -32,8 +32,9 @@ flags.DEFINE_integer("batch", 32, "Rows.")
 flags.DEFINE_integer("prompt_len", 64, "Filled slots before the first step.")
 flags.DEFINE_integer("new_tokens", 128, "Decode steps per timed call.")
 flags.DEFINE_integer("slots_extra", 0, "Extra empty cache slots (a longer max_len).")
-flags.DEFINE_enum("precision", "float32", ["float32", "bf16", "jet", "jet_exact"],
-                  "Rollout precision.")
+flags.DEFINE_enum(
+  "precision", "float32", ["float32", "bf16", "jet", "jet_exact"], "Rollout precision."
+)
 flags.DEFINE_integer("repeats", 5, "Timed calls (the median is reported).")
 
 
@@ -71,10 +72,16 @@ def main(argv):
 
     def body(i, carry):
       cache, tok = carry
-      logits, cache = M.forward_cached(params, cfg, tok, cache,
-                                       positions=jnp.full((b, 1), p, jnp.int32) + i,
-                                       token_mask=jnp.ones((b, 1), bool), precision=prec,
-                                       last_only=True)
+      logits, cache = M.forward_cached(
+        params,
+        cfg,
+        tok,
+        cache,
+        positions=jnp.full((b, 1), p, jnp.int32) + i,
+        token_mask=jnp.ones((b, 1), bool),
+        precision=prec,
+        last_only=True,
+      )
       return cache, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None]
 
     return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros((b, 1), jnp.int32)))[1]
@@ -83,8 +90,9 @@ def main(argv):
     # The sampler's cache (jet_exact: keys and values kept on their grids) where supported.
     kw = {"precision": prec} if "precision" in inspect.signature(M.init_cache).parameters else {}
     cache = M.init_cache(cfg, b, slots, cache_dtype, **kw)
-    return cache._replace(index=jnp.int32(p),
-                          mask=jnp.broadcast_to(jnp.arange(slots) < p, (b, slots)))
+    return cache._replace(
+      index=jnp.int32(p), mask=jnp.broadcast_to(jnp.arange(slots) < p, (b, slots))
+    )
 
   decode(params, fresh_cache())
   step_ms = []
@@ -102,19 +110,28 @@ def main(argv):
         key, acc = carry
         key, sub = jax.random.split(key)
         return key, acc + fn(sub, logits + acc[:, None].astype(jnp.float32) * 1e-9)
+
       return jax.lax.fori_loop(0, n, body, (key, jnp.zeros((b,), jnp.int32)))[1]
+
     return _median_ms(loop, jax.random.PRNGKey(0), jnp.zeros((b, FLAGS.vocab))) / n
 
-  rows = [("decode step: forward_cached, greedy", float(np.median(step_ms))),
-          ("token draw: jax.random.categorical",
-           draws(lambda k, x: jax.random.categorical(k, x, axis=-1).astype(jnp.int32)))]
+  rows = [
+    ("decode step: forward_cached, greedy", float(np.median(step_ms))),
+    (
+      "token draw: jax.random.categorical",
+      draws(lambda k, x: jax.random.categorical(k, x, axis=-1).astype(jnp.int32)),
+    ),
+  ]
   try:
     from jetrl.sampling.categorical import sample_categorical
+
     rows.append(("token draw: jetrl sample_categorical", draws(sample_categorical)))
   except ImportError:
     pass
-  print(f"\n{FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {FLAGS.vocab}), "
-        f"{b} rows, {slots} slots, {FLAGS.precision}; jax {jax.__version__}\n")
+  print(
+    f"\n{FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {FLAGS.vocab}), "
+    f"{b} rows, {slots} slots, {FLAGS.precision}; jax {jax.__version__}\n"
+  )
   print("| what | ms per step |\n|---|---:|")
   for name, ms in rows:
     print(f"| {name} | {ms:.2f} |")

@@ -22,8 +22,11 @@ import numpy as np
 from jetrl.precision import RECIPES, get_recipe, linear
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("shapes", ["2048x1024x4096", "512x2048x2048", "32x2048x2048"],
-                  "GEMM shapes as MxKxN (M tokens, K in, N out).")
+flags.DEFINE_list(
+  "shapes",
+  ["2048x1024x4096", "512x2048x2048", "32x2048x2048"],
+  "GEMM shapes as MxKxN (M tokens, K in, N out).",
+)
 flags.DEFINE_list("recipes", list(RECIPES), f"Recipes to time; accepted: {list(RECIPES)}.")
 flags.DEFINE_integer("repeats", 5, "Timed repetitions per measurement (the median is reported).")
 flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
@@ -32,7 +35,9 @@ flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
 def parse_shape(text: str) -> tuple[int, int, int]:
   parts = text.lower().split("x")
   if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-    raise ValueError(f"--shapes entry {text!r} must be MxKxN with positive integers, e.g. 2048x1024x4096")
+    raise ValueError(
+      f"--shapes entry {text!r} must be MxKxN with positive integers, e.g. 2048x1024x4096"
+    )
   return tuple(int(p) for p in parts)
 
 
@@ -48,7 +53,7 @@ def _time(fn, *args, repeats: int) -> float:
 
 def bench(shapes, recipes, repeats):
   rows = []
-  for (m, k, n) in shapes:
+  for m, k, n in shapes:
     key = jax.random.PRNGKey(0)
     x = jax.random.normal(key, (m, k), jnp.bfloat16)
     w = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32) * 0.02
@@ -56,16 +61,27 @@ def bench(shapes, recipes, repeats):
     for name in recipes:
       r = get_recipe(name)
       fwd = jax.jit(lambda a, b, p=r.rollout: linear(a, b, p))
+
       def fwd_bwd(a, b, g, p=r.train):
         y, vjp = jax.vjp(lambda a_, b_: linear(a_, b_, p), a, b)
         return y, vjp(g.astype(y.dtype))
+
       fwd_bwd = jax.jit(fwd_bwd)
       t_f = _time(fwd, x, w, repeats=repeats)
       t_fb = _time(fwd_bwd, x, w, dy, repeats=repeats)
-      rows.append(dict(shape=f"{m}x{k}x{n}", recipe=name, fwd_ms=1e3 * t_f, fwd_bwd_ms=1e3 * t_fb,
-                       fwd_gflops=2 * m * k * n / t_f / 1e9))
-      print(f"  {m}x{k}x{n} {name:<12} fwd {1e3 * t_f:8.1f} ms   fwd+bwd {1e3 * t_fb:8.1f} ms",
-            flush=True)
+      rows.append(
+        dict(
+          shape=f"{m}x{k}x{n}",
+          recipe=name,
+          fwd_ms=1e3 * t_f,
+          fwd_bwd_ms=1e3 * t_fb,
+          fwd_gflops=2 * m * k * n / t_f / 1e9,
+        )
+      )
+      print(
+        f"  {m}x{k}x{n} {name:<12} fwd {1e3 * t_f:8.1f} ms   fwd+bwd {1e3 * t_fb:8.1f} ms",
+        flush=True,
+      )
   for row in rows:
     base = next((b for b in rows if b["shape"] == row["shape"] and b["recipe"] == "bf16"), None)
     row["fwd_vs_bf16"] = row["fwd_ms"] / base["fwd_ms"] if base else float("nan")
@@ -74,11 +90,15 @@ def bench(shapes, recipes, repeats):
 
 
 def table(rows) -> str:
-  lines = ["| shape MxKxN | recipe | fwd ms | fwd+bwd ms | fwd / bf16 | fwd+bwd / bf16 |",
-           "|---|---|---:|---:|---:|---:|"]
+  lines = [
+    "| shape MxKxN | recipe | fwd ms | fwd+bwd ms | fwd / bf16 | fwd+bwd / bf16 |",
+    "|---|---|---:|---:|---:|---:|",
+  ]
   for r in rows:
-    lines.append(f"| {r['shape']} | {r['recipe']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
-                 f"{r['fwd_vs_bf16']:.2f} | {r['fwd_bwd_vs_bf16']:.2f} |")
+    lines.append(
+      f"| {r['shape']} | {r['recipe']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
+      f"{r['fwd_vs_bf16']:.2f} | {r['fwd_bwd_vs_bf16']:.2f} |"
+    )
   return "\n".join(lines)
 
 

@@ -44,13 +44,25 @@ flags.DEFINE_integer("batch", 32, "Prompts per call.")
 flags.DEFINE_integer("prompt_len", 64, "Tokens per prompt.")
 flags.DEFINE_integer("new_tokens", 128, "Tokens generated per prompt.")
 flags.DEFINE_integer("repeats", 3, "Timed calls per setting.")
-flags.DEFINE_enum("statistic", "median", ["median", "min"], "Reported time of the timed calls "
-                  "(min: the least disturbed call, on a machine shared with other jobs).")
-flags.DEFINE_list("recipes", ["float32", "bf16", "jet", "jet_exact"],
-                  "jetrl precisions to time (float32: no recipe).")
+flags.DEFINE_enum(
+  "statistic",
+  "median",
+  ["median", "min"],
+  "Reported time of the timed calls "
+  "(min: the least disturbed call, on a machine shared with other jobs).",
+)
+flags.DEFINE_list(
+  "recipes",
+  ["float32", "bf16", "jet", "jet_exact"],
+  "jetrl precisions to time (float32: no recipe).",
+)
 flags.DEFINE_integer("torch_threads", 0, "torch intra-op threads (0: torch's default).")
-flags.DEFINE_integer("host_devices", 2, "CPU only: also run jetrl over a data:N mesh of N host "
-                     "devices (one per core); 1 skips those rows.")
+flags.DEFINE_integer(
+  "host_devices",
+  2,
+  "CPU only: also run jetrl over a data:N mesh of N host "
+  "devices (one per core); 1 skips those rows.",
+)
 flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
 
 
@@ -73,19 +85,24 @@ def main(argv):
   if unknown or not FLAGS.recipes:
     raise app.UsageError(f"--recipes: {unknown or 'none given'}; choose from {known}")
   if FLAGS.batch % FLAGS.host_devices:
-    raise app.UsageError(f"--batch={FLAGS.batch} must be divisible by --host_devices="
-                         f"{FLAGS.host_devices}")
+    raise app.UsageError(
+      f"--batch={FLAGS.batch} must be divisible by --host_devices={FLAGS.host_devices}"
+    )
   if FLAGS.host_devices > 1:
     # Read when the CPU client starts, i.e. at the first jax call below, not at import.
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                               f"device_count={FLAGS.host_devices}")
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+      f"device_count={FLAGS.host_devices}"
+    )
   import torch
   import transformers
+
   if FLAGS.torch_threads:
     torch.set_num_threads(FLAGS.torch_threads)
 
-  cfg = dataclasses.replace(get_config(FLAGS.model), vocab_size=FLAGS.vocab,
-                            max_seq_len=FLAGS.prompt_len + FLAGS.new_tokens)
+  cfg = dataclasses.replace(
+    get_config(FLAGS.model), vocab_size=FLAGS.vocab, max_seq_len=FLAGS.prompt_len + FLAGS.new_tokens
+  )
   params = init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, FLAGS.vocab, size=(FLAGS.batch, FLAGS.prompt_len))
@@ -99,19 +116,34 @@ def main(argv):
 
   def hf_call():
     with torch.no_grad():
-      out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                        temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=FLAGS.new_tokens,
-                        min_new_tokens=FLAGS.new_tokens, pad_token_id=0, eos_token_id=None)
+      out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=FLAGS.new_tokens,
+        min_new_tokens=FLAGS.new_tokens,
+        pad_token_id=0,
+        eos_token_id=None,
+      )
     assert out.shape[1] == FLAGS.prompt_len + FLAGS.new_tokens
 
   hf_call()  # warm up
   t = _timed(hf_call, FLAGS.repeats)
-  rows.append(dict(engine="transformers generate", precision="float32", seconds=t,
-                   tokens_per_s=n_tokens / t, first_token_seconds=None))
+  rows.append(
+    dict(
+      engine="transformers generate",
+      precision="float32",
+      seconds=t,
+      tokens_per_s=n_tokens / t,
+      first_token_seconds=None,
+    )
+  )
   print(f"  transformers float32: {n_tokens / t:9.1f} tok/s", flush=True)
 
-  sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0,
-                      prompt_len=FLAGS.prompt_len)
+  sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0, prompt_len=FLAGS.prompt_len)
   plist = [list(p) for p in prompts]
   settings = [("jetrl sample", None)]
   if FLAGS.host_devices > 1 and jax.default_backend() == "cpu":
@@ -123,7 +155,9 @@ def main(argv):
       prec = get_recipe(recipe).rollout if recipe else None
       layout, p = None, params
       if mesh is not None:
-        layout = make_layout(mesh, cfg, mode="sample", recipe=get_recipe(recipe) if recipe else None)
+        layout = make_layout(
+          mesh, cfg, mode="sample", recipe=get_recipe(recipe) if recipe else None
+        )
         p = layout.shard_params(params)
       key = iter(range(1000))
 
@@ -138,22 +172,33 @@ def main(argv):
       first = functools.partial(jet_call, dataclasses.replace(sc, max_new_tokens=1))
       first()
       t1 = _timed(first, FLAGS.repeats)
-      rows.append(dict(engine=engine, precision=label, seconds=t, tokens_per_s=n_tokens / t,
-                       first_token_seconds=t1))
+      rows.append(
+        dict(
+          engine=engine,
+          precision=label,
+          seconds=t,
+          tokens_per_s=n_tokens / t,
+          first_token_seconds=t1,
+        )
+      )
       print(f"  {engine}, {label}: {n_tokens / t:9.1f} tok/s", flush=True)
 
   base = rows[0]["tokens_per_s"]
-  print(f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"
-        f" {FLAGS.batch} prompts x {FLAGS.prompt_len} tokens, {FLAGS.new_tokens} new tokens, "
-        f"sampling on, {FLAGS.statistic} of {FLAGS.repeats} calls; jax {jax.__version__}, "
-        f"torch {torch.__version__}\n")
+  print(
+    f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"
+    f" {FLAGS.batch} prompts x {FLAGS.prompt_len} tokens, {FLAGS.new_tokens} new tokens, "
+    f"sampling on, {FLAGS.statistic} of {FLAGS.repeats} calls; jax {jax.__version__}, "
+    f"torch {torch.__version__}\n"
+  )
   print("| engine | precision | s / call | first token, s | tokens/s | vs transformers |")
   print("|---|---|---:|---:|---:|---:|")
   for r in rows:
     r["vs_transformers"] = r["tokens_per_s"] / base
     first = "-" if r["first_token_seconds"] is None else f"{r['first_token_seconds']:.3f}"
-    print(f"| {r['engine']} | {r['precision']} | {r['seconds']:.2f} | {first} | "
-          f"{r['tokens_per_s']:.0f} | {r['vs_transformers']:.2f}x |")
+    print(
+      f"| {r['engine']} | {r['precision']} | {r['seconds']:.2f} | {first} | "
+      f"{r['tokens_per_s']:.0f} | {r['vs_transformers']:.2f}x |"
+    )
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:
       json.dump(rows, f, indent=1)

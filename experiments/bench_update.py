@@ -46,15 +46,20 @@ def main(argv):
     if getattr(FLAGS, name) < 1:
       raise app.UsageError(f"--{name} must be >= 1")
   cfg = get_config(FLAGS.model)
-  cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len,
-                                                 FLAGS.prompt_len + FLAGS.new_tokens))
+  cfg = dataclasses.replace(
+    cfg, max_seq_len=max(cfg.max_seq_len, FLAGS.prompt_len + FLAGS.new_tokens)
+  )
   params = init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   r, p, t = FLAGS.rows, FLAGS.prompt_len, FLAGS.new_tokens
   batch = make_train_batch(
-      rng.integers(3, cfg.vocab_size, (r, p)).astype(np.int32), np.ones((r, p), bool),
-      rng.integers(3, cfg.vocab_size, (r, t)).astype(np.int32), np.ones((r, t), bool),
-      np.full((r, t), -4.0, np.float32), rng.standard_normal(r).astype(np.float32))
+    rng.integers(3, cfg.vocab_size, (r, p)).astype(np.int32),
+    np.ones((r, p), bool),
+    rng.integers(3, cfg.vocab_size, (r, t)).astype(np.int32),
+    np.ones((r, t), bool),
+    np.full((r, t), -4.0, np.float32),
+    rng.standard_normal(r).astype(np.float32),
+  )
   ucfg = UpdateConfig(loss="grpo", micro_batches=FLAGS.micro_batches)
   opt = OptimizerConfig(lr=1e-5)
   rows = []
@@ -64,17 +69,26 @@ def main(argv):
     times = []
     for i in range(FLAGS.repeats + 1):
       t0 = time.perf_counter()
-      state, _ = update_step(state, batch, jax.random.PRNGKey(i), model_config=cfg, cfg=ucfg,
-                             optimizer=opt, precision=prec)
+      state, _ = update_step(
+        state,
+        batch,
+        jax.random.PRNGKey(i),
+        model_config=cfg,
+        cfg=ucfg,
+        optimizer=opt,
+        precision=prec,
+      )
       jax.block_until_ready(state.params)
       if i:  # the first call compiles
         times.append(time.perf_counter() - t0)
     rows.append(dict(recipe=name, seconds=float(np.median(times))))
     print(f"  {name}: {rows[-1]['seconds']:.2f} s per update step", flush=True)
   base = rows[0]["seconds"]
-  print(f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
-        f"{cfg.vocab_size}), {r} rows x ({p} + {t}) tokens, micro_batches "
-        f"{FLAGS.micro_batches}; jax {jax.__version__}\n")
+  print(
+    f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
+    f"{cfg.vocab_size}), {r} rows x ({p} + {t}) tokens, micro_batches "
+    f"{FLAGS.micro_batches}; jax {jax.__version__}\n"
+  )
   print(f"| recipe | s / update step | vs {rows[0]['recipe']} |")
   print("|---|---:|---:|")
   for row in rows:

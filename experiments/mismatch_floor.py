@@ -26,7 +26,9 @@ from jetrl.train import ModelSpec, TaskConfig, setup
 from jetrl.train.checkpoint import load_params_from
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("init_from", "", "Checkpoint directory (an SFT or RL workdir); empty: random init.")
+flags.DEFINE_string(
+  "init_from", "", "Checkpoint directory (an SFT or RL workdir); empty: random init."
+)
 flags.DEFINE_string("model", "tiny", "Model preset.")
 flags.DEFINE_string("task", "addition", "Synthetic task.")
 flags.DEFINE_integer("difficulty", 1, "Task difficulty knob.")
@@ -64,21 +66,36 @@ def main(argv):
   print("|---|---:|---:|---:|---:|")
   for name in FLAGS.recipes:
     r = get_recipe(name)
-    sc = SamplingConfig(max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                        n=FLAGS.group_size, stop_ids=ids.stop, pad_id=ids.pad, prompt_len=width)
+    sc = SamplingConfig(
+      max_new_tokens=FLAGS.max_new_tokens,
+      temperature=FLAGS.temperature,
+      n=FLAGS.group_size,
+      stop_ids=ids.stop,
+      pad_id=ids.pad,
+      prompt_len=width,
+    )
     out = sample(params, mcfg, prompts, jax.random.PRNGKey(FLAGS.seed), sc, r.rollout)
-    batch = make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
-                             out.logprobs, jnp.zeros(rows))
+    batch = make_train_batch(
+      out.prompt_tokens, out.prompt_mask, out.tokens, out.mask, out.logprobs, jnp.zeros(rows)
+    )
     kw = dict(model_config=mcfg, precision=r.train, temperature=FLAGS.temperature)
     whole = np.asarray(fn(params, batch=batch, **kw)[0])
     step = FLAGS.chunk_rows
-    chunks = np.concatenate([np.asarray(fn(params, batch=jax.tree_util.tree_map(
-        lambda a: a[i:i + step], batch), **kw)[0]) for i in range(0, rows, step)])
+    chunks = np.concatenate(
+      [
+        np.asarray(
+          fn(params, batch=jax.tree_util.tree_map(lambda a: a[i : i + step], batch), **kw)[0]
+        )
+        for i in range(0, rows, step)
+      ]
+    )
     m = np.asarray(out.mask)
     d_rt = np.abs(np.asarray(out.logprobs) - whole)[m]
     d_tt = np.abs(chunks - whole)[m]
-    print(f"| {name} | {d_rt.mean():.2e} | {d_rt.max():.2e} | {d_tt.mean():.2e} | "
-          f"{d_tt.max():.2e} |", flush=True)
+    print(
+      f"| {name} | {d_rt.mean():.2e} | {d_rt.max():.2e} | {d_tt.mean():.2e} | {d_tt.max():.2e} |",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ flags.DEFINE_enum("cache_dtype", "bfloat16", ["float32", "bfloat16"], "KV cache 
 flags.DEFINE_string("workdir", None, "If set, also write model_memory.jsonl here.")
 
 _BYTES = {"float32": 4, "bfloat16": 2}
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def rows(names, batch, seq_len, param_dtype, cache_dtype):
@@ -34,12 +34,21 @@ def rows(names, batch, seq_len, param_dtype, cache_dtype):
     c = PRESETS[name]
     n = c.n_params
     kv = cache_bytes(c, batch, seq_len, _BYTES[cache_dtype])
-    out.append(dict(preset=name, family=c.family, n_params=n,
-                    params_gib=n * _BYTES[param_dtype] / GIB,
-                    adamw_gib=2 * n * 4 / GIB,  # m and v in float32
-                    kv_kib_per_token=cache_bytes(c, 1, 1, _BYTES[cache_dtype]) / 1024,
-                    kv_cache_gib=kv / GIB, batch=batch, seq_len=seq_len,
-                    param_dtype=param_dtype, cache_dtype=cache_dtype))
+    out.append(
+      dict(
+        preset=name,
+        family=c.family,
+        n_params=n,
+        params_gib=n * _BYTES[param_dtype] / GIB,
+        adamw_gib=2 * n * 4 / GIB,  # m and v in float32
+        kv_kib_per_token=cache_bytes(c, 1, 1, _BYTES[cache_dtype]) / 1024,
+        kv_cache_gib=kv / GIB,
+        batch=batch,
+        seq_len=seq_len,
+        param_dtype=param_dtype,
+        cache_dtype=cache_dtype,
+      )
+    )
   return out
 
 
@@ -48,13 +57,17 @@ def _size(gib: float) -> str:
 
 
 def markdown(table, batch, seq_len, param_dtype, cache_dtype) -> str:
-  head = (f"| preset | family | params | params ({param_dtype}) | AdamW m+v (float32) | "
-          f"KV / token ({cache_dtype}) | KV cache {batch}x{seq_len} ({cache_dtype}) |")
+  head = (
+    f"| preset | family | params | params ({param_dtype}) | AdamW m+v (float32) | "
+    f"KV / token ({cache_dtype}) | KV cache {batch}x{seq_len} ({cache_dtype}) |"
+  )
   lines = [head, "|---|---|---:|---:|---:|---:|---:|"]
   for r in table:
-    lines.append(f"| {r['preset']} | {r['family']} | {r['n_params'] / 1e6:,.1f} M | "
-                 f"{_size(r['params_gib'])} | {_size(r['adamw_gib'])} | "
-                 f"{r['kv_kib_per_token']:.1f} KiB | {_size(r['kv_cache_gib'])} |")
+    lines.append(
+      f"| {r['preset']} | {r['family']} | {r['n_params'] / 1e6:,.1f} M | "
+      f"{_size(r['params_gib'])} | {_size(r['adamw_gib'])} | "
+      f"{r['kv_kib_per_token']:.1f} KiB | {_size(r['kv_cache_gib'])} |"
+    )
   return "\n".join(lines)
 
 

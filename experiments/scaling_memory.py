@@ -30,14 +30,17 @@ from jetrl.precision import get_recipe
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("presets", list(PRESETS), "Presets to report.")
-flags.DEFINE_string("meshes", "data:1;data:8;fsdp:8;fsdp:4,tensor:2;fsdp:2,tensor:4",
-                    "Meshes separated by ';' (each as for --mesh).")
+flags.DEFINE_string(
+  "meshes",
+  "data:1;data:8;fsdp:8;fsdp:4,tensor:2;fsdp:2,tensor:4",
+  "Meshes separated by ';' (each as for --mesh).",
+)
 flags.DEFINE_integer("devices", 8, "Device count the meshes are laid over.")
 flags.DEFINE_integer("batch", 64, "Sequences in the KV cache (all devices together).")
 flags.DEFINE_integer("seq_len", 4096, "Slots per sequence in the KV cache.")
 flags.DEFINE_string("workdir", None, "If set, also write scaling_memory.jsonl here.")
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _split(spec, sizes) -> int:
@@ -54,8 +57,9 @@ def per_device(name: str, mesh: str, devices: int, batch: int, seq_len: int) -> 
   cfg = PRESETS[name]
   row = dict(preset=name, mesh=mesh)
   try:
-    sizes = resolve_mesh_shape(mesh, devices) if mesh != "data:1" else dict(data=1, fsdp=1,
-                                                                             tensor=1)
+    sizes = (
+      resolve_mesh_shape(mesh, devices) if mesh != "data:1" else dict(data=1, fsdp=1, tensor=1)
+    )
     train = param_specs(cfg, sizes, "train")
     sample = param_specs(cfg, sizes, "sample")
   except ValueError as e:
@@ -68,15 +72,20 @@ def per_device(name: str, mesh: str, devices: int, batch: int, seq_len: int) -> 
     row["jet"] = False
   shapes = jax.tree_util.tree_leaves(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple))
   leaves = lambda t: jax.tree_util.tree_leaves(
-      t, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    t, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+  )
   params = sum(math.prod(s) * 4 / _split(p, sizes) for s, p in zip(shapes, leaves(train)))
-  rollout = (sum(math.prod(s) * 4 / _split(p, sizes) for s, p in zip(shapes, leaves(sample)))
-             if sizes["fsdp"] > 1 else 0.0)
+  rollout = (
+    sum(math.prod(s) * 4 / _split(p, sizes) for s, p in zip(shapes, leaves(sample)))
+    if sizes["fsdp"] > 1
+    else 0.0
+  )
   rows = sizes["data"] * sizes["fsdp"]
   heads = sizes["tensor"] if cfg.n_kv_heads % sizes["tensor"] == 0 else 1
   kv = 2 * cfg.n_layers * (batch / rows) * seq_len * cfg.kv_dim * 2 / heads
-  row.update(params_gib=params / GIB, adamw_gib=2 * params / GIB, rollout_gib=rollout / GIB,
-             kv_gib=kv / GIB)
+  row.update(
+    params_gib=params / GIB, adamw_gib=2 * params / GIB, rollout_gib=rollout / GIB, kv_gib=kv / GIB
+  )
   row["total_gib"] = row["params_gib"] + row["adamw_gib"] + row["rollout_gib"] + row["kv_gib"]
   return row
 
@@ -86,16 +95,20 @@ def _size(gib: float) -> str:
 
 
 def markdown(table, batch, seq_len) -> str:
-  lines = [f"| preset | mesh | params f32 | AdamW m+v | rollout copy | KV {batch}x{seq_len} "
-           f"bf16 | total / device | jet aligned |", "|---|---|---:|---:|---:|---:|---:|:-:|"]
+  lines = [
+    f"| preset | mesh | params f32 | AdamW m+v | rollout copy | KV {batch}x{seq_len} "
+    f"bf16 | total / device | jet aligned |",
+    "|---|---|---:|---:|---:|---:|---:|:-:|",
+  ]
   for r in table:
     if "error" in r:
-      lines.append(f"| {r['preset']} | {r['mesh']} | — | — | — | — | — | invalid: "
-                   f"{r['error']} |")
+      lines.append(f"| {r['preset']} | {r['mesh']} | — | — | — | — | — | invalid: {r['error']} |")
       continue
-    lines.append(f"| {r['preset']} | {r['mesh']} | {_size(r['params_gib'])} | "
-                 f"{_size(r['adamw_gib'])} | {_size(r['rollout_gib'])} | {_size(r['kv_gib'])} | "
-                 f"{_size(r['total_gib'])} | {'yes' if r['jet'] else 'no'} |")
+    lines.append(
+      f"| {r['preset']} | {r['mesh']} | {_size(r['params_gib'])} | "
+      f"{_size(r['adamw_gib'])} | {_size(r['rollout_gib'])} | {_size(r['kv_gib'])} | "
+      f"{_size(r['total_gib'])} | {'yes' if r['jet'] else 'no'} |"
+    )
   return "\n".join(lines)
 
 
@@ -105,8 +118,11 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"unknown presets {unknown}; known: {list(PRESETS)}")
   meshes = [m.strip() for m in FLAGS.meshes.split(";")]
-  table = [per_device(p, m, FLAGS.devices, FLAGS.batch, FLAGS.seq_len)
-           for p in FLAGS.presets for m in meshes]
+  table = [
+    per_device(p, m, FLAGS.devices, FLAGS.batch, FLAGS.seq_len)
+    for p in FLAGS.presets
+    for m in meshes
+  ]
   print(markdown(table, FLAGS.batch, FLAGS.seq_len))
   if FLAGS.workdir:
     os.makedirs(FLAGS.workdir, exist_ok=True)

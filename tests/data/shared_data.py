@@ -11,8 +11,9 @@ GSM8K_DIR = SHARED / "gsm8k"
 MATH500_FILE = SHARED / "math500" / "test.jsonl"
 
 needs_shared = pytest.mark.skipif(
-    not (GSM8K_DIR / "train.jsonl").is_file() or not MATH500_FILE.is_file(),
-    reason="shared reference data (../shared/data) not present")
+  not (GSM8K_DIR / "train.jsonl").is_file() or not MATH500_FILE.is_file(),
+  reason="shared reference data (../shared/data) not present",
+)
 
 
 def read_jsonl(path):

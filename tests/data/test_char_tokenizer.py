@@ -94,6 +94,7 @@ def test_tokenizers_library_agrees(text):
 
 def test_tokenizers_library_reads_the_file(tmp_path):
   from tokenizers import Tokenizer
+
   lib = Tokenizer.from_file(TOK.save(tmp_path))
   text = "sort 52 7\n52>7\n= 7 52\nanswer: 7 52"
   assert lib.encode(text).ids == TOK.encode(text)
@@ -105,8 +106,9 @@ def test_tokenizers_library_reads_the_file(tmp_path):
 
 def test_transformers_reads_the_file(tmp_path):
   transformers = pytest.importorskip("transformers")
-  hf = transformers.PreTrainedTokenizerFast(tokenizer_file=TOK.save(tmp_path), pad_token="<|pad|>",
-                                            bos_token="<|bos|>", eos_token="<|eos|>")
+  hf = transformers.PreTrainedTokenizerFast(
+    tokenizer_file=TOK.save(tmp_path), pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>"
+  )
   text = "123*45\n123*5=615 615\nanswer: 5535"
   assert hf(text, add_special_tokens=False)["input_ids"] == bare(text)
   # The same interface and ids: what the runner uses of a tokenizer.
@@ -117,8 +119,11 @@ def test_transformers_reads_the_file(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["addition", "multiplication", "sorting"]), st.integers(0, 10**6),
-       st.integers(0, 3))
+@given(
+  st.sampled_from(["addition", "multiplication", "sorting"]),
+  st.integers(0, 10**6),
+  st.integers(0, 3),
+)
 def test_alphabet_covers_every_synthetic_task(name, index, knob):
   task = get_task(name, difficulty=[1, 2, 5, 9][knob], length=[2, 3, 7, 12][knob])
   for split in ("train", "test"):

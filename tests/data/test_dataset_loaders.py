@@ -93,9 +93,13 @@ def write_jsonl(path, rows):
 
 
 def gsm_rows(n, offset=0):
-  return [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = <<{i}+{i}={2 * i}>>{2 * i}"
-                                                         f"\n#### {2 * i:,}"}
-          for i in range(offset, offset + n)]
+  return [
+    {
+      "question": f"What is {i} + {i}?",
+      "answer": f"{i} + {i} = <<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}",
+    }
+    for i in range(offset, offset + n)
+  ]
 
 
 def test_small_local_files(tmp_path):
@@ -109,8 +113,9 @@ def test_small_local_files(tmp_path):
   assert p.answer in {str(2 * i) for i in range(1000, 1007)}
   assert "<<" not in p.solution and p.solution.endswith(f"#### {int(p.answer):,}")
   assert p.prompt.startswith("Question: What is 10") and p.prompt.endswith("Answer:\n")
-  assert task.max_completion_chars == max(len(f"{i} + {i} = {2 * i}\n#### {2 * i:,}")
-                                          for i in range(30))
+  assert task.max_completion_chars == max(
+    len(f"{i} + {i} = {2 * i}\n#### {2 * i:,}") for i in range(30)
+  )
   # One file: carved 80/20, or with an explicit test_size.
   single = get_task("gsm8k", path=str(d / "train.jsonl"))
   assert (single.num_problems("train"), single.num_problems("test")) == (24, 6)
@@ -120,7 +125,9 @@ def test_small_local_files(tmp_path):
   assert (carved.num_problems("train"), carved.num_problems("test")) == (15, 15)
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     ({"path": "/nonexistent/dir"}, "does not exist"),
     ({"split": ["train"]}, "split must be"),
     ({"split": {"train": "train"}}, "split must be"),
@@ -129,7 +136,8 @@ def test_small_local_files(tmp_path):
     ({"template": "fancy"}, "unknown template"),
     ({"template": "chat"}, "needs tokenizer"),
     ({"seed": "1"}, "seed"),
-])
+  ],
+)
 def test_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     get_task("gsm8k", **kwargs)
@@ -156,8 +164,10 @@ def test_bad_files(tmp_path):
 
 
 def test_math_rows_without_solution(tmp_path):
-  path = write_jsonl(tmp_path / "m.jsonl",
-                     [{"problem": f"Compute ${i}+1$.", "answer": str(i + 1)} for i in range(10)])
+  path = write_jsonl(
+    tmp_path / "m.jsonl",
+    [{"problem": f"Compute ${i}+1$.", "answer": str(i + 1)} for i in range(10)],
+  )
   task = get_task("math500", path=path, test_size=2)
   p = task.problem("train", 0)
   assert p.solution == "" and p.prompt.startswith("Problem: Compute $")
@@ -179,7 +189,8 @@ def test_chat_template(tmp_path):
   chat = get_task("gsm8k", path=path, template="chat", tokenizer=FakeChatTokenizer())
   p = chat.problem("train", 0)
   assert p.prompt.startswith("<user>What is ") and p.prompt.endswith(
-      CHAT_INSTRUCTION + "<assistant>")
+    CHAT_INSTRUCTION + "<assistant>"
+  )
   no_template = FakeChatTokenizer()
   no_template.chat_template = None
   plain = get_task("gsm8k", path=path, template="chat", tokenizer=no_template)
@@ -198,21 +209,27 @@ def test_message_template_is_the_unrendered_user_turn(tmp_path):
 def test_chat_template_of_a_transformers_tokenizer(tmp_path):
   transformers = pytest.importorskip("transformers")
   from jetrl.data import char_tokenizer
+
   hf = transformers.PreTrainedTokenizerFast(tokenizer_file=char_tokenizer().save(tmp_path / "t"))
-  hf.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                      "{% if add_generation_prompt %}[assistant] {% endif %}")
+  hf.chat_template = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+  )
   path = write_jsonl(tmp_path / "m.jsonl", [{"problem": "Find $x$.", "answer": "1"}] * 5)
   task = get_task("math500", path=path, template="chat", tokenizer=hf)
   assert task.problem("test", 0).prompt == f"[user] Find $x$.\n{CHAT_INSTRUCTION}\n[assistant] "
 
 
 def test_hub_unreachable_is_a_clear_error():
-  code = ("import jetrl.data as d\n"
-          "try:\n  d.get_task('math500').problem('test', 0)\n  print('LOADED from a local cache')\n"
-          "except RuntimeError as e:\n  print('ERR', e)\n")
+  code = (
+    "import jetrl.data as d\n"
+    "try:\n  d.get_task('math500').problem('test', 0)\n  print('LOADED from a local cache')\n"
+    "except RuntimeError as e:\n  print('ERR', e)\n"
+  )
   env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+  )
   if "LOADED" in out.stdout:
     pytest.skip("MATH-500 is in the local Hugging Face cache")
   assert "ERR could not load 'HuggingFaceH4/MATH-500'" in out.stdout, out.stderr[-2000:]
@@ -224,29 +241,49 @@ def test_classes():
   assert isinstance(Problem("p", "a", "s"), Problem)
 
 
-@pytest.mark.parametrize("name, rows, message", [
+@pytest.mark.parametrize(
+  "name, rows, message",
+  [
     ("gsm8k", "no_answer", r"train\.jsonl:187: the row lacks columns \['answer'\]"),
     ("gsm8k", "int_question", r"train\.jsonl:187: field 'question': must be a string, got int"),
     ("gsm8k", "empty_answer", r"train\.jsonl:187: field 'answer': is empty"),
     ("gsm8k", "no_hashes", r"train\.jsonl:187: field 'answer': must end in '#### "),
-    ("math500", "null_answer", r"train\.jsonl:187: field 'answer': must be a non-empty string "
-                               r"or a number, got None"),
+    (
+      "math500",
+      "null_answer",
+      r"train\.jsonl:187: field 'answer': must be a non-empty string "
+      r"or a number, got None",
+    ),
     ("math500", "blank_answer", r"train\.jsonl:187: field 'answer': must be a non-empty"),
     ("math500", "list_solution", r"train\.jsonl:187: field 'solution': must be a string"),
-])
+  ],
+)
 def test_every_row_is_checked_when_the_task_loads(tmp_path, name, rows, message):
   if name == "gsm8k":
-    change = {"no_answer": None, "int_question": {"question": 7},
-              "empty_answer": {"answer": "  "}, "no_hashes": {"answer": "4 + 4 = 8"}}[rows]
+    change = {
+      "no_answer": None,
+      "int_question": {"question": 7},
+      "empty_answer": {"answer": "  "},
+      "no_hashes": {"answer": "4 + 4 = 8"},
+    }[rows]
     data = gsm_rows(200)
-    data[186] = ({k: v for k, v in data[186].items() if k != "answer"} if change is None
-                 else dict(data[186], **change))
+    data[186] = (
+      {k: v for k, v in data[186].items() if k != "answer"}
+      if change is None
+      else dict(data[186], **change)
+    )
   else:
-    data = [{"problem": f"Compute ${i}+1$.", "answer": str(i + 1), "solution": "s"}
-            for i in range(200)]
-    data[186] = dict(data[186], **{"null_answer": {"answer": None},
-                                   "blank_answer": {"answer": ""},
-                                   "list_solution": {"solution": ["s"]}}[rows])
+    data = [
+      {"problem": f"Compute ${i}+1$.", "answer": str(i + 1), "solution": "s"} for i in range(200)
+    ]
+    data[186] = dict(
+      data[186],
+      **{
+        "null_answer": {"answer": None},
+        "blank_answer": {"answer": ""},
+        "list_solution": {"solution": ["s"]},
+      }[rows],
+    )
   path = write_jsonl(tmp_path / "train.jsonl", data)
   task = get_task(name, path=path)
   with pytest.raises(ValueError, match=message):
@@ -256,15 +293,17 @@ def test_every_row_is_checked_when_the_task_loads(tmp_path, name, rows, message)
 def test_file_errors_name_the_path_and_line(tmp_path):
   good = json.dumps(gsm_rows(1)[0])
   cases = {
-      "torn.jsonl": (good + "\n" + good + "\n" + good[:30] + "\n" + good + "\n").encode(),
-      "empty.jsonl": b"\n  \n",
-      "latin1.jsonl": (good + "\n").encode() + '{"question": "caf\xe9"}\n'.encode("latin-1"),
-      "array.jsonl": (good + "\n[1, 2]\n").encode(),
+    "torn.jsonl": (good + "\n" + good + "\n" + good[:30] + "\n" + good + "\n").encode(),
+    "empty.jsonl": b"\n  \n",
+    "latin1.jsonl": (good + "\n").encode() + '{"question": "caf\xe9"}\n'.encode("latin-1"),
+    "array.jsonl": (good + "\n[1, 2]\n").encode(),
   }
-  expected = {"torn.jsonl": r"torn\.jsonl:3: invalid JSON \(.*column",
-              "empty.jsonl": r"empty\.jsonl: empty file",
-              "latin1.jsonl": r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9 at column 18\)",
-              "array.jsonl": r"array\.jsonl:2: a row must be a JSON object, got list"}
+  expected = {
+    "torn.jsonl": r"torn\.jsonl:3: invalid JSON \(.*column",
+    "empty.jsonl": r"empty\.jsonl: empty file",
+    "latin1.jsonl": r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9 at column 18\)",
+    "array.jsonl": r"array\.jsonl:2: a row must be a JSON object, got list",
+  }
   for fname, data in cases.items():
     (tmp_path / fname).write_bytes(data)
     with pytest.raises(ValueError, match=expected[fname]):

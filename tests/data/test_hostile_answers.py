@@ -52,44 +52,51 @@ def payloads(path) -> list:
   encoded = encoded_int_payload(path)
   pickled = pickle.dumps(_Evil(), protocol=0).decode("latin-1").replace("MARKER", str(path))
   return [
-      encoded,
-      "\\sin{" + encoded + "}",
-      "\\frac{" + encoded + "}{2}",
-      "S(({}).p.to_bytes({}).decode())".format(*encoded_int(path)),
-      "Symbol(1).__class__.__mro__[-1].__subclasses__()",
-      f"x.__class__.__init__.__globals__['os'].system('touch {path}')",
-      "getattr(getattr(x, '__class__'), '__init__')",
-      f"(lambda: {code})()",
-      f"lambda: {code}",
-      f"f\"{{{code}}}\"",
-      "'{0.__class__.__init__.__globals__}'.format(x)",
-      f"'%s' % ({code})",
-      "().__class__.__base__.__subclasses__()[0]",
-      f"pickle.loads({pickled!r})",
-      f"__builtins__['eval']({code!r})",
-      f"ｅｘｅｃ({code!r})",                       # fullwidth letters: NFKC makes them `exec`
-      f"eval(chr(95)+chr(95)+{code!r})",
-      f"\\input{{{path}}}",
-      f"\\immediate\\write18{{touch {path}}}",
-      "\\def\\x{" + code + "}\\x",
-      f"\\text{{{code}}}",
-      f"1; {code}",
-      "{" * 3000 + "5" + "}" * 3000,
-      "(" * 300 + "5" + ")" * 300,
-      "\\sqrt{" * 200 + "5" + "}" * 200,
-      "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{10})!", "2^{2^{2^{2^{2^{2}}}}}",
-      "\\binom{10^{10}}{10^{9}}", "1e400", "10^{-10^{10}}",
+    encoded,
+    "\\sin{" + encoded + "}",
+    "\\frac{" + encoded + "}{2}",
+    "S(({}).p.to_bytes({}).decode())".format(*encoded_int(path)),
+    "Symbol(1).__class__.__mro__[-1].__subclasses__()",
+    f"x.__class__.__init__.__globals__['os'].system('touch {path}')",
+    "getattr(getattr(x, '__class__'), '__init__')",
+    f"(lambda: {code})()",
+    f"lambda: {code}",
+    f'f"{{{code}}}"',
+    "'{0.__class__.__init__.__globals__}'.format(x)",
+    f"'%s' % ({code})",
+    "().__class__.__base__.__subclasses__()[0]",
+    f"pickle.loads({pickled!r})",
+    f"__builtins__['eval']({code!r})",
+    f"ｅｘｅｃ({code!r})",  # fullwidth letters: NFKC makes them `exec`
+    f"eval(chr(95)+chr(95)+{code!r})",
+    f"\\input{{{path}}}",
+    f"\\immediate\\write18{{touch {path}}}",
+    "\\def\\x{" + code + "}\\x",
+    f"\\text{{{code}}}",
+    f"1; {code}",
+    "{" * 3000 + "5" + "}" * 3000,
+    "(" * 300 + "5" + ")" * 300,
+    "\\sqrt{" * 200 + "5" + "}" * 200,
+    "10^{10^{10}}",
+    "9^{9^{9^{9}}}",
+    "(10^{10})!",
+    "2^{2^{2^{2^{2^{2}}}}}",
+    "\\binom{10^{10}}{10^{9}}",
+    "1e400",
+    "10^{-10^{10}}",
   ]
 
 
 def test_the_encoded_payload_is_live(marker):
   """Sanity check of the test itself: sympy's own string parsing does run it."""
   n, length = encoded_int(marker)
-  code = ("import sympy\n"
-          "try:\n"
-          f"  sympy.sin(sympy.Integer({n}).p.to_bytes({length}).decode())\n"
-          "except Exception:\n"
-          "  pass\n")
+  code = (
+    "import sympy\n"
+    "try:\n"
+    f"  sympy.sin(sympy.Integer({n}).p.to_bytes({length}).decode())\n"
+    "except Exception:\n"
+    "  pass\n"
+  )
   subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True)
   assert marker.exists()
 
@@ -161,13 +168,17 @@ def test_timeouts_are_validated():
 def test_a_worker_that_cannot_leave_root_turns_sympy_off_with_a_warning(tmp_path, monkeypatch):
   """What the parent does when the worker refuses to run (it answers ready: false)."""
   from jetrl.data import math_equivalence
+
   fake = tmp_path / "worker.py"
-  fake.write_text('import json\nprint(json.dumps({"ready": False, "error": "PermissionError: '
-                  'cannot leave root"}), flush=True)\n')
+  fake.write_text(
+    'import json\nprint(json.dumps({"ready": False, "error": "PermissionError: '
+    'cannot leave root"}), flush=True)\n'
+  )
   monkeypatch.setattr(math_equivalence, "WORKER_PATH", str(fake))
   worker = math_equivalence._Worker()
-  with pytest.warns(RuntimeWarning, match="could not start .*cannot leave root.*symbolic answer "
-                                          "comparison is off"):
+  with pytest.warns(
+    RuntimeWarning, match="could not start .*cannot leave root.*symbolic answer comparison is off"
+  ):
     assert worker.ask("x", "x+0", 1.0, None) is None
   assert worker.ask("x", "x+0", 1.0, None) is None  # no further attempts, no further warnings
   assert worker.stats["restarts"] == 0 and worker.proc is None

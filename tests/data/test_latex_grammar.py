@@ -14,46 +14,46 @@ from shared_data import MATH500_FILE, needs_shared
 
 # (answer, {symbol: value}, the value worked out by hand with Python floats)
 VALUES = [
-    ("\\frac{1}{2}", {}, 0.5),
-    ("0.25", {}, 0.25),
-    ("2\\sqrt{5}", {}, 2 * math.sqrt(5)),
-    ("\\sqrt[3]{8}", {}, 2.0),
-    ("\\binom{5}{2}", {}, 10.0),
-    ("5!", {}, 120.0),
-    ("7!!", {}, 7 * 5 * 3 * 1.0),
-    ("(3!)!", {}, 720.0),
-    ("2^{10}", {}, 1024.0),
-    ("2^{-1}", {}, 0.5),
-    ("2^10", {}, 2.0 * 0),             # LaTeX: 2^1 0
-    ("x^23", {"x": 2.0}, 2.0 ** 2 * 3),  # LaTeX: x^2 3
-    ("\\frac12", {}, 0.5),            # \frac{1}{2}
-    ("-x^2", {"x": 3.0}, -9.0),
-    ("-2^2", {}, -4.0),
-    ("1/2/2", {}, 0.25),
-    ("3\\cdot4\\div6", {}, 2.0),
-    ("2\\times3+4", {}, 10.0),
-    ("\\sin\\frac{\\pi}{6}", {}, 0.5),
-    ("\\sin^2x+\\cos^2x", {"x": 0.3}, 1.0),
-    ("\\sin 2x", {"x": 0.4}, math.sin(0.8)),
-    ("\\sin(x)^2", {"x": 0.4}, math.sin(0.4) ** 2),
-    ("\\tan\\frac{\\pi}{4}", {}, 1.0),
-    ("\\arctan1", {}, math.pi / 4),
-    ("\\log_28", {}, 3.0),            # \log_2 8
-    ("\\log_{10}1000", {}, 3.0),
-    ("\\ln e^2", {}, 2.0),
-    ("e^{i\\pi}", {}, -1.0),
-    ("6+9i", {}, 6 + 9j),
-    ("\\frac{\\sqrt{3}}{3}", {}, math.sqrt(3) / 3),
-    ("2\\pi r", {"r": 1.5}, 3 * math.pi),
-    ("\\frac{-b+\\sqrt{b^2-4ac}}{2a}", {"a": 1.0, "b": -3.0, "c": 2.0}, 2.0),
-    ("x_1+x_{12}", {"x_1": 1.0, "x_12": 10.0}, 11.0),
-    ("\\alpha\\beta", {"alpha": 2.0, "beta": 3.5}, 7.0),
-    ("10\\%", {}, 10.0),
-    ("\\left(1+\\frac{1}{3}\\right)^2", {}, (4 / 3) ** 2),
-    ("\\sqrt{2}^{2}", {}, 2.0),
-    ("3\\sqrt{2}\\sqrt{8}", {}, 12.0),
-    ("\\exp(1)-e", {}, 0.0),
-    ("\\mathrm{4}\\displaystyle\\,2", {}, 8.0),
+  ("\\frac{1}{2}", {}, 0.5),
+  ("0.25", {}, 0.25),
+  ("2\\sqrt{5}", {}, 2 * math.sqrt(5)),
+  ("\\sqrt[3]{8}", {}, 2.0),
+  ("\\binom{5}{2}", {}, 10.0),
+  ("5!", {}, 120.0),
+  ("7!!", {}, 7 * 5 * 3 * 1.0),
+  ("(3!)!", {}, 720.0),
+  ("2^{10}", {}, 1024.0),
+  ("2^{-1}", {}, 0.5),
+  ("2^10", {}, 2.0 * 0),  # LaTeX: 2^1 0
+  ("x^23", {"x": 2.0}, 2.0**2 * 3),  # LaTeX: x^2 3
+  ("\\frac12", {}, 0.5),  # \frac{1}{2}
+  ("-x^2", {"x": 3.0}, -9.0),
+  ("-2^2", {}, -4.0),
+  ("1/2/2", {}, 0.25),
+  ("3\\cdot4\\div6", {}, 2.0),
+  ("2\\times3+4", {}, 10.0),
+  ("\\sin\\frac{\\pi}{6}", {}, 0.5),
+  ("\\sin^2x+\\cos^2x", {"x": 0.3}, 1.0),
+  ("\\sin 2x", {"x": 0.4}, math.sin(0.8)),
+  ("\\sin(x)^2", {"x": 0.4}, math.sin(0.4) ** 2),
+  ("\\tan\\frac{\\pi}{4}", {}, 1.0),
+  ("\\arctan1", {}, math.pi / 4),
+  ("\\log_28", {}, 3.0),  # \log_2 8
+  ("\\log_{10}1000", {}, 3.0),
+  ("\\ln e^2", {}, 2.0),
+  ("e^{i\\pi}", {}, -1.0),
+  ("6+9i", {}, 6 + 9j),
+  ("\\frac{\\sqrt{3}}{3}", {}, math.sqrt(3) / 3),
+  ("2\\pi r", {"r": 1.5}, 3 * math.pi),
+  ("\\frac{-b+\\sqrt{b^2-4ac}}{2a}", {"a": 1.0, "b": -3.0, "c": 2.0}, 2.0),
+  ("x_1+x_{12}", {"x_1": 1.0, "x_12": 10.0}, 11.0),
+  ("\\alpha\\beta", {"alpha": 2.0, "beta": 3.5}, 7.0),
+  ("10\\%", {}, 10.0),
+  ("\\left(1+\\frac{1}{3}\\right)^2", {}, (4 / 3) ** 2),
+  ("\\sqrt{2}^{2}", {}, 2.0),
+  ("3\\sqrt{2}\\sqrt{8}", {}, 12.0),
+  ("\\exp(1)-e", {}, 0.0),
+  ("\\mathrm{4}\\displaystyle\\,2", {}, 8.0),
 ]
 
 
@@ -79,29 +79,72 @@ def test_tuples_and_symbols():
   assert parse_latex("1,-2") == sympy.Tuple(1, -2)
   assert parse_latex("[3]") == 3
   assert parse_latex("xy") == sympy.Symbol("x") * sympy.Symbol("y")
-  assert parse_latex("E") == sympy.Symbol("E")   # an upper-case letter is a letter
+  assert parse_latex("E") == sympy.Symbol("E")  # an upper-case letter is a letter
   assert parse_latex("e") == sympy.E and parse_latex("i") == sympy.I
   assert parse_latex("-\\infty") == -sympy.oo
 
 
 def test_size_guards_refuse_before_computing():
-  assert parse_latex("2^{2^{16}}") == 2 ** 65536  # 65,536 bits: computed
+  assert parse_latex("2^{2^{16}}") == 2**65536  # 65,536 bits: computed
   start = time.monotonic()
-  for huge in ("2^{2^{17}}", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{10})!", "2001!",
-               "\\binom{10^{10}}{5000000}", "\\binom{2^{200}}{2^{10}}", "(\\sqrt{2})^{20001}",
-               "2^{\\frac{10^{9}}{3}}", "\\sqrt[\\frac{1}{10^{9}}]{2}"):
+  for huge in (
+    "2^{2^{17}}",
+    "10^{10^{10}}",
+    "9^{9^{9^{9}}}",
+    "(10^{10})!",
+    "2001!",
+    "\\binom{10^{10}}{5000000}",
+    "\\binom{2^{200}}{2^{10}}",
+    "(\\sqrt{2})^{20001}",
+    "2^{\\frac{10^{9}}{3}}",
+    "\\sqrt[\\frac{1}{10^{9}}]{2}",
+  ):
     with pytest.raises(Unsupported, match="too large"):
       parse_latex(huge)
   assert time.monotonic() - start < 5
-  assert 2 ** 17 > MAX_BITS
+  assert 2**17 > MAX_BITS
 
 
-@pytest.mark.parametrize("text", [
-    "x.y", "a'", "x<1", "x=1", "\\foo", "\\input{x}", "\\{1\\}", "[1,2)", "(1,2]", "[1,2]",
-    "(" * 60 + "1" + ")" * 60, "-" * 100 + "1", "1" * 201, "x" * 401, "\\sqrt", "\\frac{1}",
-    "1\\\\2", "α", "５", "ｅｘｅｃ", "__import__", "2(1,2)", "(1,2)+1", "\\sin(1,2)", "",
-    "x^", "\\pi!", "{1", "1}", "(1", "\"1\"", "`1`", "$1$", "1;2", "\\text{a}\\{",
-])
+@pytest.mark.parametrize(
+  "text",
+  [
+    "x.y",
+    "a'",
+    "x<1",
+    "x=1",
+    "\\foo",
+    "\\input{x}",
+    "\\{1\\}",
+    "[1,2)",
+    "(1,2]",
+    "[1,2]",
+    "(" * 60 + "1" + ")" * 60,
+    "-" * 100 + "1",
+    "1" * 201,
+    "x" * 401,
+    "\\sqrt",
+    "\\frac{1}",
+    "1\\\\2",
+    "α",
+    "５",
+    "ｅｘｅｃ",
+    "__import__",
+    "2(1,2)",
+    "(1,2)+1",
+    "\\sin(1,2)",
+    "",
+    "x^",
+    "\\pi!",
+    "{1",
+    "1}",
+    "(1",
+    '"1"',
+    "`1`",
+    "$1$",
+    "1;2",
+    "\\text{a}\\{",
+  ],
+)
 def test_outside_the_grammar_is_unsupported(text):
   with pytest.raises(Unsupported):
     parse_latex(text)
@@ -109,8 +152,16 @@ def test_outside_the_grammar_is_unsupported(text):
 
 def test_tokens():
   assert tokenize("\\frac{12}{x_1}\\,\\%") == [
-      ("cmd", "frac"), ("op", "{"), ("num", "12"), ("op", "}"), ("op", "{"), ("letter", "x"),
-      ("op", "_"), ("num", "1"), ("op", "}")]
+    ("cmd", "frac"),
+    ("op", "{"),
+    ("num", "12"),
+    ("op", "}"),
+    ("op", "{"),
+    ("letter", "x"),
+    ("op", "_"),
+    ("num", "1"),
+    ("op", "}"),
+  ]
 
 
 @needs_shared

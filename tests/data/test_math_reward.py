@@ -29,7 +29,7 @@ def last_box_by_hand(solution: str) -> str:
   for j in range(i, len(solution)):
     depth += {"{": 1, "}": -1}.get(solution[j], 0)
     if depth == 0:
-      return solution[i + 1:j]
+      return solution[i + 1 : j]
   raise AssertionError("unbalanced")
 
 
@@ -67,7 +67,7 @@ def change_digit(answer: str) -> str | None:
   if not digits:
     return None
   i = digits[0]
-  return answer[:i] + str((int(answer[i]) + 1) % 10) + answer[i + 1:]
+  return answer[:i] + str((int(answer[i]) + 1) % 10) + answer[i + 1 :]
 
 
 # Real answers whose value a changed first digit does not change, with the reason.
@@ -79,48 +79,106 @@ def test_changed_real_answers_score_zero(math500):
   pairs = [(change_digit(r["answer"]), r["answer"]) for r in math500]
   pairs = [(w, a) for w, a in pairs if w is not None]
   assert len(pairs) > 450
-  scores = math_reward(None, [f"\\boxed{{{w}}}" for w, _ in pairs], [a for _, a in pairs],
-                       timeout=1.0)
+  scores = math_reward(
+    None, [f"\\boxed{{{w}}}" for w, _ in pairs], [a for _, a in pairs], timeout=1.0
+  )
   wrong = {a for (w, a), s in zip(pairs, scores) if s != 0.0}
   assert wrong <= set(UNCHANGED_BY_A_DIGIT), wrong
 
 
 EQUAL = [
-    ("\\frac{1}{2}", "0.5"), ("\\dfrac12", "\\frac{1}{2}"), ("1/2", "\\tfrac{1}{2}"),
-    ("\\frac34", "0.75"), ("-\\frac{3}{4}", "-0.75"), ("2\\frac{1}{2}", "\\frac{5}{2}"),
-    ("10,000", "10000"), ("10{,}000", "10000"), (".5", "0.5"), ("5.", "5"), ("5.0", "5"),
-    ("\\$18.90", "18.9"), ("10\\%", "10"), ("76^\\circ", "76"), ("76^{\\circ}", "76"),
-    ("76°", "76"), ("5 \\text{ cm}", "5"), ("5\\text{ cm}^2", "5"), ("12 \\mbox{ inches}", "12"),
-    ("3 \\text{ units}", "3"), ("\\text{5 dollars}", "5"), ("\\text{(C)}", "C"),
-    ("(C)", "\\text{(C)}"),
-    ("\\text{Monday}", "Monday"), ("x = 5", "5"), ("k=-3", "-3"), ("x \\in [1, 2]", "[1,2]"),
-    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
-    ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"), ("\\!1,\\!000", "1000"),
-    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("2\\sqrt{5}", "\\sqrt{20}"),
-    ("\\sqrt2", "\\sqrt{2}"), ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt3}"),
-    ("x^2+2x+1", "(x+1)^2"), ("x^{2}", "x^2"), ("2\\pi r", "2r\\pi"), ("6+9i", "9i+6"),
-    ("2^{10}", "1024"), ("\\sqrt[3]{8}", "2"), ("\\binom{5}{2}", "10"), ("5!", "120"),
-    ("y = 2x+3", "2x + 3"), ("y=2x+3", "y=3+2x"), ("x+y=1", "1=y+x"), ("1,2", "2,1"),
-    ("-2, 1", "1,-2"),
-    ("1 \\pm \\sqrt{19}", "1-\\sqrt{19}, 1+\\sqrt{19}"),
-    ("\\{1,2\\}", "\\{2,1\\}"), ("(2,12) \\cup (12,102)", "(2,12)\\cup(12,102)"),
-    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
-     "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"),
-    ("\\begin{pmatrix} -1/2 \\\\ 1 \\end{pmatrix}",
-     "\\begin{pmatrix}-\\frac{1}{2}\\\\1\\end{pmatrix}"),
-    ("\\infty", "\\infty"), ("\\frac{\\pi}{3}", "\\pi/3"), ("\\cos \\theta", "\\cos\\theta"),
-    ("\\left[ -\\frac{1}{2}, 3 \\right)", "[-0.5,3)"), ("0.333\\overline{3}", "0.333\\overline{3}"),
-    ("1000!", "1000\\cdot999!"), ("7!!", "105"), ("\\log_2 8", "3"),
+  ("\\frac{1}{2}", "0.5"),
+  ("\\dfrac12", "\\frac{1}{2}"),
+  ("1/2", "\\tfrac{1}{2}"),
+  ("\\frac34", "0.75"),
+  ("-\\frac{3}{4}", "-0.75"),
+  ("2\\frac{1}{2}", "\\frac{5}{2}"),
+  ("10,000", "10000"),
+  ("10{,}000", "10000"),
+  (".5", "0.5"),
+  ("5.", "5"),
+  ("5.0", "5"),
+  ("\\$18.90", "18.9"),
+  ("10\\%", "10"),
+  ("76^\\circ", "76"),
+  ("76^{\\circ}", "76"),
+  ("76°", "76"),
+  ("5 \\text{ cm}", "5"),
+  ("5\\text{ cm}^2", "5"),
+  ("12 \\mbox{ inches}", "12"),
+  ("3 \\text{ units}", "3"),
+  ("\\text{5 dollars}", "5"),
+  ("\\text{(C)}", "C"),
+  ("(C)", "\\text{(C)}"),
+  ("\\text{Monday}", "Monday"),
+  ("x = 5", "5"),
+  ("k=-3", "-3"),
+  ("x \\in [1, 2]", "[1,2]"),
+  ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+  ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+  ("\\!1,\\!000", "1000"),
+  ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+  ("2\\sqrt{5}", "\\sqrt{20}"),
+  ("\\sqrt2", "\\sqrt{2}"),
+  ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt3}"),
+  ("x^2+2x+1", "(x+1)^2"),
+  ("x^{2}", "x^2"),
+  ("2\\pi r", "2r\\pi"),
+  ("6+9i", "9i+6"),
+  ("2^{10}", "1024"),
+  ("\\sqrt[3]{8}", "2"),
+  ("\\binom{5}{2}", "10"),
+  ("5!", "120"),
+  ("y = 2x+3", "2x + 3"),
+  ("y=2x+3", "y=3+2x"),
+  ("x+y=1", "1=y+x"),
+  ("1,2", "2,1"),
+  ("-2, 1", "1,-2"),
+  ("1 \\pm \\sqrt{19}", "1-\\sqrt{19}, 1+\\sqrt{19}"),
+  ("\\{1,2\\}", "\\{2,1\\}"),
+  ("(2,12) \\cup (12,102)", "(2,12)\\cup(12,102)"),
+  (
+    "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+    "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}",
+  ),
+  (
+    "\\begin{pmatrix} -1/2 \\\\ 1 \\end{pmatrix}",
+    "\\begin{pmatrix}-\\frac{1}{2}\\\\1\\end{pmatrix}",
+  ),
+  ("\\infty", "\\infty"),
+  ("\\frac{\\pi}{3}", "\\pi/3"),
+  ("\\cos \\theta", "\\cos\\theta"),
+  ("\\left[ -\\frac{1}{2}, 3 \\right)", "[-0.5,3)"),
+  ("0.333\\overline{3}", "0.333\\overline{3}"),
+  ("1000!", "1000\\cdot999!"),
+  ("7!!", "105"),
+  ("\\log_2 8", "3"),
 ]
 
 DIFFERENT = [
-    ("3", "4"), ("0.333", "\\frac13"), ("\\pi", "3.14"), ("x^2+2x+1", "(x+1)^3"),
-    ("[1,2)", "[1,2]"), ("(1,2)", "1,2"), ("(1,2)", "(2,1)"), ("1,2", "1,2,3"), ("1,1", "1,2"),
-    ("\\text{Monday}", "Tuesday"), ("\\frac{1}{2}", "\\frac{1}{3}"), ("-5", "5"), ("x", "y"),
-    ("\\sqrt{2}", "1.414"), ("\\infty", "-\\infty"), ("y=2x", "y=3x"), ("x<1", "x<2"),
-    ("\\frac{1}{0}", "1"), ("10", "1,0"), ("A", "B"),
-    ("1\\pm\\sqrt{19}", "1+\\sqrt{19}"), ("1\\pm2", "-1, 4"),
-    ("1000!", "2000!"),  # past the largest float: compared as sympy numbers, not as inf
+  ("3", "4"),
+  ("0.333", "\\frac13"),
+  ("\\pi", "3.14"),
+  ("x^2+2x+1", "(x+1)^3"),
+  ("[1,2)", "[1,2]"),
+  ("(1,2)", "1,2"),
+  ("(1,2)", "(2,1)"),
+  ("1,2", "1,2,3"),
+  ("1,1", "1,2"),
+  ("\\text{Monday}", "Tuesday"),
+  ("\\frac{1}{2}", "\\frac{1}{3}"),
+  ("-5", "5"),
+  ("x", "y"),
+  ("\\sqrt{2}", "1.414"),
+  ("\\infty", "-\\infty"),
+  ("y=2x", "y=3x"),
+  ("x<1", "x<2"),
+  ("\\frac{1}{0}", "1"),
+  ("10", "1,0"),
+  ("A", "B"),
+  ("1\\pm\\sqrt{19}", "1+\\sqrt{19}"),
+  ("1\\pm2", "-1, 4"),
+  ("1000!", "2000!"),  # past the largest float: compared as sympy numbers, not as inf
 ]
 
 
@@ -138,34 +196,59 @@ def test_different_answers(pred, gold):
   assert math_reward(None, [f"\\boxed{{{pred}}}"], [gold]) == [0.0]
 
 
-@pytest.mark.parametrize("text, boxed", [
+@pytest.mark.parametrize(
+  "text, boxed",
+  [
     ("\\boxed{1} then \\boxed{2}", "2"),
     ("\\fbox{7}", "7"),
     ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
     ("\\boxed 5$", "5"),
     ("\\boxed{\\boxed{3}}", "3"),
-    ("\\boxed{1} and \\boxed{2", None),   # a cut-off last box
+    ("\\boxed{1} and \\boxed{2", None),  # a cut-off last box
     ("\\boxed{", None),
     ("\\boxed", None),
     ("\\boxedx{3}", None),
     ("no box", None),
     ("", None),
     (None, None),
-])
+  ],
+)
 def test_extract_boxed(text, boxed):
   assert extract_boxed(text) == boxed
 
 
 # Malformed completions: all score 0 against "5", and none raises.
 MALFORMED = [
-    None, 5, [], [{}], "", "5", "The answer is 5.", "\\boxed{", "\\boxed{5", "}}}{{{\\boxed{}",
-    "\\boxed{}", "\\boxed{٥}", "\\boxed{５}", "\\boxed{" + "9" * 10000 + "}",
-    "\\boxed{" + "{" * 5000 + "5" + "}" * 5000 + "}", "\\boxed{\\frac{5}{}}", "\\boxed{\\sqrt}",
-    "\\boxed{__import__('os').system('echo pwned')}", "\\boxed{5'}", "\\boxed{x.__class__}",
-    "\\boxed{lambda: 5}", "\\boxed{\\frac{1}{0}}", "\\boxed{0^{-1}}", "\\boxed{\\text{6 dollars}}",
-    "\\boxed{1e400}", "\\boxed{10^{10^{10}}}", "\\boxed{" + "(" * 300 + "5" + ")" * 299 + "}",
-    "\\boxed{\\begin{pmatrix}5\\end{pmatrix}}", "x" * 1_000_000,
+  None,
+  5,
+  [],
+  [{}],
+  "",
+  "5",
+  "The answer is 5.",
+  "\\boxed{",
+  "\\boxed{5",
+  "}}}{{{\\boxed{}",
+  "\\boxed{}",
+  "\\boxed{٥}",
+  "\\boxed{５}",
+  "\\boxed{" + "9" * 10000 + "}",
+  "\\boxed{" + "{" * 5000 + "5" + "}" * 5000 + "}",
+  "\\boxed{\\frac{5}{}}",
+  "\\boxed{\\sqrt}",
+  "\\boxed{__import__('os').system('echo pwned')}",
+  "\\boxed{5'}",
+  "\\boxed{x.__class__}",
+  "\\boxed{lambda: 5}",
+  "\\boxed{\\frac{1}{0}}",
+  "\\boxed{0^{-1}}",
+  "\\boxed{\\text{6 dollars}}",
+  "\\boxed{1e400}",
+  "\\boxed{10^{10^{10}}}",
+  "\\boxed{" + "(" * 300 + "5" + ")" * 299 + "}",
+  "\\boxed{\\begin{pmatrix}5\\end{pmatrix}}",
+  "x" * 1_000_000,
 ]
 
 

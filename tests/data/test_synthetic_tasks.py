@@ -16,6 +16,7 @@ seeds = st.integers(0, 2**31)
 
 # ---- independent checkers of the written formats -------------------------------------------
 
+
 def check_addition(p: Problem, difficulty: int, length: int):
   m = re.fullmatch(r"(\d+(?:\+\d+)+)\n", p.prompt)
   assert m, p.prompt
@@ -83,12 +84,15 @@ def check_sorting(p: Problem, difficulty: int, length: int):
   assert lines[-1] == "answer: " + p.answer
 
 
-CHECKERS = {"addition": check_addition, "multiplication": check_multiplication,
-            "sorting": check_sorting}
+CHECKERS = {
+  "addition": check_addition,
+  "multiplication": check_multiplication,
+  "sorting": check_sorting,
+}
 knobs = {
-    "addition": (st.integers(1, 9), st.integers(1, 30)),
-    "multiplication": (st.integers(1, 8), st.integers(1, 12)),
-    "sorting": (st.integers(1, 6), st.integers(2, 12)),
+  "addition": (st.integers(1, 9), st.integers(1, 30)),
+  "multiplication": (st.integers(1, 8), st.integers(1, 12)),
+  "sorting": (st.integers(1, 6), st.integers(2, 12)),
 }
 
 
@@ -96,7 +100,7 @@ def corrupt(answer: str, position: int) -> str:
   """The answer with one digit changed."""
   digits = [i for i, c in enumerate(answer) if c.isdigit()]
   i = digits[position % len(digits)]
-  return answer[:i] + str((int(answer[i]) + 1 + position % 9) % 10) + answer[i + 1:]
+  return answer[:i] + str((int(answer[i]) + 1 + position % 9) % 10) + answer[i + 1 :]
 
 
 @pytest.mark.parametrize("name", list(CHECKERS))
@@ -110,33 +114,37 @@ def test_gold_solutions_are_right_and_score_one(name, data, split, index, seed, 
   CHECKERS[name](p, difficulty, length)
   assert len(p.solution) <= task.max_completion_chars
   assert task.reward([p.prompt], [p.solution], [p.answer]) == [1.0]
-  bad = p.solution[:p.solution.rindex("answer: ")] + "answer: " + corrupt(p.answer, where)
+  bad = p.solution[: p.solution.rindex("answer: ")] + "answer: " + corrupt(p.answer, where)
   assert task.reward([p.prompt], [bad], [p.answer]) == [0.0]
   assert task.reward(None, [p.solution], [corrupt(p.answer, where)]) == [0.0]
 
 
 def test_documented_examples():
   add = get_task("addition").solve((4821, 9374))
-  assert add == Problem("4821+9374\n", "14195",
-                        "1+4+0=5 5\n2+7+0=9 95\n8+3+0=11 195\n4+9+1=14 4195\nanswer: 14195")
+  assert add == Problem(
+    "4821+9374\n", "14195", "1+4+0=5 5\n2+7+0=9 95\n8+3+0=11 195\n4+9+1=14 4195\nanswer: 14195"
+  )
   mul = get_task("multiplication").solve((123, 45))
   assert mul == Problem("123*45\n", "5535", "123*5=615 615\n123*40=4920 5535\nanswer: 5535")
   srt = get_task("sorting").solve((52, 7, 31, 9))
   assert srt.prompt == "sort 52 7 31 9\n" and srt.answer == "7 9 31 52"
-  assert srt.solution == ("52>7\n52>31\n52>9\n= 7 31 9 52\n7<31\n31>9\n= 7 9 31 52\n7<9\n"
-                          "= 7 9 31 52\nanswer: 7 9 31 52")
+  assert srt.solution == (
+    "52>7\n52>31\n52>9\n= 7 31 9 52\n7<31\n31>9\n= 7 9 31 52\n7<9\n= 7 9 31 52\nanswer: 7 9 31 52"
+  )
   three = get_task("addition", difficulty=2).solve((999, 999, 999))
   assert three.answer == "2997" and three.solution.endswith("9+9+9+2=29 997\nanswer: 2997")
   zero = get_task("multiplication").solve((12, 301))
   assert zero.solution == "12*1=12 12\n12*00=0 12\n12*300=3600 3612\nanswer: 3612"
 
 
-@pytest.mark.parametrize("completion, score", [
+@pytest.mark.parametrize(
+  "completion, score",
+  [
     ("answer: 14195", 1.0),
     ("junk\nanswer: 14195\n", 1.0),
     ("answer: 14195  \n\n", 1.0),
-    ("answer: 14195\nanswer: 1", 0.0),     # the last answer line counts
-    ("answer: 14195\nmore", 0.0),         # the answer must be the last line
+    ("answer: 14195\nanswer: 1", 0.0),  # the last answer line counts
+    ("answer: 14195\nmore", 0.0),  # the answer must be the last line
     ("answer:14195", 0.0),
     ("answer:  14195", 0.0),
     (" answer: 14195", 0.0),
@@ -151,7 +159,8 @@ def test_documented_examples():
     (14195, 0.0),
     ([{"role": "assistant", "content": "x\nanswer: 14195"}], 1.0),
     ("answer: " + "9" * 100_000, 0.0),
-])
+  ],
+)
 def test_exact_reward(completion, score):
   task = get_task("addition", length=4)
   assert task.reward(None, [completion], ["14195"]) == [score]
@@ -159,8 +168,9 @@ def test_exact_reward(completion, score):
 
 def test_format_weight():
   task = get_task("sorting", format_weight=0.25)
-  out = task.reward(None, ["x\nanswer: 1 2 3", "answer: 3 2 1", "answer: 1,2", "nothing"],
-                    ["1 2 3"] * 4)
+  out = task.reward(
+    None, ["x\nanswer: 1 2 3", "answer: 3 2 1", "answer: 1,2", "nothing"], ["1 2 3"] * 4
+  )
   assert out == [1.25, 0.25, 0.0, 0.0]
   assert get_task("sorting").reward(None, ["answer: 3 2 1"], ["1 2 3"]) == [0.0]
 
@@ -176,14 +186,25 @@ def test_deterministic_and_seeded(name):
   assert [a.problem("train", i) for i in range(20)] == [b.problem("train", i) for i in range(20)]
   assert a.batch("test", 5, 3) == [b.problem("test", i) for i in (5, 6, 7)]
   other = get_task(name, seed=2)
-  assert [a.problem("train", i) for i in range(20)] != [other.problem("train", i)
-                                                        for i in range(20)]
+  assert [a.problem("train", i) for i in range(20)] != [
+    other.problem("train", i) for i in range(20)
+  ]
   assert a.num_problems("train") is None
 
 
-@pytest.mark.parametrize("name, difficulty, length", [
-    ("addition", 1, 1), ("addition", 1, 2), ("multiplication", 1, 1), ("multiplication", 2, 1),
-    ("sorting", 1, 2), ("sorting", 1, 3), ("addition", 2, 5), ("sorting", 3, 6)])
+@pytest.mark.parametrize(
+  "name, difficulty, length",
+  [
+    ("addition", 1, 1),
+    ("addition", 1, 2),
+    ("multiplication", 1, 1),
+    ("multiplication", 2, 1),
+    ("sorting", 1, 2),
+    ("sorting", 1, 3),
+    ("addition", 2, 5),
+    ("sorting", 3, 6),
+  ],
+)
 def test_train_and_test_are_disjoint(name, difficulty, length):
   prompts = {}
   for split in ("train", "test"):
@@ -196,11 +217,20 @@ def test_train_and_test_are_disjoint(name, difficulty, length):
   assert not prompts["train"] & prompts["test"]
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("addition", {"difficulty": 0}), ("addition", {"difficulty": 10}),
-    ("addition", {"length": 0}), ("addition", {"length": 2.0}), ("addition", {"length": True}),
-    ("multiplication", {"difficulty": 21}), ("sorting", {"length": 1}),
-    ("sorting", {"difficulty": "2"}), ("addition", {"seed": 1.5})])
+@pytest.mark.parametrize(
+  "name, kwargs",
+  [
+    ("addition", {"difficulty": 0}),
+    ("addition", {"difficulty": 10}),
+    ("addition", {"length": 0}),
+    ("addition", {"length": 2.0}),
+    ("addition", {"length": True}),
+    ("multiplication", {"difficulty": 21}),
+    ("sorting", {"length": 1}),
+    ("sorting", {"difficulty": "2"}),
+    ("addition", {"seed": 1.5}),
+  ],
+)
 def test_bad_knobs(name, kwargs):
   with pytest.raises(ValueError):
     get_task(name, **kwargs)
@@ -216,10 +246,16 @@ def test_bad_split_and_index():
 # The lengths docs/tasks.md quotes (from `python -m jetrl.data.lengths`): mean gold completion
 # chars over 200 train problems at seed 0, within 5%.
 DOCUMENTED = [
-    ("addition", 1, 3, 46), ("addition", 1, 16, 313), ("addition", 1, 36, 1053),
-    ("multiplication", 3, 2, 47), ("multiplication", 3, 8, 223), ("multiplication", 3, 22, 1039),
-    ("sorting", 2, 3, 54), ("sorting", 2, 8, 370), ("sorting", 2, 13, 977),
-    ("sorting", 5, 6, 404),
+  ("addition", 1, 3, 46),
+  ("addition", 1, 16, 313),
+  ("addition", 1, 36, 1053),
+  ("multiplication", 3, 2, 47),
+  ("multiplication", 3, 8, 223),
+  ("multiplication", 3, 22, 1039),
+  ("sorting", 2, 3, 54),
+  ("sorting", 2, 8, 370),
+  ("sorting", 2, 13, 977),
+  ("sorting", 5, 6, 404),
 ]
 
 

@@ -19,9 +19,16 @@ def test_unknown_name_lists_the_known_ones():
     get_task("gsm9k")
 
 
-@pytest.mark.parametrize("name, bad", [("addition", "lenght"), ("sorting", "path"),
-                                       ("gsm8k", "difficulty"), ("math500", "order"),
-                                       ("gsm8k", "timeout")])
+@pytest.mark.parametrize(
+  "name, bad",
+  [
+    ("addition", "lenght"),
+    ("sorting", "path"),
+    ("gsm8k", "difficulty"),
+    ("math500", "order"),
+    ("gsm8k", "timeout"),
+  ],
+)
 def test_unknown_argument_lists_the_accepted_ones(name, bad):
   with pytest.raises(ValueError, match=f"unknown argument.*{bad}.*accepted.*seed"):
     get_task(name, **{bad: 1})
@@ -30,8 +37,16 @@ def test_unknown_argument_lists_the_accepted_ones(name, bad):
 def test_accepted_arguments():
   for name in ("addition", "multiplication", "sorting"):
     assert set(task_kwargs(name)) == {"difficulty", "length", "seed", "format_weight"}
-  common = {"path", "split", "seed", "test_size", "shuffle", "template", "tokenizer",
-            "format_weight"}
+  common = {
+    "path",
+    "split",
+    "seed",
+    "test_size",
+    "shuffle",
+    "template",
+    "tokenizer",
+    "format_weight",
+  }
   assert set(task_kwargs("gsm8k")) == common | {"order"}
   assert set(task_kwargs("math500")) == common | {"timeout", "batch_timeout", "symbolic"}
 
@@ -46,8 +61,10 @@ def test_problem_is_a_frozen_dataclass():
 def all_tasks():
   tasks = [get_task(n, seed=1) for n in ("addition", "multiplication", "sorting")]
   if GSM8K_DIR.is_dir() and MATH500_FILE.is_file():
-    tasks += [get_task("gsm8k", path=str(GSM8K_DIR), seed=1),
-              get_task("math500", path=str(MATH500_FILE), seed=1)]
+    tasks += [
+      get_task("gsm8k", path=str(GSM8K_DIR), seed=1),
+      get_task("math500", path=str(MATH500_FILE), seed=1),
+    ]
   return tasks
 
 
@@ -58,12 +75,15 @@ def test_interface(task):
     problems = task.batch(split, 0, 8)
     assert all(isinstance(p, Problem) and p.prompt and p.answer for p in problems)
     assert problems == [task.problem(split, i) for i in range(8)]
-    scores = task.reward([p.prompt for p in problems], [p.solution for p in problems],
-                         [p.answer for p in problems])
+    scores = task.reward(
+      [p.prompt for p in problems], [p.solution for p in problems], [p.answer for p in problems]
+    )
     assert scores == [1.0] * 8
-    scores = task.reward([p.prompt for p in problems], ["", None, "answer: x", "\\boxed{}",
-                                                        "#### ", "}", "\n", "9" * 50],
-                         [p.answer for p in problems])
+    scores = task.reward(
+      [p.prompt for p in problems],
+      ["", None, "answer: x", "\\boxed{}", "#### ", "}", "\n", "9" * 50],
+      [p.answer for p in problems],
+    )
     assert scores == [0.0] * 8
   assert isinstance(task.max_completion_chars, int) and task.max_completion_chars > 0
   with pytest.raises(ValueError):
@@ -87,14 +107,18 @@ def test_dataset_sizes_through_the_interface():
 
 class Echo(Task):
   """A user's task: repeat a word; the reward is whether the completion says it."""
+
   name = "echo"
 
   def __init__(self, word: str = "hello", seed: int = 0):
     self.word, self.seed = word, seed
 
   def problem(self, split, index):
-    return Problem(prompt=f"Say {self.word} {index}.", answer=f"{self.word} {index}",
-                   solution=f"{self.word} {index}")
+    return Problem(
+      prompt=f"Say {self.word} {index}.",
+      answer=f"{self.word} {index}",
+      solution=f"{self.word} {index}",
+    )
 
   def reward(self, prompts, completions, answers):
     return [float(a in c) for c, a in zip(completions, answers)]
@@ -103,6 +127,7 @@ class Echo(Task):
 @pytest.fixture
 def registry():
   from jetrl.data import registry as reg  # pylint: disable=import-outside-toplevel
+
   saved = dict(reg._USER)  # pylint: disable=protected-access
   yield reg
   reg._USER.clear()  # pylint: disable=protected-access
@@ -135,6 +160,7 @@ def test_register_a_class_or_a_factory(registry):
 
   def make_echo(word="x"):
     return Echo(word)
+
   assert jetrl.data.register_task(make_echo) == "make_echo"
   assert get_task("make_echo", word="z").word == "z"
   jetrl.data.register_task(lambda: "not a task", name="broken")
@@ -142,12 +168,15 @@ def test_register_a_class_or_a_factory(registry):
     get_task("broken")
 
 
-@pytest.mark.parametrize("task, name, match", [
+@pytest.mark.parametrize(
+  "task, name, match",
+  [
     (Echo(), "gsm8k", "'gsm8k' is a built-in task"),
     (Echo(), "has space", "the name must be"),
     (3, None, "expected a jetrl.data.Task object"),
     (dict, None, "expected a jetrl.data.Task object"),
-])
+  ],
+)
 def test_register_errors(registry, task, name, match):
   with pytest.raises(ValueError, match=match):
     jetrl.data.register_task(task, name=name)

@@ -11,7 +11,7 @@ import pytest
 
 from jetrl.data import RewardError, WithReward, get_task, load_reward
 
-REWARDS = '''
+REWARDS = """
 import math
 from helper import SCALE  # a neighbour of the reward file
 
@@ -46,7 +46,7 @@ def dies(prompts, completions, answers, **kwargs):
   os._exit(7)
 
 NOT_CALLABLE = 3
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,10 @@ def reward_file(tmp_path_factory):
 
 def test_reward_file_by_path(reward_file):
   with load_reward(f"{reward_file}:contains") as r:
-    assert r(["p1", "p2"], ["it is 4", [{"role": "assistant", "content": "5"}]],
-             ["4", "6"]) == [2.0, 0.0]
+    assert r(["p1", "p2"], ["it is 4", [{"role": "assistant", "content": "5"}]], ["4", "6"]) == [
+      2.0,
+      0.0,
+    ]
     assert r(None, ["x"], ["x"]) == [2.0]
     assert r.stats["calls"] == 2 and r.stats["starts"] == 1
 
@@ -74,14 +76,17 @@ def test_reward_by_module_name_with_keyword_arguments(reward_file, monkeypatch):
   assert task.reward(["abc"], ["x"], ["1"]) == [3.0]
 
 
-@pytest.mark.parametrize("spec, match", [
+@pytest.mark.parametrize(
+  "spec, match",
+  [
     ("{f}:missing", "has no function 'missing'; it defines .*'contains'"),
     ("{f}:NOT_CALLABLE", "'NOT_CALLABLE' is a int, not a function"),
     ("{d}/nowhere.py:fn", "file '.*nowhere.py' does not exist"),
     ("no_such_module_here:fn", "module 'no_such_module_here' could not be imported"),
     ("{f}", "expected 'path/to/file.py:function' or 'module:function'"),
     ("{f}:2fast", "a Python identifier after the last ':'"),
-])
+  ],
+)
 def test_load_errors_name_the_function(reward_file, spec, match):
   spec = spec.format(f=reward_file, d=reward_file.parent)
   with pytest.raises(ValueError, match=f"reward '.*': .*{match}" if ":" in spec else match):
@@ -95,11 +100,14 @@ def test_a_file_that_raises_on_import(tmp_path):
     load_reward(f"{bad}:fn")
 
 
-@pytest.mark.parametrize("fn, match", [
+@pytest.mark.parametrize(
+  "fn, match",
+  [
     ("short", "returned 1 values for 2 completions"),
     ("not_a_list", "returned a float, not a list of floats"),
     ("words", "returned a non-number at position 0: str 'high'"),
-])
+  ],
+)
 def test_wrong_results_are_errors(reward_file, fn, match):
   with load_reward(f"{reward_file}:{fn}") as r:
     with pytest.raises(RewardError, match=f"reward '.*:{fn}' {match}"):
@@ -108,11 +116,15 @@ def test_wrong_results_are_errors(reward_file, fn, match):
 
 def test_an_exception_scores_the_batch_zero(reward_file):
   with load_reward(f"{reward_file}:raises", max_failures=2) as r:
-    with pytest.warns(RuntimeWarning, match="raises': raised KeyError: 'missing' \\(File "
-                      ".*my_rewards.py.*in raises\\); the batch of 2 scores 0"):
+    with pytest.warns(
+      RuntimeWarning,
+      match="raises': raised KeyError: 'missing' \\(File "
+      ".*my_rewards.py.*in raises\\); the batch of 2 scores 0",
+    ):
       assert r(None, ["a", "b"], ["a", "b"]) == [0.0, 0.0]
-    with pytest.raises(RewardError, match="failed on 2 batches in a row; the last: raised "
-                       "KeyError"):
+    with pytest.raises(
+      RewardError, match="failed on 2 batches in a row; the last: raised KeyError"
+    ):
       r(None, ["a"], ["a"])
     assert r.stats["errors"] == 2
 
@@ -160,10 +172,14 @@ def test_only_json_reaches_the_worker(reward_file):
       r(None, ["a", "b"], ["a"])
 
 
-@pytest.mark.parametrize("kw, match", [({"timeout": 0}, "timeout must be a positive"),
-                                       ({"timeout": float("nan")}, "timeout must be"),
-                                       ({"max_failures": 0}, "max_failures must be")])
+@pytest.mark.parametrize(
+  "kw, match",
+  [
+    ({"timeout": 0}, "timeout must be a positive"),
+    ({"timeout": float("nan")}, "timeout must be"),
+    ({"max_failures": 0}, "max_failures must be"),
+  ],
+)
 def test_bad_options(reward_file, kw, match):
   with pytest.raises(ValueError, match=match):
     load_reward(f"{reward_file}:contains", **kw)
-

@@ -5,13 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 HF_CLASSES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+  "llama": ("LlamaConfig", "LlamaForCausalLM"),
+  "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+  "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 
-LLAMA3_SCALING = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                      original_max_position_embeddings=16)
+LLAMA3_SCALING = dict(
+  rope_type="llama3",
+  factor=8.0,
+  low_freq_factor=1.0,
+  high_freq_factor=4.0,
+  original_max_position_embeddings=16,
+)
 
 
 def hf_model(family: str, seed: int = 0, noise: float = 0.1, **overrides):
@@ -22,9 +27,17 @@ def hf_model(family: str, seed: int = 0, noise: float = 0.1, **overrides):
   """
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
-  kwargs = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                rms_norm_eps=1e-6)
+
+  kwargs = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+  )
   kwargs.update(overrides)
   cfg_cls, model_cls = (getattr(transformers, n) for n in HF_CLASSES[family])
   torch.manual_seed(seed)
@@ -39,6 +52,7 @@ def hf_model(family: str, seed: int = 0, noise: float = 0.1, **overrides):
 
 def hf_logits(model, tokens, attention_mask=None, position_ids=None) -> np.ndarray:
   import torch  # pylint: disable=import-outside-toplevel
+
   kw = {}
   if attention_mask is not None:
     kw["attention_mask"] = torch.tensor(np.asarray(attention_mask), dtype=torch.long)

@@ -14,22 +14,37 @@ import pytest
 from jetrl import models as M
 from model_helpers import hf_logits, rel_err
 
-CONFIG = M.ModelConfig(family="llama", vocab_size=40, d_model=32, n_layers=2, n_heads=2,
-                       n_kv_heads=1, head_dim=16, d_ff=48)
+CONFIG = M.ModelConfig(
+  family="llama",
+  vocab_size=40,
+  d_model=32,
+  n_layers=2,
+  n_heads=2,
+  n_kv_heads=1,
+  head_dim=16,
+  d_ff=48,
+)
 
 
 def _tokenizer_folder(path, eos_ids=None):
   tokenizers = pytest.importorskip("tokenizers")
   words = ["[UNK]", "a", "b", "c"]
-  backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-      {w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+  backend = tokenizers.Tokenizer(
+    tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]")
+  )
   backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
   backend.add_special_tokens(["<|end|>", "<|stop|>"])
   os.makedirs(path, exist_ok=True)
   backend.save(os.path.join(path, "tokenizer.json"))
   with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|end|>",
-               "chat_template": "{{ messages[0]['content'] }}"}, f)
+    json.dump(
+      {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|end|>",
+        "chat_template": "{{ messages[0]['content'] }}",
+      },
+      f,
+    )
   if eos_ids is not None:
     with open(os.path.join(path, "generation_config.json"), "w") as f:
       json.dump({"eos_token_id": eos_ids}, f)
@@ -45,8 +60,7 @@ def test_export_loads_and_generates(params, tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   tok_dir = _tokenizer_folder(tmp_path / "tok", eos_ids=[4, 5])
-  out = M.export_hf(params, CONFIG, str(tmp_path / "out"), tokenizer_from=tok_dir,
-                    dtype="bfloat16")
+  out = M.export_hf(params, CONFIG, str(tmp_path / "out"), tokenizer_from=tok_dir, dtype="bfloat16")
   assert sorted(os.listdir(tmp_path)) == ["out", "tok"]  # no temporary folder left
   model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert model.dtype == torch.bfloat16 and list(model.generation_config.eos_token_id) == [4, 5]
@@ -54,8 +68,9 @@ def test_export_loads_and_generates(params, tmp_path):
   tokens = np.array([[1, 2, 3, 1]])
   want = hf_logits(model.float(), tokens)
   bf16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)
-  got = M.forward(jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), bf16), CONFIG,
-                  jnp.asarray(tokens))
+  got = M.forward(
+    jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), bf16), CONFIG, jnp.asarray(tokens)
+  )
   assert rel_err(got, want) < 1e-4
   generated = model.generate(torch.tensor(tokens), max_new_tokens=3, do_sample=False)
   assert generated.shape[1] > 4
@@ -79,11 +94,23 @@ def test_refusals(params, tmp_path):
   assert not out.exists()
   with pytest.raises(ValueError, match="dtype 'int8' is not accepted"):
     M.export_hf(params, CONFIG, str(out), dtype="int8")
-  small = M.ModelConfig(family="llama", vocab_size=4, d_model=32, n_layers=2, n_heads=2,
-                        n_kv_heads=1, head_dim=16, d_ff=48)
+  small = M.ModelConfig(
+    family="llama",
+    vocab_size=4,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=48,
+  )
   with pytest.raises(ValueError, match="does not fit the model: tokenizer size - 1 5"):
-    M.export_hf(M.init_params(small, jax.random.PRNGKey(1)), small, str(out),
-                tokenizer_from=_tokenizer_folder(tmp_path / "tok"))
+    M.export_hf(
+      M.init_params(small, jax.random.PRNGKey(1)),
+      small,
+      str(out),
+      tokenizer_from=_tokenizer_folder(tmp_path / "tok"),
+    )
   out.mkdir()
   (out / "notes.txt").write_text("mine")
   with pytest.raises(ValueError, match="exists and is not empty"):

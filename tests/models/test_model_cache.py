@@ -14,16 +14,26 @@ from jetrl.precision import get_recipe
 from model_helpers import rel_err
 
 TOL = 1e-5
-CONFIG = M.ModelConfig(family="qwen2", vocab_size=64, d_model=64, n_layers=2, n_heads=4,
-                       n_kv_heads=2, head_dim=16, d_ff=96, rope_theta=10000.0,
-                       qkv_bias=True)
+CONFIG = M.ModelConfig(
+  family="qwen2",
+  vocab_size=64,
+  d_model=64,
+  n_layers=2,
+  n_heads=4,
+  n_kv_heads=2,
+  head_dim=16,
+  d_ff=96,
+  rope_theta=10000.0,
+  qkv_bias=True,
+)
 
 
 def _noisy(params, key):
   leaves, treedef = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(key, len(leaves))
   return jax.tree_util.tree_unflatten(
-      treedef, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+    treedef, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  )
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +43,11 @@ def params():
 
 @pytest.fixture(scope="module")
 def step():
-  return jax.jit(M.forward_cached, static_argnames=("config", "precision", "last_only"),
-                 donate_argnames=("cache",))
+  return jax.jit(
+    M.forward_cached,
+    static_argnames=("config", "precision", "last_only"),
+    donate_argnames=("cache",),
+  )
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +77,14 @@ def test_one_token_at_a_time(params, step, full, unstacked):
     assert isinstance(step_params["layers"], tuple) and len(step_params["layers"]) == 2
     np.testing.assert_array_equal(step_params["layers"][1]["wq"], params["layers"]["wq"][1])
   for i in range(t):
-    logits, cache = step(step_params, config=CONFIG, tokens=tokens[:, i:i + 1], cache=cache,
-                         positions=jnp.full((b, 1), i, jnp.int32),
-                         token_mask=jnp.ones((b, 1), bool))
+    logits, cache = step(
+      step_params,
+      config=CONFIG,
+      tokens=tokens[:, i : i + 1],
+      cache=cache,
+      positions=jnp.full((b, 1), i, jnp.int32),
+      token_mask=jnp.ones((b, 1), bool),
+    )
     assert logits.shape == (b, 1, CONFIG.vocab_size) and logits.dtype == jnp.float32
     err = rel_err(logits[:, 0], want[:, i])
     assert err < TOL, f"decode step {i}: relative error {err:.2e} vs the full forward"
@@ -78,8 +96,8 @@ def _left_pad(rows, width):
   tokens = np.zeros((len(rows), width), np.int32)
   mask = np.zeros((len(rows), width), bool)
   for i, r in enumerate(rows):
-    tokens[i, width - len(r):] = r
-    mask[i, width - len(r):] = True
+    tokens[i, width - len(r) :] = r
+    mask[i, width - len(r) :] = True
   return tokens, mask
 
 
@@ -94,17 +112,29 @@ def test_left_padded_prefill_then_decode(params, step, full, last_only):
   positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
   np.testing.assert_array_equal(M.positions_from_mask(jnp.asarray(mask)), positions)
   cache = M.init_cache(CONFIG, 3, 10, jnp.float32)
-  logits, cache = step(params, config=CONFIG, tokens=jnp.asarray(tokens), cache=cache,
-                       positions=jnp.asarray(positions), token_mask=jnp.asarray(mask),
-                       last_only=last_only)
+  logits, cache = step(
+    params,
+    config=CONFIG,
+    tokens=jnp.asarray(tokens),
+    cache=cache,
+    positions=jnp.asarray(positions),
+    token_mask=jnp.asarray(mask),
+    last_only=last_only,
+  )
   assert logits.shape == (3, 1 if last_only else 6, CONFIG.vocab_size)
   got_prefill = np.asarray(logits)
   lengths = np.array([len(p) for p in prompts])
   got_steps = []
   for j in range(steps.shape[1]):
-    logits, cache = step(params, config=CONFIG, tokens=jnp.asarray(steps[:, j:j + 1]),
-                         cache=cache, positions=jnp.asarray(lengths[:, None] + j, jnp.int32),
-                         token_mask=jnp.ones((3, 1), bool), last_only=last_only)
+    logits, cache = step(
+      params,
+      config=CONFIG,
+      tokens=jnp.asarray(steps[:, j : j + 1]),
+      cache=cache,
+      positions=jnp.asarray(lengths[:, None] + j, jnp.int32),
+      token_mask=jnp.ones((3, 1), bool),
+      last_only=last_only,
+    )
     got_steps.append(np.asarray(logits[:, 0]))
   assert int(cache.index) == 6 + steps.shape[1]
   for i, prompt in enumerate(prompts):
@@ -114,7 +144,7 @@ def test_left_padded_prefill_then_decode(params, step, full, last_only):
     if last_only:
       err = rel_err(got_prefill[i, 0], want[n - 1])
     else:
-      err = rel_err(got_prefill[i, 6 - n:], want[:n])
+      err = rel_err(got_prefill[i, 6 - n :], want[:n])
     assert err < TOL, f"row {i}: prefill relative error {err:.2e}"
     for j in range(steps.shape[1]):
       err = rel_err(got_steps[j][i], want[n + j])
@@ -128,9 +158,14 @@ def test_chunked_prefill(params, step, full):
   cache = M.init_cache(CONFIG, 2, 8, jnp.float32)
   outs = []
   for s in (0, 4):
-    logits, cache = step(params, config=CONFIG, tokens=tokens[:, s:s + 4], cache=cache,
-                         positions=jnp.broadcast_to(jnp.arange(s, s + 4), (2, 4)),
-                         token_mask=jnp.ones((2, 4), bool))
+    logits, cache = step(
+      params,
+      config=CONFIG,
+      tokens=tokens[:, s : s + 4],
+      cache=cache,
+      positions=jnp.broadcast_to(jnp.arange(s, s + 4), (2, 4)),
+      token_mask=jnp.ones((2, 4), bool),
+    )
     outs.append(np.asarray(logits))
   err = rel_err(np.concatenate(outs, axis=1), want)
   assert err < TOL, f"chunked prefill: relative error {err:.2e}"
@@ -139,22 +174,38 @@ def test_chunked_prefill(params, step, full):
 def test_bf16_cache_under_jet_matches_training_forward():
   """Rollout (jet's rollout precision, bf16 cache) vs the training forward (jet train): the
   same FP8 computation, so the logits agree up to bf16 rounding differences."""
-  config = M.ModelConfig(family="llama", vocab_size=128, d_model=256, n_layers=2, n_heads=4,
-                         n_kv_heads=2, head_dim=64, d_ff=512)
+  config = M.ModelConfig(
+    family="llama",
+    vocab_size=128,
+    d_model=256,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=64,
+    d_ff=512,
+  )
   recipe = get_recipe("jet")
   params = M.init_params(config, jax.random.PRNGKey(5))
   tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 6), 0, config.vocab_size)
   want = np.asarray(M.forward(params, config, tokens, precision=recipe.train))
   cache = M.init_cache(config, 2, 6, jnp.bfloat16)
-  fwd = functools.partial(jax.jit(M.forward_cached, static_argnums=1,
-                                  static_argnames=("precision",)),
-                          params, config, precision=recipe.rollout)
-  logits, cache = fwd(tokens[:, :4], cache, positions=jnp.broadcast_to(jnp.arange(4), (2, 4)),
-                      token_mask=jnp.ones((2, 4), bool))
+  fwd = functools.partial(
+    jax.jit(M.forward_cached, static_argnums=1, static_argnames=("precision",)),
+    params,
+    config,
+    precision=recipe.rollout,
+  )
+  logits, cache = fwd(
+    tokens[:, :4],
+    cache,
+    positions=jnp.broadcast_to(jnp.arange(4), (2, 4)),
+    token_mask=jnp.ones((2, 4), bool),
+  )
   outs = [np.asarray(logits)]
   for i in (4, 5):
-    logits, cache = fwd(tokens[:, i:i + 1], cache, positions=jnp.full((2, 1), i),
-                        token_mask=jnp.ones((2, 1), bool))
+    logits, cache = fwd(
+      tokens[:, i : i + 1], cache, positions=jnp.full((2, 1), i), token_mask=jnp.ones((2, 1), bool)
+    )
     outs.append(np.asarray(logits))
   assert all(a.dtype == jnp.bfloat16 for a in cache.k + cache.v)
   err = rel_err(np.concatenate(outs, axis=1), want)
@@ -166,11 +217,13 @@ def test_unstacked_params_are_checked(params):
   kw = dict(positions=jnp.zeros((2, 1), jnp.int32), token_mask=jnp.ones((2, 1), bool))
   layers = M.unstack_layers(params)["layers"]
   with pytest.raises(ValueError, match="tuple of 1 layers, expected 2"):
-    M.forward_cached(dict(params, layers=layers[:1]), CONFIG, tokens,
-                     M.init_cache(CONFIG, 2, 4, jnp.float32), **kw)
+    M.forward_cached(
+      dict(params, layers=layers[:1]), CONFIG, tokens, M.init_cache(CONFIG, 2, 4, jnp.float32), **kw
+    )
   bad = (layers[0], dict(layers[1], wq=layers[1]["wq"][:, :8]))
   with pytest.raises(ValueError, match=r"\['layers'\]\[1\]\['wq'\] has shape"):
-    M.forward_cached(dict(params, layers=bad), CONFIG, tokens,
-                     M.init_cache(CONFIG, 2, 4, jnp.float32), **kw)
+    M.forward_cached(
+      dict(params, layers=bad), CONFIG, tokens, M.init_cache(CONFIG, 2, 4, jnp.float32), **kw
+    )
   with pytest.raises(ValueError, match="must be a dict"):  # the full forward needs them stacked
     M.check_params(dict(params, layers=layers), CONFIG)

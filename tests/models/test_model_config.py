@@ -48,17 +48,26 @@ def test_unknown_preset_lists_known_ones():
     M.get_config("gpt-5")
 
 
-@pytest.mark.parametrize("field,value", [("family", "gpt2"), ("n_kv_heads", 3), ("d_model", 0),
-                                         ("head_dim", 7), ("rope_theta", -1.0),
-                                         ("rope_scaling", {"factor": 8})])
+@pytest.mark.parametrize(
+  "field,value",
+  [
+    ("family", "gpt2"),
+    ("n_kv_heads", 3),
+    ("d_model", 0),
+    ("head_dim", 7),
+    ("rope_theta", -1.0),
+    ("rope_scaling", {"factor": 8}),
+  ],
+)
 def test_bad_config_fields(field, value):
   with pytest.raises(ValueError, match=field):
     dataclasses.replace(M.get_config("tiny"), **{field: value})
 
 
 def test_init_params_layout():
-  c = dataclasses.replace(M.get_config("tiny"), family="qwen2", qkv_bias=True, qk_norm=False,
-                          tie_embeddings=True)
+  c = dataclasses.replace(
+    M.get_config("tiny"), family="qwen2", qkv_bias=True, qk_norm=False, tie_embeddings=True
+  )
   p = M.init_params(c, jax.random.PRNGKey(0), dtype=jnp.bfloat16)
   assert "lm_head" not in p and "bq" in p["layers"] and "q_norm" not in p["layers"]
   assert p["layers"]["wq"].shape == (c.n_layers, c.d_model, c.q_dim)

@@ -13,8 +13,17 @@ from safetensors.numpy import load_file, save_file
 
 from jetrl import models as M
 
-CONFIG = M.ModelConfig(family="qwen3", vocab_size=32, d_model=32, n_layers=2, n_heads=2,
-                       n_kv_heads=1, head_dim=16, d_ff=48, qk_norm=True)
+CONFIG = M.ModelConfig(
+  family="qwen3",
+  vocab_size=32,
+  d_model=32,
+  n_layers=2,
+  n_heads=2,
+  n_kv_heads=1,
+  head_dim=16,
+  d_ff=48,
+  qk_norm=True,
+)
 
 
 @pytest.fixture()
@@ -40,13 +49,16 @@ def test_round_trip_is_ok(ckpt):
   assert config == CONFIG
 
 
-@pytest.mark.parametrize("changes,match", [
+@pytest.mark.parametrize(
+  "changes,match",
+  [
     (dict(architectures=["GPT2LMHeadModel"]), "GPT2LMHeadModel"),
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "yarn"),
     (dict(use_sliding_window=True), "use_sliding_window"),
     (dict(attention_bias=True), "attention_bias"),
-])
+  ],
+)
 def test_unsupported_config(ckpt, changes, match):
   _edit_json(ckpt / "config.json", **changes)
   with pytest.raises(ValueError, match=match):
@@ -62,14 +74,16 @@ def test_missing_tensor(ckpt):
 def test_misshaped_tensor(ckpt):
   def cut(t):
     t["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"][:-1]
+
   _edit_tensors(ckpt, cut)
   with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*\(47, 32\)"):
     M.load_pretrained(str(ckpt))
 
 
 def test_unexpected_tensor(ckpt):
-  _edit_tensors(ckpt, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias":
-                                          np.zeros(32, np.float32)}))
+  _edit_tensors(
+    ckpt, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": np.zeros(32, np.float32)})
+  )
   with pytest.raises(ValueError, match=r"o_proj\.bias"):
     M.load_pretrained(str(ckpt))
 
@@ -82,12 +96,17 @@ def test_vocab_disagrees_with_config(ckpt):
 
 def test_integer_tensor_is_refused_not_cast(ckpt):
   """An int8 tensor used to be cast to float silently (a quantized 0.011 became 11.0)."""
+
   def quantize(t):
     w = t["model.layers.0.mlp.up_proj.weight"]
     t["model.layers.0.mlp.up_proj.weight"] = np.round(w * 1000).astype(np.int8)
+
   _edit_tensors(ckpt, quantize)
-  with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' is stored "
-                                       r"as I8; accepted: F32, BF16, F16, F64"):
+  with pytest.raises(
+    ValueError,
+    match=r"'model\.layers\.0\.mlp\.up_proj\.weight' is stored "
+    r"as I8; accepted: F32, BF16, F16, F64",
+  ):
     M.load_pretrained(str(ckpt))
 
 
@@ -95,9 +114,13 @@ def test_integer_tensor_is_refused_not_cast(ckpt):
 def test_non_finite_tensor_is_refused(ckpt, value):
   def poison(t):
     t["model.layers.1.self_attn.o_proj.weight"][3, 4] = value
+
   _edit_tensors(ckpt, poison)
-  with pytest.raises(ValueError, match=r"'model\.layers\.1\.self_attn\.o_proj\.weight' holds 1 "
-                                       r"non-finite values"):
+  with pytest.raises(
+    ValueError,
+    match=r"'model\.layers\.1\.self_attn\.o_proj\.weight' holds 1 "
+    r"non-finite values",
+  ):
     M.load_pretrained(str(ckpt))
 
 
@@ -106,9 +129,18 @@ def test_missing_directory_or_files(tmp_path):
     M.load_pretrained(str(tmp_path / "nope"))
   with pytest.raises(ValueError, match="config.json"):
     M.load_pretrained(str(tmp_path))
-  (tmp_path / "config.json").write_text(json.dumps(
-      {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 8, "hidden_size": 8,
-       "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}))
+  (tmp_path / "config.json").write_text(
+    json.dumps(
+      {
+        "architectures": ["Qwen3ForCausalLM"],
+        "vocab_size": 8,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+      }
+    )
+  )
   with pytest.raises(ValueError, match="model.safetensors"):
     M.load_pretrained(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
@@ -117,8 +149,17 @@ def test_missing_directory_or_files(tmp_path):
 
 
 def test_export_needs_a_hf_equivalent(tmp_path):
-  bad = M.ModelConfig(family="llama", vocab_size=32, d_model=32, n_layers=1, n_heads=2,
-                      n_kv_heads=1, head_dim=16, d_ff=48, qkv_bias=True)
+  bad = M.ModelConfig(
+    family="llama",
+    vocab_size=32,
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=48,
+    qkv_bias=True,
+  )
   with pytest.raises(ValueError, match="qkv_bias"):
     M.save_pretrained(M.init_params(bad, jax.random.PRNGKey(0)), bad, str(tmp_path))
 
@@ -126,8 +167,17 @@ def test_export_needs_a_hf_equivalent(tmp_path):
 def test_params_that_do_not_fit_the_config():
   params = M.init_params(CONFIG, jax.random.PRNGKey(0))
   tokens = jnp.zeros((1, 4), jnp.int32)
-  other = M.ModelConfig(family="qwen3", vocab_size=32, d_model=32, n_layers=2, n_heads=2,
-                        n_kv_heads=1, head_dim=16, d_ff=64, qk_norm=True)
+  other = M.ModelConfig(
+    family="qwen3",
+    vocab_size=32,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=64,
+    qk_norm=True,
+  )
   with pytest.raises(ValueError, match=r"w_gate"):
     M.forward(params, other, tokens)
   with pytest.raises(ValueError, match="q_norm"):
@@ -156,13 +206,21 @@ def test_bad_call_arguments():
   with pytest.raises(ValueError, match="do not fit"):
     M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 3, jnp.float32), **kw)
   with pytest.raises(ValueError, match="token_mask"):
-    M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 8, jnp.float32),
-                     positions=kw["positions"], token_mask=jnp.ones((2, 3), bool))
+    M.forward_cached(
+      params,
+      CONFIG,
+      tokens,
+      M.init_cache(CONFIG, 2, 8, jnp.float32),
+      positions=kw["positions"],
+      token_mask=jnp.ones((2, 3), bool),
+    )
   for slots in (3, 9):
-    with pytest.raises(ValueError, match="attend_slots must be between the 4 new tokens and "
-                                         "the cache's 8 slots"):
-      M.forward_cached(params, CONFIG, tokens, M.init_cache(CONFIG, 2, 8, jnp.float32),
-                       attend_slots=slots, **kw)
+    with pytest.raises(
+      ValueError, match="attend_slots must be between the 4 new tokens and the cache's 8 slots"
+    ):
+      M.forward_cached(
+        params, CONFIG, tokens, M.init_cache(CONFIG, 2, 8, jnp.float32), attend_slots=slots, **kw
+      )
   with pytest.raises(ValueError, match="max_len"):
     M.init_cache(CONFIG, 2, 0)
 

@@ -11,8 +11,17 @@ import pytest
 from jetrl import models as M
 from model_helpers import rel_err
 
-CONFIG = M.ModelConfig(family="llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4,
-                       n_kv_heads=2, head_dim=16, d_ff=96, tie_embeddings=False)
+CONFIG = M.ModelConfig(
+  family="llama",
+  vocab_size=96,
+  d_model=64,
+  n_layers=2,
+  n_heads=4,
+  n_kv_heads=2,
+  head_dim=16,
+  d_ff=96,
+  tie_embeddings=False,
+)
 B, T = 2, 10
 
 
@@ -31,7 +40,8 @@ def data():
   leaves, treedef = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
   params = jax.tree_util.tree_unflatten(
-      treedef, [x + 0.2 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    treedef, [x + 0.2 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  )
   tokens = jax.random.randint(jax.random.PRNGKey(2), (B, T), 0, CONFIG.vocab_size)
   targets = jnp.roll(tokens, -1, axis=1)
   mask = jnp.asarray(np.arange(T)[None] < np.array([[T], [7]]))
@@ -43,8 +53,14 @@ def test_values_match_log_softmax(data, chunk_size):
   params, tokens, targets, mask = data
   temperature = 0.7
   logp, ent = jax.jit(M.token_logprobs, static_argnames=("config", "chunk_size"))(
-      params, config=CONFIG, tokens=tokens, targets=targets, attention_mask=mask,
-      temperature=temperature, chunk_size=chunk_size)
+    params,
+    config=CONFIG,
+    tokens=tokens,
+    targets=targets,
+    attention_mask=mask,
+    temperature=temperature,
+    chunk_size=chunk_size,
+  )
   want_logp, want_ent = _reference(params, tokens, targets, mask, temperature)
   assert logp.shape == ent.shape == (B, T)
   assert logp.dtype == ent.dtype == jnp.float32
@@ -55,10 +71,12 @@ def test_values_match_log_softmax(data, chunk_size):
 
 def test_temperature_is_applied(data):
   params, tokens, targets, mask = data
-  hot, _ = M.token_logprobs(params, CONFIG, tokens, targets, attention_mask=mask,
-                            temperature=2.0, chunk_size=4)
-  cold, _ = M.token_logprobs(params, CONFIG, tokens, targets, attention_mask=mask,
-                             temperature=1.0, chunk_size=4)
+  hot, _ = M.token_logprobs(
+    params, CONFIG, tokens, targets, attention_mask=mask, temperature=2.0, chunk_size=4
+  )
+  cold, _ = M.token_logprobs(
+    params, CONFIG, tokens, targets, attention_mask=mask, temperature=1.0, chunk_size=4
+  )
   assert float(jnp.max(jnp.abs(hot - cold))) > 1e-3
 
 
@@ -70,10 +88,17 @@ def test_gradient_matches(data):
     logp, ent = fn(p)
     return jnp.sum(w[0] * logp + w[1] * ent)
 
-  ours = jax.jit(jax.grad(lambda p: loss(p, lambda q: M.token_logprobs(
-      q, CONFIG, tokens, targets, attention_mask=mask, temperature=0.7, chunk_size=4))))
-  ref = jax.jit(jax.grad(lambda p: loss(p, lambda q: _reference(q, tokens, targets, mask,
-                                                                  0.7))))
+  ours = jax.jit(
+    jax.grad(
+      lambda p: loss(
+        p,
+        lambda q: M.token_logprobs(
+          q, CONFIG, tokens, targets, attention_mask=mask, temperature=0.7, chunk_size=4
+        ),
+      )
+    )
+  )
+  ref = jax.jit(jax.grad(lambda p: loss(p, lambda q: _reference(q, tokens, targets, mask, 0.7))))
   g_ours, g_ref = ours(params), ref(params)
   flat_ours = jax.tree_util.tree_leaves_with_path(g_ours)
   flat_ref = jax.tree_util.tree_leaves(g_ref)
@@ -94,8 +119,17 @@ def _avals(jaxpr):
 def test_no_full_float32_logits():
   """With a larger vocabulary and T = 4 chunks, no array of B*T*V float32 values exists,
   in the forward or the backward pass."""
-  config = M.ModelConfig(family="qwen3", vocab_size=4096, d_model=32, n_layers=1, n_heads=2,
-                         n_kv_heads=1, head_dim=16, d_ff=32, qk_norm=True)
+  config = M.ModelConfig(
+    family="qwen3",
+    vocab_size=4096,
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=32,
+    qk_norm=True,
+  )
   params = M.init_params(config, jax.random.PRNGKey(4))
   tokens = jnp.zeros((2, 64), jnp.int32)
 
@@ -105,10 +139,16 @@ def test_no_full_float32_logits():
 
   closed = jax.make_jaxpr(jax.grad(loss))(params)
   limit = 2 * 64 * config.vocab_size
-  big = [a.shape for a in _avals(closed.jaxpr)
-         if hasattr(a, "shape") and config.vocab_size in a.shape and np.prod(a.shape) >= limit]
+  big = [
+    a.shape
+    for a in _avals(closed.jaxpr)
+    if hasattr(a, "shape") and config.vocab_size in a.shape and np.prod(a.shape) >= limit
+  ]
   assert not big, f"arrays as large as the full logits: {big}"
   # The check itself can fail: forward's logits are that large.
   full = jax.make_jaxpr(lambda p: M.forward(p, config, tokens))(params)
-  assert any(config.vocab_size in a.shape and np.prod(a.shape) >= limit
-             for a in _avals(full.jaxpr) if hasattr(a, "shape"))
+  assert any(
+    config.vocab_size in a.shape and np.prod(a.shape) >= limit
+    for a in _avals(full.jaxpr)
+    if hasattr(a, "shape")
+  )

@@ -18,15 +18,23 @@ TOL = 1e-4
 
 # (family, transformers config overrides, what the case varies)
 CASES = {
-    "llama_gqa_llama3_rope": ("llama", dict(rope_theta=500000.0, rope_scaling=LLAMA3_SCALING)),
-    "llama_mha_tied_wide_heads": ("llama", dict(num_key_value_heads=4, head_dim=32,
-                                                tie_word_embeddings=True)),
-    "qwen2_mqa_tied_bias": ("qwen2", dict(num_key_value_heads=1, rope_theta=1e6,
-                                          tie_word_embeddings=True)),
-    "qwen3_gqa3_headdim24": ("qwen3", dict(num_attention_heads=6, num_key_value_heads=2,
-                                           head_dim=24, rope_theta=1e6)),
-    "qwen3_mha_tied": ("qwen3", dict(num_key_value_heads=4, tie_word_embeddings=True,
-                                     rms_norm_eps=1e-5)),
+  "llama_gqa_llama3_rope": ("llama", dict(rope_theta=500000.0, rope_scaling=LLAMA3_SCALING)),
+  "llama_mha_tied_wide_heads": (
+    "llama",
+    dict(num_key_value_heads=4, head_dim=32, tie_word_embeddings=True),
+  ),
+  "qwen2_mqa_tied_bias": (
+    "qwen2",
+    dict(num_key_value_heads=1, rope_theta=1e6, tie_word_embeddings=True),
+  ),
+  "qwen3_gqa3_headdim24": (
+    "qwen3",
+    dict(num_attention_heads=6, num_key_value_heads=2, head_dim=24, rope_theta=1e6),
+  ),
+  "qwen3_mha_tied": (
+    "qwen3",
+    dict(num_key_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-5),
+  ),
 }
 
 
@@ -46,7 +54,10 @@ def test_config_read_from_checkpoint(loaded):
   assert config.family == CASES[name][0]
   head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
   assert (config.n_heads, config.n_kv_heads, config.head_dim) == (
-      hf.num_attention_heads, hf.num_key_value_heads, head_dim)
+    hf.num_attention_heads,
+    hf.num_key_value_heads,
+    head_dim,
+  )
   assert config.tie_embeddings == hf.tie_word_embeddings
   assert ("lm_head" in params) == (not hf.tie_word_embeddings)
   if name == "llama_gqa_llama3_rope":
@@ -75,41 +86,76 @@ def test_padded_batch_matches_transformers(loaded):
   tokens = rng.randint(0, config.vocab_size, (3, t))
   right = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
   want = hf_logits(model, tokens, attention_mask=right)
-  got = M.forward(params, config, jnp.asarray(tokens, jnp.int32),
-                  attention_mask=jnp.asarray(right))
+  got = M.forward(params, config, jnp.asarray(tokens, jnp.int32), attention_mask=jnp.asarray(right))
   err = rel_err(got, want, where=right)
   assert err < TOL, f"right-padded batch: relative logit error {err:.2e}"
 
   left = right[:, ::-1].copy()
   positions = np.maximum(np.cumsum(left, axis=1) - 1, 0)
   want = hf_logits(model, tokens, attention_mask=left, position_ids=positions)
-  got = M.forward(params, config, jnp.asarray(tokens, jnp.int32),
-                  attention_mask=jnp.asarray(left), positions=jnp.asarray(positions))
+  got = M.forward(
+    params,
+    config,
+    jnp.asarray(tokens, jnp.int32),
+    attention_mask=jnp.asarray(left),
+    positions=jnp.asarray(positions),
+  )
   err = rel_err(got, want, where=left)
   assert err < TOL, f"left-padded batch: relative logit error {err:.2e}"
   # A left-padded row equals the same row without padding.
   row = 2
-  alone = M.forward(params, config, jnp.asarray(tokens[row:row + 1, t - lengths[row]:]))
-  err = rel_err(np.asarray(got)[row, t - lengths[row]:], alone[0])
+  alone = M.forward(params, config, jnp.asarray(tokens[row : row + 1, t - lengths[row] :]))
+  err = rel_err(np.asarray(got)[row, t - lengths[row] :], alone[0])
   assert err < TOL, f"left-padded row vs unpadded row: {err:.2e}"
 
 
 def _perturbed(params, key, scale=0.1):
   leaves, treedef = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(key, len(leaves))
-  return jax.tree_util.tree_unflatten(treedef, [
-      x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+  return jax.tree_util.tree_unflatten(
+    treedef, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  )
 
 
 EXPORT_CONFIGS = {
-    "llama": M.ModelConfig(family="llama", vocab_size=80, d_model=48, n_layers=2, n_heads=4,
-                           n_kv_heads=2, head_dim=16, d_ff=64, rope_theta=500000.0,
-                           rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16), rms_eps=1e-5),
-    "qwen2": M.ModelConfig(family="qwen2", vocab_size=80, d_model=48, n_layers=2, n_heads=4,
-                           n_kv_heads=1, head_dim=16, d_ff=64, rope_theta=1e6,
-                           tie_embeddings=True, qkv_bias=True),
-    "qwen3": M.ModelConfig(family="qwen3", vocab_size=80, d_model=48, n_layers=2, n_heads=4,
-                           n_kv_heads=2, head_dim=20, d_ff=64, rope_theta=1e6, qk_norm=True),
+  "llama": M.ModelConfig(
+    family="llama",
+    vocab_size=80,
+    d_model=48,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    d_ff=64,
+    rope_theta=500000.0,
+    rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16),
+    rms_eps=1e-5,
+  ),
+  "qwen2": M.ModelConfig(
+    family="qwen2",
+    vocab_size=80,
+    d_model=48,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=64,
+    rope_theta=1e6,
+    tie_embeddings=True,
+    qkv_bias=True,
+  ),
+  "qwen3": M.ModelConfig(
+    family="qwen3",
+    vocab_size=80,
+    d_model=48,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=20,
+    d_ff=64,
+    rope_theta=1e6,
+    qk_norm=True,
+  ),
 }
 
 
@@ -118,8 +164,9 @@ def test_export_loads_in_transformers(family, tmp_path):
   config = EXPORT_CONFIGS[family]
   params = _perturbed(M.init_params(config, jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
   M.save_pretrained(params, config, str(tmp_path))
-  model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
-                                                            attn_implementation="eager").eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+    str(tmp_path), attn_implementation="eager"
+  ).eval()
   assert type(model).__name__ in M.ARCHITECTURES
   assert M.ARCHITECTURES[type(model).__name__] == family
   tokens = np.random.RandomState(5).randint(0, config.vocab_size, (2, 20))
@@ -161,8 +208,11 @@ def test_sharded_checkpoint(tmp_path):
 
 
 # Published parameter counts of the released checkpoints.
-PUBLISHED = {"llama-3.1-8b": 8_030_261_248, "qwen2.5-7b": 7_615_616_512,
-             "qwen2.5-0.5b": 494_032_768}
+PUBLISHED = {
+  "llama-3.1-8b": 8_030_261_248,
+  "qwen2.5-7b": 7_615_616_512,
+  "qwen2.5-0.5b": 494_032_768,
+}
 
 
 def test_published_param_counts():
@@ -175,16 +225,19 @@ def test_preset_shapes_match_transformers():
   whose tensors have exactly the shapes and count the params layout says."""
   import torch  # pylint: disable=import-outside-toplevel
   from jetrl.models.hf_io import config_from_hf, config_to_hf
+
   for name, config in M.PRESETS.items():
     hf_cfg = config_to_hf(config, jnp.bfloat16)
     assert config_from_hf(hf_cfg) == config, name
-    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in hf_cfg.items()
-                                               if k != "architectures"})
+    cfg = transformers.AutoConfig.for_model(
+      **{k: v for k, v in hf_cfg.items() if k != "architectures"}
+    )
     with torch.device("meta"):
       model = transformers.AutoModelForCausalLM.from_config(cfg)
     n = sum(p.numel() for p in model.parameters())
-    assert n == config.n_params, f"{name}: transformers has {n} params, config says " \
-                                 f"{config.n_params}"
+    assert n == config.n_params, (
+      f"{name}: transformers has {n} params, config says {config.n_params}"
+    )
     state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     shapes = M.param_shapes(config)
     assert state["model.layers.0.self_attn.q_proj.weight"] == shapes["layers"]["wq"][:0:-1]

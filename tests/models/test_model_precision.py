@@ -12,8 +12,18 @@ from jetrl.models import layers
 from jetrl.precision import get_recipe
 
 # d_model, q/kv dims and d_ff are multiples of 128 with >= 2 blocks: real FP8 block tiling.
-CONFIG = M.ModelConfig(family="qwen3", vocab_size=256, d_model=256, n_layers=2, n_heads=4,
-                       n_kv_heads=2, head_dim=64, d_ff=512, rope_theta=1e6, qk_norm=True)
+CONFIG = M.ModelConfig(
+  family="qwen3",
+  vocab_size=256,
+  d_model=256,
+  n_layers=2,
+  n_heads=4,
+  n_kv_heads=2,
+  head_dim=64,
+  d_ff=512,
+  rope_theta=1e6,
+  qk_norm=True,
+)
 B, T = 2, 16
 
 
@@ -43,17 +53,27 @@ def test_every_projection_calls_linear_with_the_precision(params, tokens, monkey
   monkeypatch.setattr(layers, "linear", spy)
   precision = get_recipe("jet").train
   jax.make_jaxpr(lambda p: M.forward(p, CONFIG, tokens, precision=precision))(params)
-  per_layer = {name: shape[1:] for name, shape in M.param_shapes(CONFIG)["layers"].items()
-               if name.startswith("w")}
+  per_layer = {
+    name: shape[1:]
+    for name, shape in M.param_shapes(CONFIG)["layers"].items()
+    if name.startswith("w")
+  }
   assert sorted(c[0] for c in calls) == sorted(per_layer.values())
   assert all(c[2] is precision for c in calls)
   # The stored weights themselves (float32 here), never a bf16 copy, reach the quantizer.
   assert all(c[1] == jnp.float32 for c in calls)
 
 
-@pytest.mark.parametrize("recipe,dtype", [("fp32", jnp.float32), ("bf16", jnp.bfloat16),
-                                          ("fp8_rollout", jnp.bfloat16),
-                                          ("jet", jnp.bfloat16), ("fp8_tensor", jnp.bfloat16)])
+@pytest.mark.parametrize(
+  "recipe,dtype",
+  [
+    ("fp32", jnp.float32),
+    ("bf16", jnp.bfloat16),
+    ("fp8_rollout", jnp.bfloat16),
+    ("jet", jnp.bfloat16),
+    ("fp8_tensor", jnp.bfloat16),
+  ],
+)
 def test_compute_dtypes(params, tokens, recipe, dtype):
   prec = get_recipe(recipe).train
   h = jax.eval_shape(lambda p: M.hidden_states(p, CONFIG, tokens, precision=prec), params)
@@ -62,8 +82,12 @@ def test_compute_dtypes(params, tokens, recipe, dtype):
   assert out.dtype == jnp.float32 and out.shape == (B, T, CONFIG.vocab_size)
   cache = M.init_cache(CONFIG, B, T, dtype)
   logits, new = jax.eval_shape(
-      lambda p, c: M.forward_cached(p, CONFIG, tokens, c, positions=tokens, token_mask=tokens > 0,
-                                    precision=prec, last_only=True), params, cache)
+    lambda p, c: M.forward_cached(
+      p, CONFIG, tokens, c, positions=tokens, token_mask=tokens > 0, precision=prec, last_only=True
+    ),
+    params,
+    cache,
+  )
   assert logits.shape == (B, 1, CONFIG.vocab_size) and logits.dtype == jnp.float32
   assert all(a.dtype == dtype for a in new.k + new.v)
 
@@ -94,8 +118,10 @@ def test_jet_logits_close_to_bf16(params, tokens, fwd):
   max_gap = float(jnp.max(jnp.abs(jet_train - bf16)) / jnp.max(jnp.abs(bf16)))
   p_jet, p_bf16 = jax.nn.log_softmax(jet_train), jax.nn.log_softmax(bf16)
   kl = float(jnp.mean(jnp.sum(jnp.exp(p_bf16) * (p_bf16 - p_jet), axis=-1)))
-  msg = (f"||jet - bf16|| / ||bf16|| = {jet_gap:.3e} (max-abs / max-abs {max_gap:.3e}); "
-         f"||bf16 - fp32|| / ||fp32|| = {bf16_gap:.3e}; mean KL(bf16 || jet) = {kl:.3e} nats")
+  msg = (
+    f"||jet - bf16|| / ||bf16|| = {jet_gap:.3e} (max-abs / max-abs {max_gap:.3e}); "
+    f"||bf16 - fp32|| / ||fp32|| = {bf16_gap:.3e}; mean KL(bf16 || jet) = {kl:.3e} nats"
+  )
   print(msg)
   assert jet_gap < 0.15, msg
   assert jet_gap > 2 * bf16_gap, "FP8 should add error over bf16: " + msg
@@ -120,8 +146,9 @@ def test_jet_gradient_close_to_bf16(params, tokens):
       return -jnp.mean(logp)
 
     g = jax.jit(jax.grad(loss))(params)
-    return np.concatenate([np.ravel(np.asarray(x, np.float64))
-                           for x in jax.tree_util.tree_leaves(g)])
+    return np.concatenate(
+      [np.ravel(np.asarray(x, np.float64)) for x in jax.tree_util.tree_leaves(g)]
+    )
 
   g_bf16, g_jet = grads("bf16"), grads("jet")
   assert np.all(np.isfinite(g_jet))

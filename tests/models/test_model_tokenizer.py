@@ -13,29 +13,51 @@ from jetrl.data import Tokenizer
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-WORDS = ["[UNK]", "user", "assistant", "system", "hello", "world", "you", "are", "kind", "!",
-         "2", "+", "=", "4"]
+WORDS = [
+  "[UNK]",
+  "user",
+  "assistant",
+  "system",
+  "hello",
+  "world",
+  "you",
+  "are",
+  "kind",
+  "!",
+  "2",
+  "+",
+  "=",
+  "4",
+]
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nyou are kind<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-MESSAGES = [{"role": "user", "content": "hello world !"},
-            {"role": "assistant", "content": "2 + 2 = 4"},
-            {"role": "user", "content": "hello"}]
+  "{% for message in messages %}"
+  "{% if loop.first and message['role'] != 'system' %}"
+  "{{ '<|im_start|>system\nyou are kind<|im_end|>\n' }}{% endif %}"
+  "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+  "{% endfor %}"
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+MESSAGES = [
+  {"role": "user", "content": "hello world !"},
+  {"role": "assistant", "content": "2 + 2 = 4"},
+  {"role": "user", "content": "hello"},
+]
 
 
 def _write(path, template_in_file=False):
-  backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-      {w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+  backend = tokenizers.Tokenizer(
+    tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]")
+  )
   backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
   backend.add_special_tokens(SPECIALS)
   backend.save(str(path / "tokenizer.json"))
-  cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-         "pad_token": "<|endoftext|>", "bos_token": None}
+  cfg = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "bos_token": None,
+  }
   if template_in_file:
     (path / "chat_template.jinja").write_text(TEMPLATE)
   else:
@@ -70,8 +92,9 @@ def test_special_tokens_as_dicts(tmp_path):
   cfg["eos_token"] = {"content": "<|endoftext|>", "special": True}
   del cfg["pad_token"]
   (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
-  (tmp_path / "special_tokens_map.json").write_text(json.dumps(
-      {"pad_token": {"content": "<|im_start|>"}}))
+  (tmp_path / "special_tokens_map.json").write_text(
+    json.dumps({"pad_token": {"content": "<|im_start|>"}})
+  )
   (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 16]}))
   tok = M.load_tokenizer(str(tmp_path))
   assert tok.eos_token_id == len(WORDS) + 2
@@ -81,24 +104,31 @@ def test_special_tokens_as_dicts(tmp_path):
 
 def test_vocab_must_fit_the_model(tmp_path):
   n = _write(tmp_path)
-  config = M.ModelConfig(vocab_size=n - 1, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                         head_dim=16, d_ff=32)
+  config = M.ModelConfig(
+    vocab_size=n - 1, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32
+  )
   with pytest.raises(ValueError, match="vocab"):
     M.load_tokenizer(str(tmp_path), config=config)
-  bigger = M.ModelConfig(vocab_size=n + 10, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                         head_dim=16, d_ff=32)
+  bigger = M.ModelConfig(
+    vocab_size=n + 10, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32
+  )
   assert len(M.load_tokenizer(str(tmp_path), config=bigger)) == n  # padded embeddings are fine
 
 
 def test_special_ids_must_fit_the_model(tmp_path):
   n = _write(tmp_path)
   (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [n - 2, n + 7]}))
-  config = M.ModelConfig(vocab_size=n + 2, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                         head_dim=16, d_ff=32)
-  with pytest.raises(ValueError, match=f"does not fit the model: end-of-generation id #1 "
-                                       f"{n + 7} not in \\[0, vocab_size={n + 2}\\)"):
+  config = M.ModelConfig(
+    vocab_size=n + 2, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32
+  )
+  with pytest.raises(
+    ValueError,
+    match=f"does not fit the model: end-of-generation id #1 "
+    f"{n + 7} not in \\[0, vocab_size={n + 2}\\)",
+  ):
     M.load_tokenizer(str(tmp_path), config=config)
   from jetrl.train import setup
+
   tok = M.load_tokenizer(str(tmp_path))  # the training path loads it without a config
   assert setup.token_ids(tok).stop == (n - 2, n + 7) and isinstance(tok, Tokenizer)
   with pytest.raises(ValueError, match=f"--model.name: .*end-of-generation id #1 {n + 7}"):
@@ -121,6 +151,7 @@ def test_no_chat_template(tmp_path):
   with pytest.raises(ValueError, match="chat template"):
     tok.apply_chat_template(MESSAGES)
   from jetrl.data.prompts import chat_prompt_ids  # pylint: disable=import-outside-toplevel
+
   with pytest.raises(ValueError, match="needs a checkpoint tokenizer with a chat template"):
     chat_prompt_ids(tok, "hello")
 
@@ -139,19 +170,20 @@ def test_stop_ids_gather_every_eos(tmp_path):
   assert M.stop_ids(M.load_tokenizer(str(tok_dir))) == (IM_END,)
   (tok_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": 3}))
   (model_dir / "generation_config.json").write_text(
-      json.dumps({"eos_token_id": [ENDOFTEXT, IM_END]}))
+    json.dumps({"eos_token_id": [ENDOFTEXT, IM_END]})
+  )
   tok = M.load_model_tokenizer(str(model_dir), str(tok_dir))
   assert M.stop_ids(tok) == (IM_END, 3, ENDOFTEXT)
   assert tok.chat_template == TEMPLATE  # the tokenizer folder's template
   # without generation_config.json, config.json's eos_token_id (transformers' fallback)
   (model_dir / "generation_config.json").unlink()
   (model_dir / "config.json").write_text(json.dumps({"eos_token_id": [ENDOFTEXT]}))
-  assert M.stop_ids(M.load_model_tokenizer(str(model_dir), str(tok_dir))) == (
-      IM_END, 3, ENDOFTEXT)
+  assert M.stop_ids(M.load_model_tokenizer(str(model_dir), str(tok_dir))) == (IM_END, 3, ENDOFTEXT)
   # the model folder alone, when it holds the tokenizer too
   _write(model_dir)
   assert M.stop_ids(M.load_model_tokenizer(str(model_dir))) == (IM_END, ENDOFTEXT)
   from jetrl.data import char_tokenizer  # pylint: disable=import-outside-toplevel
+
   assert M.stop_ids(char_tokenizer()) == (2,)
 
 
@@ -166,7 +198,8 @@ def test_malformed_eos_ids_name_the_file(tmp_path, value):
 def test_model_eos_ids_are_checked_against_the_model(tmp_path):
   n = _write(tmp_path)
   (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": n + 3}))
-  config = M.ModelConfig(vocab_size=n, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                         head_dim=16, d_ff=32)
+  config = M.ModelConfig(
+    vocab_size=n, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32
+  )
   with pytest.raises(ValueError, match=f"end-of-generation id #1 {n + 3} not in"):
     M.load_model_tokenizer(str(tmp_path), config=config)

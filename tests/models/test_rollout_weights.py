@@ -6,13 +6,29 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.models import (ModelConfig, check_params, forward_cached, fuse_projections,
-                          init_cache, init_params, rollout_weights)
+from jetrl.models import (
+  ModelConfig,
+  check_params,
+  forward_cached,
+  fuse_projections,
+  init_cache,
+  init_params,
+  rollout_weights,
+)
 from jetrl.precision import get_recipe, quantize
 
 # Widths that are multiples of 128, so that a blockwise FP8 recipe may fuse.
-CFG = ModelConfig(vocab_size=64, d_model=128, n_layers=2, n_heads=2, n_kv_heads=1,
-                  head_dim=128, d_ff=256, max_seq_len=64, qkv_bias=True)
+CFG = ModelConfig(
+  vocab_size=64,
+  d_model=128,
+  n_layers=2,
+  n_heads=2,
+  n_kv_heads=1,
+  head_dim=128,
+  d_ff=256,
+  max_seq_len=64,
+  qkv_bias=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,18 +51,29 @@ def test_fused_fp8_blocks_are_the_parts_blocks(params):
   for name in ("wq", "wk", "wv"):
     ref_q, ref_s = quantize(w[name][0], (128, 128))
     n = ref_q.shape[1]
-    np.testing.assert_array_equal(np.asarray(q[:, col:col + n]).view(np.uint8),
-                                  np.asarray(ref_q).view(np.uint8))
-    np.testing.assert_array_equal(np.asarray(s[:, col // 128:(col + n) // 128]), np.asarray(ref_s))
+    np.testing.assert_array_equal(
+      np.asarray(q[:, col : col + n]).view(np.uint8), np.asarray(ref_q).view(np.uint8)
+    )
+    np.testing.assert_array_equal(
+      np.asarray(s[:, col // 128 : (col + n) // 128]), np.asarray(ref_s)
+    )
     col += n
 
 
 def test_unaligned_or_per_tensor_weights_are_not_fused(params):
-  cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=2, n_kv_heads=1,
-                    head_dim=32, d_ff=96, max_seq_len=32)
+  cfg = ModelConfig(
+    vocab_size=64,
+    d_model=64,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=32,
+    d_ff=96,
+    max_seq_len=32,
+  )
   p = init_params(cfg, jax.random.PRNGKey(1))
   layers = fuse_projections(p, get_recipe("jet").rollout)["layers"]
-  assert "wqkv" not in layers and "w_gate_up" not in layers      # 32-wide parts: blocks straddle
+  assert "wqkv" not in layers and "w_gate_up" not in layers  # 32-wide parts: blocks straddle
   assert "wqkv" in fuse_projections(p, get_recipe("bf16").rollout)["layers"]  # no FP8: any width
   assert "wqkv" not in fuse_projections(params, get_recipe("fp8_tensor").rollout)["layers"]
 
@@ -62,8 +89,11 @@ def test_fused_model_computes_the_same_logits(params, recipe):
     w = rollout_weights(params, prec, fuse=fuse)
     check_params(w, CFG, allow_unstacked=True)
     cache = init_cache(CFG, 3, 16, jnp.bfloat16)
-    logits, _ = jax.jit(lambda w_, c_: forward_cached(w_, CFG, tokens, c_, positions=pos,
-                                                      token_mask=mask, precision=prec))(w, cache)
+    logits, _ = jax.jit(
+      lambda w_, c_: forward_cached(
+        w_, CFG, tokens, c_, positions=pos, token_mask=mask, precision=prec
+      )
+    )(w, cache)
     out[fuse] = np.asarray(logits, np.float64)
   # The same FP8 values and bf16 operands; only the GEMM's column grouping differs, which can
   # move a last bit that FP8 rounding in the next layer occasionally amplifies (jet).

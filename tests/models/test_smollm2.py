@@ -33,14 +33,17 @@ transformers = pytest.importorskip("transformers")
 TOL = 1e-4
 CACHE = os.environ.get("JETRL_MODEL_CACHE") or os.path.expanduser(smollm2.DEFAULT_CACHE)
 # The shared GSM8K data, located the way tests/data/shared_data.py does.
-GSM8K_TEST = pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k" / \
-    "test.jsonl"
+GSM8K_TEST = (
+  pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
+)
 
 
 @pytest.fixture(scope="module")
 def folder():
-  pytest.importorskip("gguf", reason="the `gguf` package (the smollm2 / test extra) is needed "
-                      "to convert the GGUF file")
+  pytest.importorskip(
+    "gguf",
+    reason="the `gguf` package (the smollm2 / test extra) is needed to convert the GGUF file",
+  )
   try:
     return smollm2.smollm2_folder(CACHE, log=lambda m: None)
   except smollm2.DownloadError as e:
@@ -73,7 +76,8 @@ def one_torch_thread():
 def hf_model(folder):
   with one_torch_thread():
     return transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager").eval()
+      folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +94,16 @@ def test_folder(folder, model):
   assert smollm2.is_complete(folder)
   with open(os.path.join(folder, smollm2.MANIFEST)) as f:
     assert json.load(f)["wheel_sha256"] == smollm2.SHA256
-  assert (config.family, config.n_layers, config.d_model, config.n_heads, config.n_kv_heads,
-          config.head_dim, config.d_ff, config.vocab_size) == ("llama", 30, 576, 9, 3, 64, 1536,
-                                                               49152)
+  assert (
+    config.family,
+    config.n_layers,
+    config.d_model,
+    config.n_heads,
+    config.n_kv_heads,
+    config.head_dim,
+    config.d_ff,
+    config.vocab_size,
+  ) == ("llama", 30, 576, 9, 3, 64, 1536, 49152)
   assert config.tie_embeddings and "lm_head" not in params
   assert config.rope_theta == 100000.0 and config.rms_eps == 1e-5
   assert 134e6 < config.n_params < 135e6  # "135M"
@@ -129,8 +140,9 @@ def _q8_0(raw: np.ndarray) -> np.ndarray:
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
   """llama.cpp's converter: each head's rows from (pair element, half) to (half, pair)."""
-  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+    w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  )
 
 
 def test_weights_are_the_gguf_blocks_decoded(folder, model, tmp_path):
@@ -146,9 +158,12 @@ def test_weights_are_the_gguf_blocks_decoded(folder, model, tmp_path):
   raw = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
   # torch layout [out, in] = ours [in, out] transposed
   for layer in (0, 29):
-    for name, ours, heads in (("attn_q", "wq", config.n_heads),
-                              ("attn_k", "wk", config.n_kv_heads), ("attn_v", "wv", None),
-                              ("ffn_down", "w_down", None)):
+    for name, ours, heads in (
+      ("attn_q", "wq", config.n_heads),
+      ("attn_k", "wk", config.n_kv_heads),
+      ("attn_v", "wv", None),
+      ("ffn_down", "w_down", None),
+    ):
       t = raw[f"blk.{layer}.{name}.weight"]
       assert t.tensor_type.name == "Q4_1"
       want = _q4_1(np.asarray(t.data)).reshape(int(t.shape[1]), int(t.shape[0]))
@@ -160,8 +175,9 @@ def test_weights_are_the_gguf_blocks_decoded(folder, model, tmp_path):
   assert t.tensor_type.name == "Q8_0"
   want = _q8_0(np.asarray(t.data[:100])).reshape(100, config.d_model)
   np.testing.assert_array_equal(np.asarray(params["embed"][:100]), want)
-  np.testing.assert_array_equal(np.asarray(params["final_norm"]),
-                                np.asarray(raw["output_norm.weight"].data))
+  np.testing.assert_array_equal(
+    np.asarray(params["final_norm"]), np.asarray(raw["output_norm.weight"].data)
+  )
 
 
 # ---------------------------------------------------------------------------- parity
@@ -173,27 +189,32 @@ def test_float32_logits_match_transformers(model, hf_model, gsm8k_prompts):
   tokens = np.zeros((len(gsm8k_prompts), width), np.int32)
   mask = np.zeros(tokens.shape, bool)
   for i, p in enumerate(gsm8k_prompts):  # right-padded: causal, so padding is never seen
-    tokens[i, :len(p)], mask[i, :len(p)] = p, True
+    tokens[i, : len(p)], mask[i, : len(p)] = p, True
   got = np.asarray(jax.jit(M.forward, static_argnames="config")(params, config, tokens))
   with one_torch_thread(), torch.no_grad():
     for i, p in enumerate(gsm8k_prompts):
       want = hf_model(torch.tensor([p])).logits[0].numpy()
-      err = rel_err(got[i, :len(p)], want)
+      err = rel_err(got[i, : len(p)], want)
       assert err <= TOL, f"prompt {i}: relative logit error {err:.2e} vs transformers"
 
 
 def test_greedy_decoding_matches_transformers(model, hf_model, tok, gsm8k_prompts):
   config, params = model
   prompts = gsm8k_prompts[:2]
-  sc = SamplingConfig(max_new_tokens=32, temperature=0.0, stop_ids=M.stop_ids(tok),
-                      pad_id=tok.pad_token_id)
+  sc = SamplingConfig(
+    max_new_tokens=32, temperature=0.0, stop_ids=M.stop_ids(tok), pad_id=tok.pad_token_id
+  )
   out = sample(params, config, prompts, jax.random.PRNGKey(0), sc, None)
   with one_torch_thread():
     for i, p in enumerate(prompts):
-      want = hf_model.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False,
-                               attention_mask=torch.ones(1, len(p), dtype=torch.long))
-      want = want[0, len(p):].tolist()
-      got = np.asarray(out.tokens[i])[:int(out.lengths[i])].tolist()
+      want = hf_model.generate(
+        torch.tensor([p]),
+        max_new_tokens=32,
+        do_sample=False,
+        attention_mask=torch.ones(1, len(p), dtype=torch.long),
+      )
+      want = want[0, len(p) :].tolist()
+      got = np.asarray(out.tokens[i])[: int(out.lengths[i])].tolist()
       assert got == want, f"prompt {i}: {tok.decode(got)!r} != {tok.decode(want)!r}"
       assert len(got) == 32 or got[-1] in M.stop_ids(tok)
 
@@ -207,8 +228,9 @@ QUESTION = "Natalia sold clips to 48 of her friends in April, and then  12.5 mor
 @pytest.mark.parametrize("system_prompt", [None, "You are a careful math tutor.", ""])
 def test_chat_prompt_ids_match_transformers(folder, tok, system_prompt):
   ref = transformers.AutoTokenizer.from_pretrained(folder)
-  messages = ([] if system_prompt is None else [{"role": "system", "content": system_prompt}]) \
-      + [{"role": "user", "content": user_message(QUESTION)}]
+  messages = ([] if system_prompt is None else [{"role": "system", "content": system_prompt}]) + [
+    {"role": "user", "content": user_message(QUESTION)}
+  ]
   want = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
   want = list(want["input_ids"] if hasattr(want, "keys") else want)
   got = chat_prompt_ids(tok, user_message(QUESTION), system_prompt=system_prompt)
@@ -216,13 +238,17 @@ def test_chat_prompt_ids_match_transformers(folder, tok, system_prompt):
   assert tok.decode(got).endswith("<|im_start|>assistant\n")
   if system_prompt is None:  # the template's own default system turn
     assert "named SmolLM" in tok.decode(got)
-    assert tok.encode(render_prompt("gsm8k", QUESTION, "chat", tok),
-                      add_special_tokens=False) == want
+    assert (
+      tok.encode(render_prompt("gsm8k", QUESTION, "chat", tok), add_special_tokens=False) == want
+    )
 
 
 def test_tokenizer_and_stop_ids(folder, tok):
-  assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|im_start|>", "<|im_end|>",
-                                                           "<|im_end|>")
+  assert (tok.bos_token, tok.eos_token, tok.pad_token) == (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|im_end|>",
+  )
   # <|im_end|> (the eos) and <|endoftext|>: llama.cpp ends a generation on both
   assert M.stop_ids(tok) == (2, 0)
   ref = transformers.AutoTokenizer.from_pretrained(folder)
@@ -236,19 +262,27 @@ def test_tokenizer_and_stop_ids(folder, tok):
 
 def test_export_round_trip(model, folder, tmp_path):
   config, params = model
-  trained = dict(params, final_norm=params["final_norm"] * 1.05,  # as if it had been trained
-                 layers=dict(params["layers"], wq=params["layers"]["wq"] * 0.97))
+  trained = dict(
+    params,
+    final_norm=params["final_norm"] * 1.05,  # as if it had been trained
+    layers=dict(params["layers"], wq=params["layers"]["wq"] * 0.97),
+  )
   out = M.export_hf(trained, config, str(tmp_path / "policy"), tokenizer_from=folder)
   with one_torch_thread():
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(out)
-    ids = ref_tok.apply_chat_template([{"role": "user", "content": "What is 7 * 6?"}],
-                                      add_generation_prompt=True, tokenize=True)
+    ids = ref_tok.apply_chat_template(
+      [{"role": "user", "content": "What is 7 * 6?"}], add_generation_prompt=True, tokenize=True
+    )
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     with torch.no_grad():
       want = hf(torch.tensor([ids])).logits[0].numpy()
-    generated = hf.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
-                            attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    generated = hf.generate(
+      torch.tensor([ids]),
+      max_new_tokens=4,
+      do_sample=False,
+      attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    )
   forward = jax.jit(M.forward, static_argnames="config")
   got = np.asarray(forward(trained, config, jnp.asarray([ids], jnp.int32)))[0]
   assert rel_err(got, want) <= TOL

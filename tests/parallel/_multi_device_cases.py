@@ -28,21 +28,29 @@ import pytest
 from jetrl import parallel
 from jetrl.models import forward, get_config, init_params
 from jetrl.precision import get_recipe
-from jetrl.rl import (OptimizerConfig, UpdateConfig, init_train_state, make_train_batch,
-                      update_step)
+from jetrl.rl import OptimizerConfig, UpdateConfig, init_train_state, make_train_batch, update_step
 from jetrl.sampling import SamplingConfig, sample
 
 assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
 
 MESHES = ["data:8", "data:2,fsdp:2,tensor:2", "fsdp:4,tensor:2"]
-FWD_TOL = 1e-1      # float32 logits (|logit| <~ 1.5) of an FP8 model: one flipped E4M3 value
+FWD_TOL = 1e-1  # float32 logits (|logit| <~ 1.5) of an FP8 model: one flipped E4M3 value
 LP_TOL = 1e-1
 PARAM_TOL = 2.5e-6  # lr = 1e-6 below: a sign flip of a ~0 gradient entry moves it by ~2 lr
 LOSS_TOL = 5e-3
 # d_model 512, kv_dim 256, q_dim 512, d_ff 512: every FP8 shard stays a multiple of 128 on
 # all three meshes (fsdp up to 4, tensor 2).
-CFG = dataclasses.replace(get_config("tiny"), d_model=512, n_heads=8, n_kv_heads=4,
-                          head_dim=64, d_ff=512, n_layers=1, vocab_size=128, max_seq_len=128)
+CFG = dataclasses.replace(
+  get_config("tiny"),
+  d_model=512,
+  n_heads=8,
+  n_kv_heads=4,
+  head_dim=64,
+  d_ff=512,
+  n_layers=1,
+  vocab_size=128,
+  max_seq_len=128,
+)
 RECIPE = get_recipe("jet")
 ROWS, T = 8, 16
 
@@ -88,8 +96,9 @@ def test_forward_matches_one_device(mesh_spec):
     # bit. (One device on 8 rows differs from 8 single-row runs within FWD_TOL: the CPU GEMM's
     # summation order depends on the row count, and a flipped bf16 rounding can move an FP8
     # value; that is the backend, not the sharding.)
-    per_row = np.concatenate([np.asarray(_fwd(_params(), _tokens()[r:r + 1]))
-                              for r in range(ROWS)])
+    per_row = np.concatenate(
+      [np.asarray(_fwd(_params(), _tokens()[r : r + 1])) for r in range(ROWS)]
+    )
     np.testing.assert_array_equal(got, per_row)
 
 
@@ -109,8 +118,12 @@ def test_greedy_sampling_matches_one_device(mesh_spec):
   train = parallel.make_layout(mesh, CFG, "train", RECIPE)
   samp = parallel.make_layout(mesh, CFG, "sample", RECIPE)
   params, _ = parallel.switch_layout(train.shard_params(_params()), train, samp)
-  assert all("fsdp" not in str(s) for s in jax.tree_util.tree_leaves(
-      samp.specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+  assert all(
+    "fsdp" not in str(s)
+    for s in jax.tree_util.tree_leaves(
+      samp.specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+    )
+  )
   out = jax.tree_util.tree_map(np.asarray, _greedy(params, samp))
   for r in range(ref.tokens.shape[0]):
     same = out.tokens[r] == ref.tokens[r]
@@ -162,13 +175,16 @@ def test_update_step_matches_one_device(mesh_spec):
   batch = lay.shard_batch(_batch())
   st, m = parallel.sharded_update_step(lay)(state, batch, key, **kw)
   # Explicit out shardings: the state keeps its layout.
-  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
-      lambda a, s: a.sharding.is_equivalent_to(s, a.ndim), st, shardings))
-  diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))),
-                                 st.params, ref_params)
+  assert jax.tree_util.tree_all(
+    jax.tree_util.tree_map(lambda a, s: a.sharding.is_equivalent_to(s, a.ndim), st, shardings)
+  )
+  diffs = jax.tree_util.tree_map(
+    lambda a, b: float(np.max(np.abs(np.asarray(a) - b))), st.params, ref_params
+  )
   worst = max(jax.tree_util.tree_leaves(diffs))
-  print(f"update {mesh_spec}: max |param diff| {worst:.3g}, loss {float(m['loss'])!r} vs "
-        f"{ref_loss!r}")
+  print(
+    f"update {mesh_spec}: max |param diff| {worst:.3g}, loss {float(m['loss'])!r} vs {ref_loss!r}"
+  )
   assert worst <= PARAM_TOL, diffs
   if mesh_spec == "data:8":
     assert worst == 0.0, diffs
@@ -178,6 +194,7 @@ def test_update_step_matches_one_device(mesh_spec):
 
 def test_checkpoint_saved_under_one_mesh_restores_under_another(tmp_path):
   from jetrl.train.checkpoint import Checkpointer
+
   a = parallel.make_layout(parallel.make_mesh("data:2,fsdp:2,tensor:2"), CFG, "train", RECIPE)
   b = parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), CFG, "train", RECIPE)
   state = init_train_state(_params(), UCFG)
@@ -189,14 +206,18 @@ def test_checkpoint_saved_under_one_mesh_restores_under_another(tmp_path):
   restored, meta = ck.restore(1, target)
   ck.close()
   assert meta["step"] == 1
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x),
-                                                                    np.asarray(y)),
-                         restored, saved)
+  jax.tree_util.tree_map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), restored, saved
+  )
   for got, want in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(target)):
     assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
   wq = restored["params"]["layers"]["wq"]
   assert wq.sharding.spec == b.specs["layers"]["wq"]
-  assert len(wq.addressable_shards) == 8 and wq.addressable_shards[0].data.shape == (CFG.n_layers, 128, 256)
+  assert len(wq.addressable_shards) == 8 and wq.addressable_shards[0].data.shape == (
+    CFG.n_layers,
+    128,
+    256,
+  )
 
 
 def test_invalid_meshes_are_clear_errors():
@@ -204,25 +225,38 @@ def test_invalid_meshes_are_clear_errors():
     parallel.make_mesh("data:3,tensor:2")
   with pytest.raises(ValueError, match="unknown axis 'model'"):
     parallel.make_mesh("data:4,model:2")
-  tiny = get_config("tiny")   # n_kv_heads 2, d_model 256
+  tiny = get_config("tiny")  # n_kv_heads 2, d_model 256
   with pytest.raises(ValueError, match="n_kv_heads=2 is not divisible by mesh axis 'tensor'"):
     parallel.make_layout(parallel.make_mesh("data:2,tensor:4"), tiny, "train")
-  with pytest.raises(ValueError, match=r"layers/wq.*contraction \(input\) dim K=256 split over "
-                                       r"mesh axis 'fsdp' \(size 4\) into shards of 64.*block 128"):
+  with pytest.raises(
+    ValueError,
+    match=r"layers/wq.*contraction \(input\) dim K=256 split over "
+    r"mesh axis 'fsdp' \(size 4\) into shards of 64.*block 128",
+  ):
     parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), tiny, "train", RECIPE)
   # The same mesh is fine without FP8 (bf16 has no blocks), and FP8 with the sampling layout.
-  parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), dataclasses.replace(
-      tiny, n_kv_heads=4), "train", get_recipe("bf16"))
+  parallel.make_layout(
+    parallel.make_mesh("fsdp:4,tensor:2"),
+    dataclasses.replace(tiny, n_kv_heads=4),
+    "train",
+    get_recipe("bf16"),
+  )
 
 
 def test_runner_with_mesh(tmp_path):
   from jetrl.train import TrainConfig, run
-  cfg = TrainConfig(steps=1, prompts_per_step=4, recipe="jet", mesh="data:4,fsdp:2",
-                    workdir=str(tmp_path)).replace(
-      model={"n_layers": 1}, task={"difficulty": 1, "length": 2},
-      sampling={"n": 2, "max_new_tokens": 4}, eval={"every": None, "size": 2},
-      checkpoint={"every": 1}, logging={"tensorboard": False, "plots": False},
-      optimizer={"lr": 1e-4})
+
+  cfg = TrainConfig(
+    steps=1, prompts_per_step=4, recipe="jet", mesh="data:4,fsdp:2", workdir=str(tmp_path)
+  ).replace(
+    model={"n_layers": 1},
+    task={"difficulty": 1, "length": 2},
+    sampling={"n": 2, "max_new_tokens": 4},
+    eval={"every": None, "size": 2},
+    checkpoint={"every": 1},
+    logging={"tensorboard": False, "plots": False},
+    optimizer={"lr": 1e-4},
+  )
   lines = []
   summary = run(cfg, log=lines.append)
   assert summary["skipped_updates"] == 0
@@ -240,22 +274,32 @@ def test_exact_recipe_sampler_on_a_data_mesh_equals_one_device_training_forward(
   """jet_exact: the rollout's log-probs, sampled with the rows over 8 devices, equal the
   training forward's on one device bit for bit (docs/numerics.md, "Bitwise on-policy")."""
   from jetrl.models import token_logprobs
+
   exact = get_recipe("jet_exact")
   mesh_spec = "data:8"
   mesh = parallel.make_mesh(mesh_spec)
   samp = parallel.make_layout(mesh, CFG, "sample", exact)
   prompts = [list(range(1 + i, 4 + 3 * i)) for i in range(4)]
   sc = SamplingConfig(max_new_tokens=10, temperature=1.0, n=2, prompt_len=16)
-  out = sample(samp.shard_params(_params()), CFG, prompts, jax.random.PRNGKey(2), sc,
-               exact.rollout, layout=samp)
+  out = sample(
+    samp.shard_params(_params()),
+    CFG,
+    prompts,
+    jax.random.PRNGKey(2),
+    sc,
+    exact.rollout,
+    layout=samp,
+  )
   out = jax.tree_util.tree_map(np.asarray, out)
   seq = np.concatenate([out.prompt_tokens, out.tokens], axis=1)
   seq_mask = np.concatenate([out.prompt_mask, out.mask], axis=1)
   pos = np.maximum(np.cumsum(seq_mask, axis=1) - 1, 0)
-  lp, _ = jax.jit(lambda p, *a: token_logprobs(p, CFG, a[0], a[1], precision=exact.train,
-                                               positions=a[2], attention_mask=a[3]))(
-      _params(), seq[:, :-1], seq[:, 1:], pos[:, :-1], seq_mask[:, :-1])
-  lp = np.asarray(lp)[:, -out.tokens.shape[1]:]
+  lp, _ = jax.jit(
+    lambda p, *a: token_logprobs(
+      p, CFG, a[0], a[1], precision=exact.train, positions=a[2], attention_mask=a[3]
+    )
+  )(_params(), seq[:, :-1], seq[:, 1:], pos[:, :-1], seq_mask[:, :-1])
+  lp = np.asarray(lp)[:, -out.tokens.shape[1] :]
   diff = np.abs(lp - out.logprobs)[out.mask]
   print(f"jet_exact sampler {mesh_spec}: {out.mask.sum()} tokens, max |dlogp| {diff.max()}")
   assert out.mask.sum() > 40 and diff.max() == 0.0

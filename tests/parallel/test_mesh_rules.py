@@ -14,15 +14,21 @@ def test_parse_mesh():
   assert parallel.parse_mesh("") == {"data": -1, "fsdp": 1, "tensor": 1}
   assert parallel.parse_mesh("data:2,fsdp:2,tensor:2") == {"data": 2, "fsdp": 2, "tensor": 2}
   assert parallel.parse_mesh("tensor:4") == {"data": 1, "fsdp": 1, "tensor": 4}
-  assert parallel.resolve_mesh_shape("tensor:2,data:-1", 8) == {"data": 4, "fsdp": 1,
-                                                                "tensor": 2}
+  assert parallel.resolve_mesh_shape("tensor:2,data:-1", 8) == {"data": 4, "fsdp": 1, "tensor": 2}
   assert parallel.resolve_mesh_shape("", 4) == {"data": 4, "fsdp": 1, "tensor": 1}
 
 
-@pytest.mark.parametrize("spec,msg", [
-    ("data:2,pipe:2", "unknown axis 'pipe'"), ("data:x", "must be an integer"),
-    ("data:0", "must be >= 1"), ("data", "is not 'axis:size'"),
-    ("data:2,data:2", "given twice"), ("data:-1,fsdp:-1", "at most one axis")])
+@pytest.mark.parametrize(
+  "spec,msg",
+  [
+    ("data:2,pipe:2", "unknown axis 'pipe'"),
+    ("data:x", "must be an integer"),
+    ("data:0", "must be >= 1"),
+    ("data", "is not 'axis:size'"),
+    ("data:2,data:2", "given twice"),
+    ("data:-1,fsdp:-1", "at most one axis"),
+  ],
+)
 def test_bad_mesh_strings(spec, msg):
   with pytest.raises(ValueError, match=msg):
     parallel.parse_mesh(spec)
@@ -36,7 +42,7 @@ def test_mesh_must_use_every_device():
 
 
 def test_train_rules_cover_every_parameter():
-  cfg = PRESETS["qwen2.5-7b"]   # biases, untied head
+  cfg = PRESETS["qwen2.5-7b"]  # biases, untied head
   specs = parallel.param_specs(cfg, {"data": 2, "fsdp": 2, "tensor": 4})
   lay = specs["layers"]
   assert lay["wq"] == P(None, "fsdp", "tensor") and lay["wo"] == P(None, "tensor", "fsdp")
@@ -56,19 +62,28 @@ def test_vocab_falls_back_to_replicated_when_not_divisible():
 def test_model_dims_must_divide():
   with pytest.raises(ValueError, match="n_kv_heads=2 is not divisible by mesh axis 'tensor'"):
     parallel.param_specs(get_config("tiny"), {"tensor": 4})
-  with pytest.raises(ValueError, match=r"'embed' of shape \(128, 256\): dim 256 is not "
-                                       r"divisible by mesh axis 'fsdp' of size 3"):
+  with pytest.raises(
+    ValueError,
+    match=r"'embed' of shape \(128, 256\): dim 256 is not "
+    r"divisible by mesh axis 'fsdp' of size 3",
+  ):
     parallel.param_specs(get_config("tiny"), {"fsdp": 3})
 
 
 def test_fp8_alignment_names_parameter_shape_axis_block():
-  tiny = get_config("tiny")    # kv_dim 128: tensor:2 gives 64-wide shards of wk / wv
+  tiny = get_config("tiny")  # kv_dim 128: tensor:2 gives 64-wide shards of wk / wv
   specs = parallel.param_specs(tiny, {"tensor": 2})
   with pytest.raises(ValueError) as e:
     parallel.check_fp8_alignment(tiny, specs, {"tensor": 2}, get_recipe("jet"))
   msg = str(e.value)
-  for part in ("'layers/wk'", "(2, 256, 128)", "output dim N=128", "'tensor' (size 2)",
-               "shards of 64", "FP8 block 128"):
+  for part in (
+    "'layers/wk'",
+    "(2, 256, 128)",
+    "output dim N=128",
+    "'tensor' (size 2)",
+    "shards of 64",
+    "FP8 block 128",
+  ):
     assert part in msg, (part, msg)
   # fp8_rollout checks its rollout fprop; bf16 / fp32 have no blocks.
   with pytest.raises(ValueError, match="fp8_rollout.rollout.fprop"):
@@ -78,14 +93,23 @@ def test_fp8_alignment_names_parameter_shape_axis_block():
   ok = parallel.param_specs(tiny, {"fsdp": 2})
   parallel.check_fp8_alignment(tiny, ok, {"fsdp": 2}, get_recipe("jet"))
   bad = parallel.param_specs(tiny, {"fsdp": 4})
-  with pytest.raises(ValueError, match=r"contraction \(input\) dim K=256 split over mesh axis "
-                                       r"'fsdp' \(size 4\) into shards of 64"):
+  with pytest.raises(
+    ValueError,
+    match=r"contraction \(input\) dim K=256 split over mesh axis "
+    r"'fsdp' \(size 4\) into shards of 64",
+  ):
     parallel.check_fp8_alignment(tiny, bad, {"fsdp": 4}, get_recipe("jet"))
 
 
 def test_multi_process_env_detection(monkeypatch):
-  for var in ("JAX_NUM_PROCESSES", "SLURM_JOB_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
-              "PMI_SIZE", "TPU_WORKER_HOSTNAMES"):
+  for var in (
+    "JAX_NUM_PROCESSES",
+    "SLURM_JOB_ID",
+    "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "TPU_WORKER_HOSTNAMES",
+  ):
     monkeypatch.delenv(var, raising=False)
   assert not parallel.multi_process_env()
   assert parallel.maybe_initialize_distributed(log=lambda *_: None) is False
@@ -104,6 +128,7 @@ def test_multi_process_env_detection(monkeypatch):
 
 def test_train_config_mesh_flag():
   from jetrl.train import TrainConfig
+
   cfg = TrainConfig(workdir="/tmp/x", mesh="data:2,fsdp:2,tensor:2")
   assert cfg.mesh == "data:2,fsdp:2,tensor:2" and TrainConfig().mesh is None
   with pytest.raises(ValueError, match="^mesh: .*unknown axis 'model'"):
@@ -114,8 +139,12 @@ def test_start_up_variables(monkeypatch):
   from jetrl.config import ConfigError
   from jetrl.parallel.hosts import distributed_kwargs
 
-  for var in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
-              "JETRL_HEARTBEAT_TIMEOUT"):
+  for var in (
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "JAX_COORDINATOR_ADDRESS",
+    "JETRL_HEARTBEAT_TIMEOUT",
+  ):
     monkeypatch.delenv(var, raising=False)
   assert distributed_kwargs() == {}
   monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
@@ -127,8 +156,9 @@ def test_start_up_variables(monkeypatch):
     distributed_kwargs()
   monkeypatch.setenv("JAX_PROCESS_ID", "1")
   monkeypatch.setenv("JETRL_HEARTBEAT_TIMEOUT", "15")
-  assert distributed_kwargs() == dict(num_processes=2, process_id=1, heartbeat_timeout_seconds=15,
-                                      coordinator_address="10.0.0.1:1234")
+  assert distributed_kwargs() == dict(
+    num_processes=2, process_id=1, heartbeat_timeout_seconds=15, coordinator_address="10.0.0.1:1234"
+  )
   monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
   with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='two' is not an integer"):
     distributed_kwargs()

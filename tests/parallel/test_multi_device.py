@@ -18,16 +18,31 @@ CASES = os.path.join(ROOT, "tests", "parallel", "_multi_device_cases.py")
 
 def _run_cases(select: str):
   env = dict(os.environ)
-  flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                   if "xla_force_host_platform_device_count" not in f)
-  env["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8"
-                      " --xla_backend_optimization_level=0"
-                      " --xla_llvm_disable_expensive_passes=true").strip()
+  flags = " ".join(
+    f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f
+  )
+  env["XLA_FLAGS"] = (
+    flags + " --xla_force_host_platform_device_count=8"
+    " --xla_backend_optimization_level=0"
+    " --xla_llvm_disable_expensive_passes=true"
+  ).strip()
   env["JAX_PLATFORMS"] = "cpu"
   for var in ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS"):
     env.pop(var, None)
-  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-s",
-         "--durations=5", CASES, "-k", select]
+  cmd = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-q",
+    "-x",
+    "-p",
+    "no:cacheprovider",
+    "-s",
+    "--durations=5",
+    CASES,
+    "-k",
+    select,
+  ]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
   print(proc.stdout[-6000:])
   assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]

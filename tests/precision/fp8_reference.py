@@ -66,11 +66,11 @@ def ref_exact_gemm(x, w, b=128):
   xq, sx = ref_quantize(x, (1, b))
   wq, sw = ref_quantize(w, (b, b))
   xq, wq = xq.astype(np.float64), wq.astype(np.float64)
-  sw_cols = np.repeat(sw, b, axis=1)[:, :w.shape[1]].astype(np.float64)
+  sw_cols = np.repeat(sw, b, axis=1)[:, : w.shape[1]].astype(np.float64)
   acc = None
   for kb in range(sx.shape[1]):
     blk = slice(kb * b, (kb + 1) * b)
-    d = xq[:, blk] @ wq[blk]   # exact in float64 whatever numpy's order (<= 128 E4M3 products)
+    d = xq[:, blk] @ wq[blk]  # exact in float64 whatever numpy's order (<= 128 E4M3 products)
     t = (d * (sx[:, kb].astype(np.float64)[:, None] * sw_cols[kb][None, :])).astype(np.float32)
     acc = t if acc is None else (acc + t).astype(np.float32)
   return acc

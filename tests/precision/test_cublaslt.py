@@ -24,9 +24,10 @@ HERE = Path(__file__).parent
 # On a GPU the real library is loaded and checked (test_gpu.py); the stand-in's symbols must
 # not enter that process.
 pytestmark = [
-    pytest.mark.skipif(cublaslt.compiler() is None, reason="no C++ compiler"),
-    pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU is present: test_gpu.py "
-                       "checks the real cuBLASLt"),
+  pytest.mark.skipif(cublaslt.compiler() is None, reason="no C++ compiler"),
+  pytest.mark.skipif(
+    jax.default_backend() == "gpu", reason="a GPU is present: test_gpu.py checks the real cuBLASLt"
+  ),
 ]
 
 
@@ -70,12 +71,15 @@ def operands(rng, p, q, c, blocks, b_fmt=jnp.float8_e4m3fn):
   return a, sa, b, sb
 
 
-@pytest.mark.parametrize("p,q,c,blocks,out_dtype", [
-    (32, 256, 512, True, jnp.float32),     # aligned: no padding
-    (5, 200, 300, True, jnp.bfloat16),     # decode-sized rows, ragged N and K blocks
-    (130, 48, 640, False, jnp.float32),    # wgrad-style: 1x128 groups on both operands
+@pytest.mark.parametrize(
+  "p,q,c,blocks,out_dtype",
+  [
+    (32, 256, 512, True, jnp.float32),  # aligned: no padding
+    (5, 200, 300, True, jnp.bfloat16),  # decode-sized rows, ragged N and K blocks
+    (130, 48, 640, False, jnp.float32),  # wgrad-style: 1x128 groups on both operands
     (17, 144, 136, False, jnp.bfloat16),
-])
+  ],
+)
 def test_gemm_matches_float64_blockwise_formula(host_gemm, p, q, c, blocks, out_dtype):
   rng = np.random.default_rng(p * q + c)
   a, sa, b, sb = operands(rng, p, q, c, blocks)
@@ -109,8 +113,9 @@ def test_supported_queries_the_library(host_gemm):
   assert cublaslt.supported(64, 128, 256, jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.bfloat16, True)
   # bf16 operands are not an FP8 GEMM; FP8 output is not offered.
   assert not cublaslt.supported(64, 128, 256, jnp.bfloat16, jnp.float8_e4m3fn, jnp.bfloat16, True)
-  assert not cublaslt.supported(64, 128, 256, jnp.float8_e4m3fn, jnp.float8_e4m3fn,
-                                jnp.float8_e4m3fn, True)
+  assert not cublaslt.supported(
+    64, 128, 256, jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.float8_e4m3fn, True
+  )
 
 
 def test_unavailable_without_gpu_says_why():
@@ -142,6 +147,7 @@ def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch
   XLA path: the stand-in sums in float64, so only float32 rounding separates them."""
   import dataclasses
   from jetrl.precision import Fp8Gemm, Precision, gemms, linear, with_gemm_backend
+
   del host_gemm
   monkeypatch.setenv("JETRL_FUSED_QUANT", "1" if fused else "0")
   gemms.fused_quant_enabled.cache_clear()

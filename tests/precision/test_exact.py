@@ -67,6 +67,7 @@ def test_exact_gemm_in_row_tiles_equals_the_reference(xw, monkeypatch, tile_byte
   # Large outputs go in row tiles (strided rows, zero-padded when no divisor fits): small
   # tiles forced here, on 130 rows and on 131 (prime: padded), must not change a bit.
   from jetrl.precision import exact
+
   x, w = xw
   monkeypatch.setattr(exact, "TILE_BYTES", tile_bytes)
   for rows in (x, np.concatenate([x, x[7:8]])):
@@ -84,19 +85,20 @@ def test_exact_sum_does_not_depend_on_the_order():
   f = jax.jit(exact_sum)
   with x64():
     sums = [np.asarray(f(jnp.asarray(terms[:, p]))) for p in perms]
-    rows = [float(f(jnp.asarray(terms[i:i + 1, ::-1]))[0]) for i in range(4)]
+    rows = [float(f(jnp.asarray(terms[i : i + 1, ::-1]))[0]) for i in range(4)]
   for s in sums[1:]:
     np.testing.assert_array_equal(s, sums[0])
-  np.testing.assert_array_equal(np.asarray(rows), sums[0])   # one row alone, reversed
+  np.testing.assert_array_equal(np.asarray(rows), sums[0])  # one row alone, reversed
   for i in range(4):
     ref = math.fsum(terms[i])
-    assert abs(sums[0][i] - ref) <= 2.0 ** -40 * np.abs(terms[i]).max(), (sums[0][i], ref)
+    assert abs(sums[0][i] - ref) <= 2.0**-40 * np.abs(terms[i]).max(), (sums[0][i], ref)
 
 
 def test_exp64_and_log64_match_float64_references():
   rng = np.random.default_rng(3)
-  x = np.concatenate([rng.uniform(-50, 0, 3000), rng.uniform(-700, 700, 1000),
-                      [0.0, -1e-300, 1e-12, -745.0]])
+  x = np.concatenate(
+    [rng.uniform(-50, 0, 3000), rng.uniform(-700, 700, 1000), [0.0, -1e-300, 1e-12, -745.0]]
+  )
   y = np.concatenate([np.exp(rng.uniform(-700, 700, 3000)), [1.0, 2.0, 0.5, 2.3e-308]])
   with x64():
     e = np.asarray(jax.jit(exp64)(jnp.asarray(x)))
@@ -127,17 +129,23 @@ def test_rsqrt32_is_correctly_rounded_in_any_program():
   XLA's own in the last bit: `rsqrt32` is the correctly rounded value in both, so the exact
   RMSNorm of a vector is the same in a batch of 4608 vectors as in a batch of 8."""
   rng = np.random.default_rng(4)
-  v = np.concatenate([(2.0 ** rng.uniform(-126, 127, 20000)), rng.uniform(1e-6, 4.0, 20000),
-                      [1.0, 2.0, 4.0, 0.25, 1e-6, 3.4028235e38, 1.1754944e-38]]).astype(np.float32)
+  v = np.concatenate(
+    [
+      (2.0 ** rng.uniform(-126, 127, 20000)),
+      rng.uniform(1e-6, 4.0, 20000),
+      [1.0, 2.0, 4.0, 0.25, 1e-6, 3.4028235e38, 1.1754944e-38],
+    ]
+  ).astype(np.float32)
   f = jax.jit(rsqrt32)
   r = np.asarray(f(v))
   assert all(_rounded_to_nearest(v[i], r[i]) for i in range(len(v))), "not correctly rounded"
-  np.testing.assert_array_equal(np.concatenate([f(v[i:i + 7]) for i in range(0, 70, 7)]), r[:70])
+  np.testing.assert_array_equal(np.concatenate([f(v[i : i + 7]) for i in range(0, 70, 7)]), r[:70])
   special = np.asarray(f(np.asarray([0.0, -1.0, np.inf, np.nan], np.float32)))
   assert special[0] == np.inf and np.isnan(special[1]) and special[2] == 0 and np.isnan(special[3])
   # Query / key norms of 72 tokens x 4 heads: 16 rows reach YNNPACK's threshold, 2 do not.
-  x = jnp.asarray(rng.standard_normal((16, 72, 4, 64)) * np.exp(rng.uniform(-3, 3, (16, 72, 4, 1))),
-                  jnp.bfloat16)
+  x = jnp.asarray(
+    rng.standard_normal((16, 72, 4, 64)) * np.exp(rng.uniform(-3, 3, (16, 72, 4, 1))), jnp.bfloat16
+  )
   w = jnp.asarray(rng.uniform(0.5, 1.5, 64), jnp.float32)
   norm = jax.jit(lambda a: rms_norm(a, w, 1e-6, jnp.bfloat16, layers.rms_norm))
   big, small = np.asarray(norm(x)[:2], np.float32), np.asarray(norm(x[:2]), np.float32)
@@ -149,11 +157,14 @@ def test_rsqrt32_is_correctly_rounded_in_any_program():
   var = np.float32([math.fsum(r * r) / 64 for r in xs]) + np.float32(1e-6)
   inv = (1.0 / np.sqrt(var.astype(np.float64))).astype(np.float32)
   y = (xs.astype(np.float32) * inv[:, None]).astype(ml_dtypes.bfloat16)
-  want = (y.astype(np.float32) * np.asarray(w, np.float32).astype(ml_dtypes.bfloat16).astype(
-      np.float32)).astype(ml_dtypes.bfloat16).astype(np.float32)
+  want = (
+    (y.astype(np.float32) * np.asarray(w, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32))
+    .astype(ml_dtypes.bfloat16)
+    .astype(np.float32)
+  )
   got = big.reshape(-1, 64)
   assert np.mean(got == want) > 0.999
-  np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=0)
+  np.testing.assert_allclose(got, want, rtol=2**-7, atol=0)
 
 
 def test_recipe():
@@ -167,9 +178,15 @@ def test_recipe():
   hash(r.train), hash(r.rollout)
 
 
-@pytest.mark.parametrize("fprop,match", [
-    (None, "no fprop"), (Fp8Gemm(scaling="tensor"), "scaling='tensor'"),
-    (Fp8Gemm(fmt="e5m2"), "fmt='e5m2'"), (Fp8Gemm(block=256), "block=256")])
+@pytest.mark.parametrize(
+  "fprop,match",
+  [
+    (None, "no fprop"),
+    (Fp8Gemm(scaling="tensor"), "scaling='tensor'"),
+    (Fp8Gemm(fmt="e5m2"), "fmt='e5m2'"),
+    (Fp8Gemm(block=256), "block=256"),
+  ],
+)
 def test_batch_invariant_needs_an_exact_fprop(fprop, match):
   with pytest.raises(ValueError, match=match):
     Precision("bfloat16", fprop=fprop, batch_invariant=True)

@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 
 from fp8_reference import ref_quantize
-from jetrl.precision import (GEMM_BACKENDS, Fp8Gemm, Precision, check_fp8_in_compiled,
-                             get_recipe, linear, quantize, scaled_matmul_nt, with_gemm_backend)
+from jetrl.precision import (
+  GEMM_BACKENDS,
+  Fp8Gemm,
+  Precision,
+  check_fp8_in_compiled,
+  get_recipe,
+  linear,
+  quantize,
+  scaled_matmul_nt,
+  with_gemm_backend,
+)
 from jetrl.precision import backend, fp8_checks, gemm_pallas
 
 BLOCK = Fp8Gemm()
@@ -41,21 +50,39 @@ def xwd():
 
 # --- the kernel ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("p,q,c,tiles", [
-    (70, 90, 300, gemm_pallas.Tiles(bm=16, bn=32, num_warps=4, group_m=2)),  # 5x3 tiles, ragged groups
-    (8, 40, 256, None),                                                     # decode-sized rows
-])
+
+@pytest.mark.parametrize(
+  "p,q,c,tiles",
+  [
+    (
+      70,
+      90,
+      300,
+      gemm_pallas.Tiles(bm=16, bn=32, num_warps=4, group_m=2),
+    ),  # 5x3 tiles, ragged groups
+    (8, 40, 256, None),  # decode-sized rows
+  ],
+)
 def test_kernel_matches_float64_reference(p, q, c, tiles):
   rng = np.random.default_rng(1)
   a32, b32 = rng.standard_normal((p, c)), rng.standard_normal((q, c))
   aq, sa = ref_quantize(a32, (1, 128))
   bq, sb = ref_quantize(b32, (1, 128), "e5m2" if tiles is None else "e4m3")
-  out = scaled_matmul_nt(jnp.asarray(aq), jnp.asarray(sa), jnp.asarray(bq), jnp.asarray(sb),
-                         out_dtype=jnp.float32, interpret=True, tiles=tiles)
+  out = scaled_matmul_nt(
+    jnp.asarray(aq),
+    jnp.asarray(sa),
+    jnp.asarray(bq),
+    jnp.asarray(sb),
+    out_dtype=jnp.float32,
+    interpret=True,
+    tiles=tiles,
+  )
   ref = np.zeros((p, q))
   for kb in range(sa.shape[1]):
     sl = slice(128 * kb, 128 * (kb + 1))
-    ref += np.outer(sa[:, kb], sb[:, kb]) * (aq[:, sl].astype(np.float64) @ bq[:, sl].astype(np.float64).T)
+    ref += np.outer(sa[:, kb], sb[:, kb]) * (
+      aq[:, sl].astype(np.float64) @ bq[:, sl].astype(np.float64).T
+    )
   assert out.shape == (p, q) and out.dtype == jnp.float32
   assert rel_err(out, ref) < 1e-6, rel_err(out, ref)
 
@@ -72,6 +99,7 @@ def test_kernel_input_errors():
 
 
 # --- linear through the kernel ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gfmt", ["e4m3", "e5m2"])
 def test_linear_fprop_dgrad_wgrad_match_xla_path(xwd, gfmt):
@@ -98,8 +126,9 @@ def test_linear_k_multiple_of_block_bf16_and_grad_under_jit():
   y0, y1 = linear(x, w, jet), linear(x, w, _interp(jet))
   assert y1.dtype == jnp.bfloat16 and y1.shape == (2, 40, 136)
   # Same FP8 inputs; the float32 sums may differ in the last bits, so one bf16 rounding step.
-  np.testing.assert_allclose(np.asarray(y1, np.float32), np.asarray(y0, np.float32),
-                             rtol=2**-7, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(y1, np.float32), np.asarray(y0, np.float32), rtol=2**-7, atol=1e-6
+  )
   g0 = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(x, w, jet)
   g1 = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(x, w, _interp(jet))
   assert g1[0].dtype == jnp.bfloat16 and g1[1].dtype == jnp.float32
@@ -119,6 +148,7 @@ def test_per_tensor_scaling_and_non_finite_through_kernel(xwd):
 
 # --- selection -------------------------------------------------------------------------------
 
+
 def test_backend_field_validation_and_resolution(monkeypatch):
   monkeypatch.delenv(backend.ENV_VAR, raising=False)
   backend.env_backend.cache_clear()
@@ -127,9 +157,11 @@ def test_backend_field_validation_and_resolution(monkeypatch):
     Fp8Gemm(gemm_backend="triton")
   assert all(name in str(e.value) for name in GEMM_BACKENDS)
   from jetrl.precision import cublaslt
+
   on_hopper = ON_FP8_GPU and cublaslt.unavailable_reason() is None
-  assert backend.resolve(Fp8Gemm()) == ("cublaslt" if on_hopper else "pallas" if ON_FP8_GPU
-                                        else "xla")
+  assert backend.resolve(Fp8Gemm()) == (
+    "cublaslt" if on_hopper else "pallas" if ON_FP8_GPU else "xla"
+  )
   if not on_hopper:  # an explicit request says why it cannot run
     with pytest.raises(ValueError, match="cublaslt"):
       backend.resolve(Fp8Gemm(gemm_backend="cublaslt"))
@@ -171,6 +203,7 @@ def test_with_gemm_backend_keeps_recipes_unified_and_hashable():
 
 # --- is it FP8 in the program? ---------------------------------------------------------------
 
+
 def test_lowered_pallas_path_feeds_fp8_to_the_dot(xwd):
   x, w, _ = xwd
   jet = with_gemm_backend(get_recipe("jet").train, "pallas")
@@ -181,13 +214,17 @@ def test_lowered_pallas_path_feeds_fp8_to_the_dot(xwd):
   assert len(fwd.fp8_gemms) == 1 and not fwd.other_gemms
   # FP8 operands, and each K-block may be summed in the tensor cores (wgmma on Hopper) before
   # its float32 promotion.
-  assert fwd.kernel_dots and all(d == "tt.dot(f8E4M3FN, f8E4M3FN) maxNumImpreciseAcc=128"
-                                 for d in fwd.kernel_dots), fwd.kernel_dots
+  assert fwd.kernel_dots and all(
+    d == "tt.dot(f8E4M3FN, f8E4M3FN) maxNumImpreciseAcc=128" for d in fwd.kernel_dots
+  ), fwd.kernel_dots
   # Without fast accumulation the dot is a plain FP8 dot_general (Triton's mma.sync path).
   a, sa = quantize(xb, (1, 128))
   precise = check_fp8_in_compiled(
-      lambda a_, s_: scaled_matmul_nt(a_, s_, a_, s_, tiles=gemm_pallas.Tiles(fast_accum=False)),
-      a, sa, platform="cuda")
+    lambda a_, s_: scaled_matmul_nt(a_, s_, a_, s_, tiles=gemm_pallas.Tiles(fast_accum=False)),
+    a,
+    sa,
+    platform="cuda",
+  )
   assert precise.ok and precise.kernel_dots == ("tt.dot(f8E4M3FN, f8E4M3FN)",), precise.kernel_dots
   # Training step: fprop (forward), dgrad and wgrad (backward) all in the FP8 kernel.
   grad = jax.grad(lambda a, b: linear(a, b, jet).astype(jnp.float32).sum(), argnums=(0, 1))
@@ -206,8 +243,9 @@ def test_check_catches_the_cpu_emulation_and_xla_upcasts(xwd):
   emu = check_fp8_in_compiled(lambda a, b: linear(a, b, jet), x, w, platform="cpu")
   assert not emu.ok and not emu.fp8_gemms  # dequantize-then-float32-matmul
   xq, wq = quantize(x, (1, K))[0], quantize(w, (K, N))[0]
-  dot = lambda a, b: jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())),
-                                         preferred_element_type=jnp.float32)
+  dot = lambda a, b: jax.lax.dot_general(
+    a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  )
   lowered = check_fp8_in_compiled(dot, xq, wq, platform="cpu", compile=False)
   assert lowered.ok and lowered.stage == "lowered"
   # The CPU compiler converts the FP8 operands up before its dot: the compiled check fails.
@@ -215,8 +253,11 @@ def test_check_catches_the_cpu_emulation_and_xla_upcasts(xwd):
   assert compiled.stage == "compiled" and not compiled.ok and compiled.upcasts, compiled.summary()
 
 
-@pytest.mark.skipif(not ON_FP8_GPU, reason="needs an FP8-capable NVIDIA GPU (compute capability "
-                    ">= 8.9) to compile the Triton kernel; its lowering is checked on CPU above")
+@pytest.mark.skipif(
+  not ON_FP8_GPU,
+  reason="needs an FP8-capable NVIDIA GPU (compute capability "
+  ">= 8.9) to compile the Triton kernel; its lowering is checked on CPU above",
+)
 def test_compiled_gpu_program_runs_fp8(xwd):
   x, w, dy = xwd
   jet = with_gemm_backend(get_recipe("jet").train, "pallas")
@@ -227,16 +268,26 @@ def test_compiled_gpu_program_runs_fp8(xwd):
   # The compiled kernel on partial tiles, with and without tensor-core accumulation per block.
   aq, sa = ref_quantize(x, (1, 128))
   bq, sb = ref_quantize(w.T, (1, 128))
-  ref = sum(np.outer(sa[:, kb], sb[:, kb]) * (aq[:, 128 * kb:128 * kb + 128].astype(np.float64)
-                                              @ bq[:, 128 * kb:128 * kb + 128].astype(np.float64).T)
-            for kb in range(sa.shape[1]))
+  ref = sum(
+    np.outer(sa[:, kb], sb[:, kb])
+    * (
+      aq[:, 128 * kb : 128 * kb + 128].astype(np.float64)
+      @ bq[:, 128 * kb : 128 * kb + 128].astype(np.float64).T
+    )
+    for kb in range(sa.shape[1])
+  )
   for fast in (True, False):
-    out = jax.jit(lambda *a, f=fast: scaled_matmul_nt(
-        *a, out_dtype=jnp.float32, tiles=gemm_pallas.Tiles(fast_accum=f)))(aq, sa, bq, sb)
+    out = jax.jit(
+      lambda *a, f=fast: scaled_matmul_nt(
+        *a, out_dtype=jnp.float32, tiles=gemm_pallas.Tiles(fast_accum=f)
+      )
+    )(aq, sa, bq, sb)
     assert rel_err(out, ref) < 1e-3, (fast, rel_err(out, ref))
   xla = with_gemm_backend(jet, "xla")
-  for got, want in zip(jax.vjp(lambda a, b: linear(a, b, jet), xb, w)[1](jnp.asarray(dy, jnp.bfloat16)),
-                       jax.vjp(lambda a, b: linear(a, b, xla), xb, w)[1](jnp.asarray(dy, jnp.bfloat16))):
+  for got, want in zip(
+    jax.vjp(lambda a, b: linear(a, b, jet), xb, w)[1](jnp.asarray(dy, jnp.bfloat16)),
+    jax.vjp(lambda a, b: linear(a, b, xla), xb, w)[1](jnp.asarray(dy, jnp.bfloat16)),
+  ):
     assert rel_err(jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)) < 2**-7
 
 
@@ -276,9 +327,10 @@ ENTRY %main (a: f8e4m3fn[256,512], b: f8e4m3fn[256,512], w: f8e4m3fn[512,256], h
 
 def test_ptx_scan(tmp_path):
   (tmp_path / "m.ptx").write_text(
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {...};\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {...};\n"
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {...};\n")
+    "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {...};\n"
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {...};\n"
+    "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {...};\n"
+  )
   (tmp_path / "bf16_only.ptx").write_text("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32\n")
   assert fp8_checks.ptx_fp8_mma_lines(str(tmp_path)) == {"m.ptx": {"wgmma": 1, "mma.sync": 1}}
 

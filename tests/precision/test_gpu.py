@@ -14,8 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.precision import (Fp8Gemm, Precision, check_fp8_in_compiled, get_recipe, linear,
-                             prequantize_weight, quantize, with_gemm_backend)
+from jetrl.precision import (
+  Fp8Gemm,
+  Precision,
+  check_fp8_in_compiled,
+  get_recipe,
+  linear,
+  prequantize_weight,
+  quantize,
+  with_gemm_backend,
+)
 from jetrl.precision import backend, cublaslt
 
 ON_GPU = backend.fp8_gpu_available()
@@ -34,8 +42,10 @@ def rel(a, b):
   return np.abs(a - b).max() / np.abs(b).max()
 
 
-@pytest.mark.parametrize("p,q,c,blocks", [(256, 1536, 1536, True), (64, 1536, 8960, True),
-                                          (1536, 512, 4096, False), (8, 256, 640, True)])
+@pytest.mark.parametrize(
+  "p,q,c,blocks",
+  [(256, 1536, 1536, True), (64, 1536, 8960, True), (1536, 512, 4096, False), (8, 256, 640, True)],
+)
 def test_cublaslt_matches_float64_formula(p, q, c, blocks):
   cublaslt_ready()
   rng = np.random.default_rng(p + q + c)
@@ -60,8 +70,11 @@ def test_linear_on_cublaslt_matches_xla_path(gfmt, m, k, n):
   outs = {}
   for be in ("xla", "cublaslt"):
     p = with_gemm_backend(p32, be)
-    f = jax.jit(lambda a, b, d, p=p: (lambda y, vjp: (y,) + vjp(d))(
-        *jax.vjp(lambda a_, b_: linear(a_, b_, p), a, b)))
+    f = jax.jit(
+      lambda a, b, d, p=p: (lambda y, vjp: (y,) + vjp(d))(
+        *jax.vjp(lambda a_, b_: linear(a_, b_, p), a, b)
+      )
+    )
     outs[be] = f(x, w, dy)
   for got, ref in zip(outs["cublaslt"], outs["xla"]):
     assert rel(got, ref) < TOL
@@ -104,8 +117,9 @@ def test_quantize_on_gpu_is_bit_identical_to_cpu():
 @pytest.mark.parametrize("fmt", [jnp.float8_e4m3fn, jnp.float8_e5m2])
 def test_one_pass_quantization_kernel_is_bit_identical_on_gpu(fmt):
   from jetrl.precision.quant_kernel import quantize_rows_cols
+
   rng = np.random.default_rng(3)
-  x = (rng.standard_normal((300, 520)) * np.exp(3 * rng.standard_normal((300, 1))))
+  x = rng.standard_normal((300, 520)) * np.exp(3 * rng.standard_normal((300, 1)))
   x[4, :128] = 0.0
   xb = jnp.asarray(x, jnp.bfloat16)
   (qr, sr_t), (qc_t, sc_t) = jax.jit(lambda a: quantize_rows_cols(a, fmt))(xb)

@@ -13,8 +13,12 @@ from jetrl.precision import Fp8Gemm, Precision, get_recipe, linear, quantize
 BLOCK = Fp8Gemm()
 # The jet recipe's FP8 GEMMs with float32 between operators: isolates FP8 from bf16 rounding.
 JET32 = Precision("float32", fprop=BLOCK, dgrad=BLOCK, wgrad=BLOCK)
-JET32_E5M2 = Precision("float32", fprop=BLOCK, dgrad=dataclasses.replace(BLOCK, grad_fmt="e5m2"),
-                       wgrad=dataclasses.replace(BLOCK, grad_fmt="e5m2"))
+JET32_E5M2 = Precision(
+  "float32",
+  fprop=BLOCK,
+  dgrad=dataclasses.replace(BLOCK, grad_fmt="e5m2"),
+  wgrad=dataclasses.replace(BLOCK, grad_fmt="e5m2"),
+)
 M, K, N = 130, 300, 200  # partial token groups, partial K and N blocks
 
 
@@ -42,7 +46,9 @@ def test_forward_matches_dequantize_then_matmul_float64(xwd):
   yb = jax.jit(lambda a, b: linear(a, b, get_recipe("jet").train))(x, w)
   refb = ref_fake(to_bf16(x), (1, 128)) @ ref_fake(w, (128, 128))
   assert yb.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(yb, np.float64), refb, rtol=2**-8, atol=2**-8 * np.abs(refb).max() * 1e-2)
+  np.testing.assert_allclose(
+    np.asarray(yb, np.float64), refb, rtol=2**-8, atol=2**-8 * np.abs(refb).max() * 1e-2
+  )
   # And it is really FP8: far from the unquantized product.
   assert rel_err(y, x.astype(np.float64) @ w) > 1e-3
 
@@ -67,7 +73,9 @@ def test_backward_bf16_between_operators(xwd):
   assert dx.dtype == jnp.bfloat16, "gradients flow between operators in bf16"
   assert dw.dtype == jnp.float32, "weight gradients come back in the master weights' dtype"
   dx_ref = ref_fake(to_bf16(dy), (1, 128)) @ ref_fake(w, (128, 128)).T
-  np.testing.assert_allclose(np.asarray(dx, np.float64), dx_ref, rtol=2**-7, atol=1e-3 * np.abs(dx_ref).max())
+  np.testing.assert_allclose(
+    np.asarray(dx, np.float64), dx_ref, rtol=2**-7, atol=1e-3 * np.abs(dx_ref).max()
+  )
 
 
 def _mlp_loss(params, x, t, prec):
@@ -80,24 +88,34 @@ def test_jet_mlp_gradient_close_to_bf16():
   rng = np.random.default_rng(3)
   x = rng.standard_normal((256, 256)).astype(np.float32)
   t = rng.standard_normal((256, 256)).astype(np.float32)
-  params = {"w1": (rng.standard_normal((256, 512)) / 16).astype(np.float32),
-            "w2": (rng.standard_normal((512, 256)) / 22).astype(np.float32)}
-  g = {r: jax.jit(jax.grad(_mlp_loss), static_argnums=3)(params, x, t, get_recipe(r).train)
-       for r in ("bf16", "jet", "fp32")}
+  params = {
+    "w1": (rng.standard_normal((256, 512)) / 16).astype(np.float32),
+    "w2": (rng.standard_normal((512, 256)) / 22).astype(np.float32),
+  }
+  g = {
+    r: jax.jit(jax.grad(_mlp_loss), static_argnums=3)(params, x, t, get_recipe(r).train)
+    for r in ("bf16", "jet", "fp32")
+  }
   for name in ("w1", "w2"):
     ref = np.asarray(g["fp32"][name], np.float64)
     e_bf16 = np.linalg.norm(np.asarray(g["bf16"][name]) - ref) / np.linalg.norm(ref)
-    e_jet = np.linalg.norm(np.asarray(g["jet"][name]) - np.asarray(g["bf16"][name])) / np.linalg.norm(ref)
+    e_jet = np.linalg.norm(
+      np.asarray(g["jet"][name]) - np.asarray(g["bf16"][name])
+    ) / np.linalg.norm(ref)
     # E4M3 rounding is ~2.7% RMS per operand, so one FP8 GEMM is ~3.8% off in relative norm;
     # w1's gradient passes through two (layer 2 dgrad, layer 1 wgrad): ~5-6% is expected.
-    assert e_jet < 0.08, f"{name}: jet vs bf16 gradient relative error {e_jet:.4f} (bf16 vs fp32: {e_bf16:.4f})"
+    assert e_jet < 0.08, (
+      f"{name}: jet vs bf16 gradient relative error {e_jet:.4f} (bf16 vs fp32: {e_bf16:.4f})"
+    )
     assert e_jet > e_bf16, "FP8 gradients must differ from bf16 more than bf16 from fp32"
 
 
 @pytest.mark.parametrize("recipe", ["jet", "fp8_rollout"])
 def test_batch_invariance_blockwise(recipe):
   rng = np.random.default_rng(4)
-  batch = rng.standard_normal((1025, 384)).astype(np.float32) * np.exp(rng.standard_normal((1025, 1)))
+  batch = rng.standard_normal((1025, 384)).astype(np.float32) * np.exp(
+    rng.standard_normal((1025, 1))
+  )
   w = (rng.standard_normal((384, 256)) * 0.05).astype(np.float32)
   row = batch[7:8]
   prec = get_recipe(recipe).rollout
@@ -110,7 +128,9 @@ def test_batch_invariance_blockwise(recipe):
   p32 = dataclasses.replace(prec, compute_dtype="float32")
   y1 = linear(row, w, p32)
   yb = linear(batch, w, p32)[7:8]
-  np.testing.assert_allclose(np.asarray(y1), np.asarray(yb), rtol=1e-5, atol=1e-6 * np.abs(np.asarray(yb)).max())
+  np.testing.assert_allclose(
+    np.asarray(y1), np.asarray(yb), rtol=1e-5, atol=1e-6 * np.abs(np.asarray(yb)).max()
+  )
 
 
 def test_per_tensor_scaling_is_batch_dependent():
@@ -132,14 +152,20 @@ def test_traced_program_contains_float8_forward_and_backward(xwd):
   fwd = str(jax.make_jaxpr(lambda a, b: linear(a, b, prec))(x, w))
   assert "f8_e4m3fn" in fwd
   assert "f8_e5m2" not in fwd
-  grad = str(jax.make_jaxpr(jax.grad(lambda a, b: linear(a, b, prec).astype(jnp.float32).sum(),
-                                     argnums=(0, 1)))(x, w))
+  grad = str(
+    jax.make_jaxpr(
+      jax.grad(lambda a, b: linear(a, b, prec).astype(jnp.float32).sum(), argnums=(0, 1))
+    )(x, w)
+  )
   # e5m2 is the gradient format: it appears only if dy is really quantized in the backward.
   assert "f8_e5m2" in grad
   # wgrad quantizes x in 128x1 groups (e4m3) inside the backward as well.
   assert grad.count("f8_e4m3fn") > fwd.count("f8_e4m3fn")
-  plain = str(jax.make_jaxpr(jax.grad(lambda a, b: linear(a, b, get_recipe("bf16").train).astype(
-      jnp.float32).sum()))(x, w))
+  plain = str(
+    jax.make_jaxpr(
+      jax.grad(lambda a, b: linear(a, b, get_recipe("bf16").train).astype(jnp.float32).sum())
+    )(x, w)
+  )
   assert "f8" not in plain
 
 
@@ -153,11 +179,14 @@ def test_jit_vmap_grad_compose(xwd):
     gx, gw = jax.grad(f, argnums=(0, 1))(xs[i], w)
     np.testing.assert_array_equal(np.asarray(v[0][i]), np.asarray(gx))
     # Batched and unbatched float32 dots may sum in different orders: float32 rounding.
-    np.testing.assert_allclose(np.asarray(v[1][i]), np.asarray(gw), rtol=1e-5,
-                               atol=1e-5 * np.abs(np.asarray(gw)).max())
+    np.testing.assert_allclose(
+      np.asarray(v[1][i]), np.asarray(gw), rtol=1e-5, atol=1e-5 * np.abs(np.asarray(gw)).max()
+    )
   # Leading batch dims: [..., K] flattens to tokens.
   y3 = linear(xs, w, prec)
-  np.testing.assert_array_equal(np.asarray(y3).reshape(128, N), np.asarray(linear(x[:128], w, prec)))
+  np.testing.assert_array_equal(
+    np.asarray(y3).reshape(128, N), np.asarray(linear(x[:128], w, prec))
+  )
 
 
 def test_shape_errors():
@@ -171,6 +200,7 @@ def test_shape_errors():
 
 def test_prequantized_weight_gives_identical_forward(xwd):
   from jetrl.precision import QuantizedWeight, prequantize_weight
+
   x, w, _ = xwd
   for name in ("jet", "fp8_rollout", "fp8_tensor"):
     prec = get_recipe(name).rollout

@@ -26,13 +26,12 @@ def assert_same(a, b):
 def test_rows_and_cols_match_quantize(m, k, fmt):
   rng = np.random.default_rng(m + k)
   x = (rng.standard_normal((m, k)) * np.exp(3 * rng.standard_normal((m, 1)))).astype(np.float32)
-  x[5, :128] = 0.0                       # an all-zero 1x128 group: scale 1
-  x[:, 7] *= 1e30                        # beyond FMAX after scaling? no: the scale follows amax
-  x[3, 200] = np.nan                     # NaN poisons its row group and its column group
+  x[5, :128] = 0.0  # an all-zero 1x128 group: scale 1
+  x[:, 7] *= 1e30  # beyond FMAX after scaling? no: the scale follows amax
+  x[3, 200] = np.nan  # NaN poisons its row group and its column group
   x[9, 11] = -0.0
   xb = jnp.asarray(x, jnp.bfloat16)
-  (qr, sr_t), (qc_t, sc_t) = jax.jit(
-      lambda a: quantize_rows_cols(a, fmt, interpret=True))(xb)
+  (qr, sr_t), (qc_t, sc_t) = jax.jit(lambda a: quantize_rows_cols(a, fmt, interpret=True))(xb)
   ref_qr, ref_sr = quantize(xb, (1, 128), fmt)
   ref_qc, ref_sc = quantize(xb.T, (1, 128), fmt)
   assert_same(qr, ref_qr)

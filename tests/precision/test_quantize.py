@@ -49,8 +49,12 @@ BLOCKS = [(1, 128), (128, 1), (128, 128), (2, 7)]
 
 
 @settings(max_examples=40, deadline=None)
-@given(x=arrays(), block_i=st.integers(0, len(BLOCKS) - 1), fmt=st.sampled_from(["e4m3", "e5m2"]),
-       pow2=st.booleans())
+@given(
+  x=arrays(),
+  block_i=st.integers(0, len(BLOCKS) - 1),
+  fmt=st.sampled_from(["e4m3", "e5m2"]),
+  pow2=st.booleans(),
+)
 def test_quantize_bit_exact_vs_numpy(x, block_i, fmt, pow2):
   block = BLOCKS[block_i]
   q, s = jq(x, block, fmt, pow2)
@@ -110,8 +114,10 @@ def test_dequantize_matches_reference_and_bf16_input():
   q, s = quantize(jnp.asarray(x), (1, 128))
   q_ref, s_ref = ref_quantize(x.astype(np.float32), (1, 128))
   assert_bits_equal(q, q_ref, s, s_ref)
-  np.testing.assert_array_equal(np.asarray(dequantize(q, s, (1, 128))),
-                                ref_dequantize(q_ref, s_ref, (1, 128)).astype(np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(dequantize(q, s, (1, 128))),
+    ref_dequantize(q_ref, s_ref, (1, 128)).astype(np.float32),
+  )
 
 
 def test_pow2_scales_are_powers_of_two_at_or_above():
@@ -148,17 +154,21 @@ def test_bad_block_is_a_clear_error():
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_fast_fp8_cast_matches_ml_dtypes_around_every_fp8_value(fmt):
   from jetrl.precision.quantize import cast_to_fp8
+
   dt = F8[fmt]
   fmax = float(ml_dtypes.finfo(dt).max)
   grid = np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
   grid = np.unique(grid[np.isfinite(grid) & (np.abs(grid) <= fmax)])
   mids = (grid[1:].astype(np.float64) + grid[:-1]) / 2  # exact ties: rounding to even
   pts = np.concatenate([grid, mids.astype(np.float32)])
-  near = np.concatenate([np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf)), pts])
+  near = np.concatenate(
+    [np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf)), pts]
+  )
   rng = np.random.default_rng(0)
   rand = (rng.standard_normal(20000) * np.exp(rng.standard_normal(20000) * 5)).astype(np.float32)
-  x = np.clip(np.concatenate([near, rand, [np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-40]]),
-              -fmax, fmax).astype(np.float32)
+  x = np.clip(
+    np.concatenate([near, rand, [np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-40]]), -fmax, fmax
+  ).astype(np.float32)
   got = np.asarray(jax.jit(lambda a: cast_to_fp8(a, FMT_DTYPE[fmt]))(x))
   assert got.dtype == dt
   ref = x.astype(dt)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from jetrl.rl import advantages as adv_lib
 
 group_advantages = jax.jit(
-    adv_lib.group_advantages, static_argnames=("group_size", "normalize_std", "eps"))
+  adv_lib.group_advantages, static_argnames=("group_size", "normalize_std", "eps")
+)
 batch_normalize = jax.jit(adv_lib.batch_normalize, static_argnames=("eps", "center"))
 dynamic_sampling_mask = jax.jit(adv_lib.dynamic_sampling_mask, static_argnames=("group_size",))
 
@@ -32,8 +33,9 @@ def test_grpo_hand_values():
   # mean 0.25, population std sqrt(0.1875) = 0.4330127
   std = math.sqrt(0.1875)
   np.testing.assert_allclose(out, [0.75 / (std + 1e-6)] + [-0.25 / (std + 1e-6)] * 3, rtol=1e-6)
-  drgrpo = group_advantages(np.array([1.0, 0.0, 0.0, 0.0], np.float32), group_size=4,
-                            normalize_std=False)
+  drgrpo = group_advantages(
+    np.array([1.0, 0.0, 0.0, 0.0], np.float32), group_size=4, normalize_std=False
+  )
   np.testing.assert_allclose(drgrpo, [0.75, -0.25, -0.25, -0.25], rtol=1e-7)
 
 
@@ -85,17 +87,18 @@ def test_batch_normalize_matches_numpy():
   ref = np.where(mask, (adv - sel.mean()) / (sel.std() + 1e-6), 0.0)
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
   out_nc = batch_normalize(adv, mask, center=False)
-  np.testing.assert_allclose(out_nc, np.where(mask, adv / (sel.std() + 1e-6), 0.0),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    out_nc, np.where(mask, adv / (sel.std() + 1e-6), 0.0), rtol=1e-5, atol=1e-6
+  )
   flat = rng.normal(size=9).astype(np.float32)
-  np.testing.assert_allclose(batch_normalize(flat), (flat - flat.mean()) / (flat.std() + 1e-6),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    batch_normalize(flat), (flat - flat.mean()) / (flat.std() + 1e-6), rtol=1e-5, atol=1e-6
+  )
   assert np.all(np.asarray(batch_normalize(adv, np.zeros_like(mask))) == 0.0)
 
 
 def test_dynamic_sampling_counts():
-  rewards = np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [0.5, 0.5, 0.5], [1, 0, 0.5]],
-                     np.float32)
+  rewards = np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [0.5, 0.5, 0.5], [1, 0, 0.5]], np.float32)
   keep, n_dropped = dynamic_sampling_mask(rewards, group_size=3)
   np.testing.assert_array_equal(keep, [False, True, False, False, True])
   assert keep.dtype == jnp.bool_
@@ -112,8 +115,9 @@ def test_property_groups_are_centered_and_scaled(seed, normalize_std):
   # Binary and graded rewards, with a good chance of constant groups.
   rewards = rng.choice(np.array([0.0, 0.25, 1.0], np.float32), size=32, p=[0.5, 0.1, 0.4])
   out = np.asarray(group_advantages(rewards, group_size=8, normalize_std=normalize_std))
-  np.testing.assert_allclose(out, np_group_advantages(rewards, 8, normalize_std),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    out, np_group_advantages(rewards, 8, normalize_std), rtol=1e-5, atol=1e-5
+  )
   groups = out.reshape(4, 8)
   np.testing.assert_allclose(groups.mean(axis=1), 0.0, atol=1e-5)
   constant = rewards.reshape(4, 8).std(axis=1) == 0

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from jetrl.rl import agreement
 
-agreement_metrics = jax.jit(
-    agreement.agreement_metrics, static_argnames=("bin_edges", "log_clamp"))
+agreement_metrics = jax.jit(agreement.agreement_metrics, static_argnames=("bin_edges", "log_clamp"))
 position_bins = jax.jit(agreement.position_bins, static_argnames=("bin_edges", "num_bins"))
 
 EDGES = (0, 2, 3, 8)
@@ -28,15 +27,15 @@ def np_metrics(roll, train, mask, edges, log_clamp=20.0):
   d = train - roll
   dc = np.clip(d, -log_clamp, log_clamp)
   out = {
-      "abs_diff_mean": np.abs(d).mean(),
-      "abs_diff_max": np.abs(d).max(),
-      "kl_k3": (np.exp(dc) - 1 - dc).mean(),
-      "prob_ratio_error": np.exp(np.abs(dc)).mean(),
-      "prob_pearson": np.corrcoef(np.exp(roll), np.exp(train))[0, 1],
-      "ratio_out_frac": np.mean((np.exp(d) < 0.8) | (np.exp(d) > 1.2)),
-      "seq_abs_sum_mean": np.mean(rows),
-      "seq_abs_sum_max": np.max(rows),
-      "n_tokens": float(mask.sum()),
+    "abs_diff_mean": np.abs(d).mean(),
+    "abs_diff_max": np.abs(d).max(),
+    "kl_k3": (np.exp(dc) - 1 - dc).mean(),
+    "prob_ratio_error": np.exp(np.abs(dc)).mean(),
+    "prob_pearson": np.corrcoef(np.exp(roll), np.exp(train))[0, 1],
+    "ratio_out_frac": np.mean((np.exp(d) < 0.8) | (np.exp(d) > 1.2)),
+    "seq_abs_sum_mean": np.mean(rows),
+    "seq_abs_sum_max": np.max(rows),
+    "n_tokens": float(mask.sum()),
   }
   return out
 
@@ -164,8 +163,16 @@ def test_extreme_gaps_stay_finite_and_nan_shows():
   np.testing.assert_allclose(out["abs_diff_max"], 50.0, rtol=1e-5)
   train[0, 0] = np.nan
   out = agreement_metrics(roll, train, mask, bin_edges=EDGES)
-  for key in ("abs_diff_mean", "abs_diff_max", "kl_k3", "prob_ratio_error", "prob_pearson",
-              "ratio_out_frac", "seq_abs_sum_mean", "seq_abs_sum_max"):
+  for key in (
+    "abs_diff_mean",
+    "abs_diff_max",
+    "kl_k3",
+    "prob_ratio_error",
+    "prob_pearson",
+    "ratio_out_frac",
+    "seq_abs_sum_mean",
+    "seq_abs_sum_max",
+  ):
     assert np.isnan(float(out[key])), key
 
 

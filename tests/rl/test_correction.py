@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from jetrl.rl import correction, losses
 
 importance_weights = jax.jit(
-    correction.importance_weights, static_argnames=("method", "cap", "log_clamp"))
+  correction.importance_weights, static_argnames=("method", "cap", "log_clamp")
+)
 
 RATIOS = np.array([0.25, 0.5, 1.0, 3.0])
 
@@ -122,8 +123,10 @@ def test_none_is_the_mask_and_weights_are_detached():
   np.testing.assert_array_equal(w, mask.astype(np.float32))
   assert float(m["mean_weight"]) == 1.0
   for method in correction.IS_METHODS:
-    g = jax.grad(lambda t, r: jnp.sum(correction.importance_weights(
-        t, r, mask, method=method)[0]), argnums=(0, 1))(train, roll)
+    g = jax.grad(
+      lambda t, r: jnp.sum(correction.importance_weights(t, r, mask, method=method)[0]),
+      argnums=(0, 1),
+    )(train, roll)
     assert all(np.all(np.asarray(x) == 0) for x in g)
 
 

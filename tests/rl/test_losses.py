@@ -17,17 +17,38 @@ AGGS = losses.AGGREGATIONS
 
 # ---------------------------------------------------------------- jitted entry points (once)
 
+
 @functools.partial(
-    jax.jit, static_argnames=("clip_low", "clip_high", "aggregation", "max_tokens", "dual_clip"))
-def ppo_value_and_grad(logp, old_logp, adv, mask, is_weights=None, *, clip_low=0.2,
-                       clip_high=0.2, aggregation="token", max_tokens=None, dual_clip=None):
+  jax.jit, static_argnames=("clip_low", "clip_high", "aggregation", "max_tokens", "dual_clip")
+)
+def ppo_value_and_grad(
+  logp,
+  old_logp,
+  adv,
+  mask,
+  is_weights=None,
+  *,
+  clip_low=0.2,
+  clip_high=0.2,
+  aggregation="token",
+  max_tokens=None,
+  dual_clip=None,
+):
   """(loss, num, den, metrics), d loss / d logp."""
 
   def f(lp):
     num, den, metrics = losses.ppo_clip_loss(
-        lp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high,
-        aggregation=aggregation, max_tokens=max_tokens, is_weights=is_weights,
-        dual_clip=dual_clip)
+      lp,
+      old_logp,
+      adv,
+      mask,
+      clip_low=clip_low,
+      clip_high=clip_high,
+      aggregation=aggregation,
+      max_tokens=max_tokens,
+      is_weights=is_weights,
+      dual_clip=dual_clip,
+    )
     return losses.finalize_loss(num, den), (num, den, metrics)
 
   (loss, (num, den, metrics)), g = jax.value_and_grad(f, has_aux=True)(logp)
@@ -37,8 +58,9 @@ def ppo_value_and_grad(logp, old_logp, adv, mask, is_weights=None, *, clip_low=0
 @functools.partial(jax.jit, static_argnames=("estimator", "clamp"))
 def kl_value_and_grad(logp, ref_logp, mask, *, estimator="k3", clamp=20.0):
   kl = losses.kl_penalty(logp, ref_logp, mask, estimator=estimator, clamp=clamp)
-  g = jax.grad(lambda lp: jnp.sum(
-      losses.kl_penalty(lp, ref_logp, mask, estimator=estimator, clamp=clamp)))(logp)
+  g = jax.grad(
+    lambda lp: jnp.sum(losses.kl_penalty(lp, ref_logp, mask, estimator=estimator, clamp=clamp))
+  )(logp)
   return kl, g
 
 
@@ -46,6 +68,7 @@ aggregate = jax.jit(losses.aggregate, static_argnames=("aggregation", "max_token
 
 
 # ---------------------------------------------------------------- numpy float64 references
+
 
 def np_aggregate(per_token, mask, aggregation, max_tokens=None):
   """(num, den, d num / d per_token) in float64."""
@@ -61,8 +84,19 @@ def np_aggregate(per_token, mask, aggregation, max_tokens=None):
   return x.sum(), float(b * (t if max_tokens is None else max_tokens)), m
 
 
-def np_ppo(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, aggregation="token",
-           max_tokens=None, is_weights=None, dual_clip=None):
+def np_ppo(
+  logp,
+  old,
+  adv,
+  mask,
+  *,
+  clip_low=0.2,
+  clip_high=0.2,
+  aggregation="token",
+  max_tokens=None,
+  is_weights=None,
+  dual_clip=None,
+):
   """(loss, num, den, grad of loss w.r.t. logp) in float64, written out by hand."""
   logp = np.where(mask, np.asarray(logp, np.float64), 0.0)
   old = np.where(mask, np.asarray(old, np.float64), 0.0)
@@ -91,28 +125,38 @@ def np_ppo(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, aggregation="to
 
 def hand_batch():
   """B=4, T=5: a normal row, an all-masked row, a single-token row, extreme gaps (+-50)."""
-  logp = np.array([
+  logp = np.array(
+    [
       [-1.0, -0.5, -2.0, -0.1, -3.0],
-      [-1.0, -1.0, -1.0, -1.0, -1.0],   # all masked
-      [-0.7, 9.0, 9.0, 9.0, 9.0],       # single token
+      [-1.0, -1.0, -1.0, -1.0, -1.0],  # all masked
+      [-0.7, 9.0, 9.0, 9.0, 9.0],  # single token
       [-50.0, 0.0, -60.0, -5.0, -1.0],  # extreme gaps
-  ], np.float32)
-  old = np.array([
+    ],
+    np.float32,
+  )
+  old = np.array(
+    [
       [-1.3, -0.3, -1.5, -0.1, -2.0],
       [-2.0, -2.0, -2.0, -2.0, -2.0],
       [-0.2, 0.0, 0.0, 0.0, 0.0],
       [0.0, -50.0, -10.0, -5.2, -0.9],
-  ], np.float32)
-  mask = np.array([
+    ],
+    np.float32,
+  )
+  mask = np.array(
+    [
       [1, 1, 1, 1, 0],
       [0, 0, 0, 0, 0],
       [1, 0, 0, 0, 0],
       [1, 1, 1, 1, 1],
-  ], bool)
+    ],
+    bool,
+  )
   return logp, old, mask
 
 
 # ---------------------------------------------------------------- PPO clip loss
+
 
 @pytest.mark.parametrize("aggregation", AGGS)
 @pytest.mark.parametrize("adv", [[1.5, -2.0, 0.7, 0.3], [-1.0, 1.0, -0.4, -0.6]])
@@ -147,21 +191,23 @@ def test_ppo_dual_clip_and_is_weights_match_numpy(aggregation):
 
 
 @pytest.mark.parametrize(
-    "log_ratio, adv, clip_high, loss, grad",
-    [
-        (math.log(1.5), 1.0, 0.2, -1.2, 0.0),    # upper clip binds: no gradient
-        (math.log(1.5), -1.0, 0.2, 1.5, 1.5),    # negative advantage: unclipped, grad -r*A
-        (math.log(0.5), -1.0, 0.2, 0.8, 0.0),    # lower clip binds
-        (math.log(0.5), 1.0, 0.2, -0.5, -0.5),   # positive advantage: unclipped
-        (math.log(1.25), 1.0, 0.2, -1.2, 0.0),   # symmetric clip binds at 1.2 ...
-        (math.log(1.25), 1.0, 0.28, -1.25, -1.25),  # ... clip-higher 0.28 does not
-        (math.log(1.25), 2.0, 0.28, -2.5, -2.5),
-    ])
+  "log_ratio, adv, clip_high, loss, grad",
+  [
+    (math.log(1.5), 1.0, 0.2, -1.2, 0.0),  # upper clip binds: no gradient
+    (math.log(1.5), -1.0, 0.2, 1.5, 1.5),  # negative advantage: unclipped, grad -r*A
+    (math.log(0.5), -1.0, 0.2, 0.8, 0.0),  # lower clip binds
+    (math.log(0.5), 1.0, 0.2, -0.5, -0.5),  # positive advantage: unclipped
+    (math.log(1.25), 1.0, 0.2, -1.2, 0.0),  # symmetric clip binds at 1.2 ...
+    (math.log(1.25), 1.0, 0.28, -1.25, -1.25),  # ... clip-higher 0.28 does not
+    (math.log(1.25), 2.0, 0.28, -2.5, -2.5),
+  ],
+)
 def test_ppo_hand_computed_single_token(log_ratio, adv, clip_high, loss, grad):
   old = np.array([[-1.0]], np.float32)
   logp = old + np.float32(log_ratio)
   out, num, den, _, g = ppo_value_and_grad(
-      logp, old, np.array([adv], np.float32), np.ones((1, 1), bool), clip_high=clip_high)
+    logp, old, np.array([adv], np.float32), np.ones((1, 1), bool), clip_high=clip_high
+  )
   assert float(den) == 1.0
   np.testing.assert_allclose(out, loss, rtol=1e-6)
   np.testing.assert_allclose(g[0, 0], grad, rtol=1e-6, atol=1e-7)
@@ -194,8 +240,7 @@ def test_ppo_metrics_match_numpy():
   a = np.broadcast_to(adv[:, None], mask.shape)
   n = mask.sum()
   np.testing.assert_allclose(metrics["clip_frac_low"], ((a < 0) & (r < 0.8) & mask).sum() / n)
-  np.testing.assert_allclose(metrics["clip_frac_high"],
-                             ((a > 0) & (r > 1.28) & mask).sum() / n)
+  np.testing.assert_allclose(metrics["clip_frac_high"], ((a > 0) & (r > 1.28) & mask).sum() / n)
   np.testing.assert_allclose(metrics["ratio_mean"], r[mask].mean(), rtol=1e-5)
   assert float(metrics["n_tokens"]) == n
   assert float(metrics["dual_clip_frac"]) == 0.0
@@ -225,8 +270,9 @@ def test_micro_batches_aggregate_exactly(aggregation, max_tokens):
   adv = np.array([1.5, -2.0, 0.7, 0.3], np.float32)
   kw = dict(aggregation=aggregation, max_tokens=max_tokens, dual_clip=3.0)
   full, _, _, _, _ = ppo_value_and_grad(logp, old, adv, mask, **kw)
-  parts = [ppo_value_and_grad(logp[s], old[s], adv[s], mask[s], **kw)
-           for s in (slice(0, 2), slice(2, 4))]
+  parts = [
+    ppo_value_and_grad(logp[s], old[s], adv[s], mask[s], **kw) for s in (slice(0, 2), slice(2, 4))
+  ]
   num = sum(float(p[1]) for p in parts)
   den = sum(float(p[2]) for p in parts)
   np.testing.assert_allclose(num / den, full, rtol=1e-6)
@@ -245,7 +291,8 @@ def test_masked_garbage_never_leaks_but_real_nan_shows():
   w = np.where(mask, 1.0, np.inf).astype(np.float32)
   for aggregation in AGGS:
     loss, _, _, metrics, g = ppo_value_and_grad(
-        bad_logp, bad_old, adv, mask, w, aggregation=aggregation)
+      bad_logp, bad_old, adv, mask, w, aggregation=aggregation
+    )
     assert np.isfinite(float(loss)) and np.all(np.isfinite(g))
     assert all(np.isfinite(float(v)) for v in metrics.values())
   bad_logp[0, 0] = np.nan
@@ -258,7 +305,8 @@ def test_all_masked_batch_gives_zero_loss_and_zero_den():
   mask = np.zeros(logp.shape, bool)
   for aggregation in ("token", "seq_mean_token_mean"):
     loss, num, den, _, g = ppo_value_and_grad(
-        logp, old, np.ones(4, np.float32), mask, aggregation=aggregation)
+      logp, old, np.ones(4, np.float32), mask, aggregation=aggregation
+    )
     assert float(num) == 0.0 and float(den) == 0.0 and float(loss) == 0.0
     assert np.all(np.asarray(g) == 0)
 
@@ -277,13 +325,15 @@ def test_property_random_batches_match_numpy_and_split(seed, aggregation):
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g, ref_g, rtol=1e-4, atol=1e-6)
   assert float(den) == ref_den
-  halves = [ppo_value_and_grad(logp[s], old[s], adv[s], mask[s], **kw)
-            for s in (slice(0, 2), slice(2, 4))]
+  halves = [
+    ppo_value_and_grad(logp[s], old[s], adv[s], mask[s], **kw) for s in (slice(0, 2), slice(2, 4))
+  ]
   np.testing.assert_allclose(sum(float(h[1]) for h in halves), num, rtol=1e-5, atol=1e-6)
   assert sum(float(h[2]) for h in halves) == float(den)
 
 
 # ---------------------------------------------------------------- aggregate
+
 
 def test_aggregate_hand_values():
   x = np.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]], np.float32)
@@ -310,6 +360,7 @@ def test_unknown_names_raise_with_accepted_list():
 
 
 # ---------------------------------------------------------------- KL penalty
+
 
 def np_kl(logp, ref, mask, estimator, clamp=20.0):
   """(per-token kl, d kl / d logp) in float64."""
@@ -366,6 +417,7 @@ def test_kl_and_entropy_aggregate_like_the_loss(aggregation):
 
 
 # ---------------------------------------------------------------- overlong / truncation
+
 
 def test_overlong_penalty_hand_values():
   lengths = np.array([0, 50, 80, 81, 90, 100, 101, 4000])

@@ -8,8 +8,14 @@ import pytest
 
 from jetrl.config import ConfigError
 from jetrl.precision import get_recipe
-from jetrl.rl import (OptimizerConfig, UpdateConfig, init_train_state, make_train_batch,
-                      policy_logprobs, update_step)
+from jetrl.rl import (
+  OptimizerConfig,
+  UpdateConfig,
+  init_train_state,
+  make_train_batch,
+  policy_logprobs,
+  update_step,
+)
 from jetrl.rl.update import StepSpec, accumulate, pre_update
 from jetrl.sampling import SamplingConfig, sample
 
@@ -22,19 +28,28 @@ def setup(tiny_model):
   sc = SamplingConfig(max_new_tokens=12, temperature=1.0, n=2, stop_ids=(3,))
   out = sample(params, cfg, PROMPTS, jax.random.PRNGKey(1), sc, get_recipe("bf16").rollout)
   adv = np.array([1.0, -1.0] * 4, np.float32)
-  batch = make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
-                           out.logprobs, adv)
+  batch = make_train_batch(
+    out.prompt_tokens, out.prompt_mask, out.tokens, out.mask, out.logprobs, adv
+  )
   return cfg, params, batch
 
 
 def step(state, batch, key, ucfg, lr, precision, model_config):
-  return update_step(state, batch, key, model_config=model_config, cfg=ucfg,
-                     optimizer=OptimizerConfig(lr=lr), precision=precision)
+  return update_step(
+    state,
+    batch,
+    key,
+    model_config=model_config,
+    cfg=ucfg,
+    optimizer=OptimizerConfig(lr=lr),
+    precision=precision,
+  )
 
 
 def seq_logprob(params, cfg, batch, precision):
   lp, _ = jax.jit(policy_logprobs, static_argnames=("model_config", "precision"))(
-      params, model_config=cfg, batch=batch, precision=precision)
+    params, model_config=cfg, batch=batch, precision=precision
+  )
   return np.asarray((lp * batch.mask).sum(1))
 
 
@@ -56,20 +71,25 @@ def test_ratio_is_one_at_first_minibatch_and_loss_matches_numpy(setup):
   assert "kl" not in m  # no reference policy (kl_coef = 0): no KL to report
 
 
-def np_policy_gradient(lp_new, lp_old_pre, lp_rollout, adv, mask, *, old_logp, is_method,
-                       cap, clip_low, clip_high):
+def np_policy_gradient(
+  lp_new, lp_old_pre, lp_rollout, adv, mask, *, old_logp, is_method, cap, clip_low, clip_high
+):
   """d loss / d log pi_theta per token, in float64, from the definitions:
   r = pi_theta / pi_old (pi_old: the pre-update forward, or the rollout with old_logp="rollout"),
   w = min(pi_old / pi_rollout, C) (tis) or 1[1/C <= pi_old / pi_rollout <= C] (mis), a constant;
   l = -w min(r A, clip(r) A), averaged over each row's tokens, then over rows (GRPO)."""
-  lp_new, lp_old_pre, lp_rollout = (np.asarray(a, np.float64) for a in
-                                    (lp_new, lp_old_pre, lp_rollout))
+  lp_new, lp_old_pre, lp_rollout = (
+    np.asarray(a, np.float64) for a in (lp_new, lp_old_pre, lp_rollout)
+  )
   old = lp_old_pre if old_logp == "recompute" else lp_rollout
   r = np.exp(lp_new - old)
   a = np.asarray(adv, np.float64)[:, None] * np.ones_like(r)
   rho = np.exp(lp_old_pre - lp_rollout)
-  w = {"none": np.ones_like(r), "tis": np.minimum(rho, cap),
-       "mis": ((rho >= 1 / cap) & (rho <= cap)).astype(np.float64)}[is_method]
+  w = {
+    "none": np.ones_like(r),
+    "tis": np.minimum(rho, cap),
+    "mis": ((rho >= 1 / cap) & (rho <= cap)).astype(np.float64),
+  }[is_method]
   # The unclipped term r A is the minimum (and carries the gradient r A) unless the clip binds.
   binds = ((a > 0) & (r > 1 + clip_high)) | ((a < 0) & (r < 1 - clip_low))
   dl = np.where(binds, 0.0, -w * r * a)
@@ -96,22 +116,41 @@ def test_loss_gradient_matches_hand_derivation(setup):
   # The policy has moved since the rollout (a later minibatch): ratios pi_theta / pi_old != 1.
   keys = iter(jax.random.split(jax.random.PRNGKey(3), 64))
   moved = jax.tree_util.tree_map(
-      lambda x: x + 0.2 * jnp.std(x) * jax.random.normal(next(keys), x.shape), params)
+    lambda x: x + 0.2 * jnp.std(x) * jax.random.normal(next(keys), x.shape), params
+  )
   lp_new, vjp = jax.vjp(lp, moved)
   mask = np.asarray(batch.mask).astype(bool)
   flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
   for old_logp, is_method in (("recompute", "tis"), ("recompute", "mis"), ("rollout", "none")):
     ucfg = UpdateConfig(loss="grpo", old_logp=old_logp, is_method=is_method, is_cap=1.5)
-    spec = StepSpec(model_config=cfg, cfg=ucfg, precision=prec, temperature=1.0, remat=False,
-                    max_tokens=batch.targets.shape[1])
+    spec = StepSpec(
+      model_config=cfg,
+      cfg=ucfg,
+      precision=prec,
+      temperature=1.0,
+      remat=False,
+      max_tokens=batch.targets.shape[1],
+    )
     extra, _, _ = pre_update(init_train_state(params, ucfg), batch, spec, (0,))
     np.testing.assert_allclose(  # the same forward, compiled in another program: to rounding
-        np.asarray(extra["old_logp"]), pre if old_logp == "recompute" else pre - shift,
-        rtol=1e-6, atol=1e-6)
+      np.asarray(extra["old_logp"]),
+      pre if old_logp == "recompute" else pre - shift,
+      rtol=1e-6,
+      atol=1e-6,
+    )
     grads, _, _ = accumulate(moved, batch, extra, spec)
     g, clip_frac, w = np_policy_gradient(
-        lp_new, pre, pre - shift, batch.advantages, batch.mask, old_logp=old_logp,
-        is_method=is_method, cap=1.5, clip_low=0.2, clip_high=0.2)
+      lp_new,
+      pre,
+      pre - shift,
+      batch.advantages,
+      batch.mask,
+      old_logp=old_logp,
+      is_method=is_method,
+      cap=1.5,
+      clip_low=0.2,
+      clip_high=0.2,
+    )
     np.testing.assert_allclose(np.asarray(extra["is_w"])[mask], w[mask], rtol=1e-6)
     assert 0 < clip_frac < 0.9, clip_frac  # both branches of the clipped objective are exercised
     if is_method == "tis":
@@ -122,8 +161,9 @@ def test_loss_gradient_matches_hand_derivation(setup):
     got, want = flat(grads), flat(ref)
     scale = np.abs(want).max()
     assert scale > 0
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale,
-                               err_msg=f"{old_logp}, {is_method}")
+    np.testing.assert_allclose(
+      got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{old_logp}, {is_method}"
+    )
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "jet"])
@@ -157,8 +197,9 @@ def test_nan_batch_is_skipped_counted_and_params_stay_finite(setup):
   # A batch that is all NaN leaves params exactly as they were.
   state2 = init_train_state(before, ucfg)
   allbad = batch._replace(advantages=jnp.full_like(batch.advantages, jnp.nan))
-  state2, m2 = step(state2, allbad, jax.random.PRNGKey(0), ucfg, 3e-3,
-                    get_recipe("bf16").train, cfg)
+  state2, m2 = step(
+    state2, allbad, jax.random.PRNGKey(0), ucfg, 3e-3, get_recipe("bf16").train, cfg
+  )
   assert int(state2.skipped) == 2 and int(state2.step) == 0
   for a, b in zip(jax.tree_util.tree_leaves(state2.params), jax.tree_util.tree_leaves(before)):
     np.testing.assert_array_equal(np.asarray(a), b)
@@ -171,12 +212,21 @@ def test_update_with_finite_gradients_but_nan_result_is_skipped(setup):
   state = init_train_state(params, ucfg)
   before = jax.tree_util.tree_map(np.asarray, state.params)
   paths = jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
-  target = next(path for path, leaf in paths if "mu" in jax.tree_util.keystr(path)
-                and leaf.ndim == 2)
+  target = next(
+    path for path, leaf in paths if "mu" in jax.tree_util.keystr(path) and leaf.ndim == 2
+  )
   poisoned = jax.tree_util.tree_map_with_path(
-      lambda path, x: x.at[0, 0].set(jnp.nan) if path == target else x, state.opt_state)
-  state, m = step(state._replace(opt_state=poisoned), batch, jax.random.PRNGKey(0), ucfg, 3e-3,
-                  get_recipe("bf16").train, cfg)
+    lambda path, x: x.at[0, 0].set(jnp.nan) if path == target else x, state.opt_state
+  )
+  state, m = step(
+    state._replace(opt_state=poisoned),
+    batch,
+    jax.random.PRNGKey(0),
+    ucfg,
+    3e-3,
+    get_recipe("bf16").train,
+    cfg,
+  )
   assert int(state.skipped) == 2 and int(state.step) == 0 and float(m["skipped_updates"]) == 2
   for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(before)):
     np.testing.assert_array_equal(np.asarray(a), b)
@@ -215,8 +265,11 @@ def test_config_errors(setup):
     UpdateConfig(old_logp="ref")
   assert UpdateConfig().old_logp == "recompute"
   for method in ("tis", "mis", "seq_tis", "seq_mis"):
-    with pytest.raises(ConfigError, match=r"old_logp: 'rollout' cannot be combined with "
-                       rf"is_method='{method}'.*a second time"):
+    with pytest.raises(
+      ConfigError,
+      match=r"old_logp: 'rollout' cannot be combined with "
+      rf"is_method='{method}'.*a second time",
+    ):
       UpdateConfig(old_logp="rollout", is_method=method)
   UpdateConfig(old_logp="rollout")  # without a correction: the rollout as the old policy
   for field in ("kl_coef", "clip_high", "is_cap"):
@@ -232,8 +285,21 @@ def test_config_errors(setup):
   cfg, params, batch = setup
   ucfg = UpdateConfig(minibatches=3)
   with pytest.raises(ValueError, match="does not split"):
-    update_step(init_train_state(params, ucfg), batch, jax.random.PRNGKey(0), model_config=cfg,
-                cfg=ucfg, precision=None)
+    update_step(
+      init_train_state(params, ucfg),
+      batch,
+      jax.random.PRNGKey(0),
+      model_config=cfg,
+      cfg=ucfg,
+      precision=None,
+    )
   with pytest.raises(ValueError, match="temperature must be > 0"):
-    update_step(init_train_state(params), batch, jax.random.PRNGKey(0), model_config=cfg,
-                cfg=UpdateConfig(), precision=None, temperature=0.0)
+    update_step(
+      init_train_state(params),
+      batch,
+      jax.random.PRNGKey(0),
+      model_config=cfg,
+      cfg=UpdateConfig(),
+      precision=None,
+      temperature=0.0,
+    )

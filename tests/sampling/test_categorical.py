@@ -19,8 +19,9 @@ def _softmax64(logits):
 
 @pytest.fixture(scope="module")
 def draw():
-  fn = jax.jit(lambda key, logits: sample_categorical(key, jnp.broadcast_to(logits, (DRAWS,) +
-                                                                            logits.shape)))
+  fn = jax.jit(
+    lambda key, logits: sample_categorical(key, jnp.broadcast_to(logits, (DRAWS,) + logits.shape))
+  )
   return lambda logits, seed=0: np.asarray(fn(jax.random.PRNGKey(seed), jnp.asarray(logits)))
 
 
@@ -88,6 +89,7 @@ def test_rounding_at_the_top_never_picks_padding():
   # If u * total rounds up to total, no running sum exceeds it; the pick falls back on the
   # last entry that has mass, never on trailing zero-mass padding.
   from jetrl.sampling.categorical import _pick
+
   mass = jnp.array([[0.2, 0.3, 0.5, 0.0, 0.0], [0.0, 0.7, 0.0, 0.3, 0.0]])
   cum = jnp.cumsum(mass, axis=-1)
   np.testing.assert_array_equal(_pick(cum, mass, jnp.ones((2, 1))), [2, 3])

@@ -18,8 +18,16 @@ import pytest
 from jetrl.data import char_tokenizer, get_task
 from jetrl.models import token_logprobs
 from jetrl.precision import get_recipe
-from jetrl.rl import (OptimizerConfig, UpdateConfig, group_advantages, init_train_state, make_train_batch,
-                      make_optimizer, policy_logprobs, update_step)
+from jetrl.rl import (
+  OptimizerConfig,
+  UpdateConfig,
+  group_advantages,
+  init_train_state,
+  make_train_batch,
+  make_optimizer,
+  policy_logprobs,
+  update_step,
+)
 from jetrl.sampling import SamplingConfig, sample
 from jetrl.train import setup
 from jetrl.train.config import ModelSpec
@@ -33,10 +41,12 @@ MAX_NEW = 40
 WIDTH = 63  # inputs of a re-padded row: any prompt + completion here fits
 # A: 4 prompts x 2 samples, temperature 0.8. B: 8 prompts of 5, 7 and 9 tokens x 1 sample,
 # greedy. Both 8 rows of prompt width 16 (one compiled training forward for both).
-SC_A = SamplingConfig(max_new_tokens=MAX_NEW, temperature=0.8, n=2, stop_ids=(IDS.eos,),
-                      pad_id=IDS.pad, prompt_len=16)
-SC_B = SamplingConfig(max_new_tokens=MAX_NEW, temperature=0.0, n=1, stop_ids=(IDS.eos,),
-                      pad_id=IDS.pad, prompt_len=16)
+SC_A = SamplingConfig(
+  max_new_tokens=MAX_NEW, temperature=0.8, n=2, stop_ids=(IDS.eos,), pad_id=IDS.pad, prompt_len=16
+)
+SC_B = SamplingConfig(
+  max_new_tokens=MAX_NEW, temperature=0.0, n=1, stop_ids=(IDS.eos,), pad_id=IDS.pad, prompt_len=16
+)
 
 # Temperature is traced: one compiled training forward serves every temperature.
 _lp = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "chunk_size"))
@@ -48,8 +58,10 @@ def _prompts(which):
     return TASK.batch("train", 0, 4)
   if which == "C":  # 12 x 2 = 24 rows: 24 x 56 tokens x 4 heads >= 4096 query norms
     return TASK.batch("train", 4, 12)
-  return [get_task("addition", difficulty=1, length=n, seed=0).batch("test", i, 1)[0]
-          for i, n in enumerate((1, 3, 2, 3, 1, 2, 2, 3))]
+  return [
+    get_task("addition", difficulty=1, length=n, seed=0).batch("test", i, 1)[0]
+    for i, n in enumerate((1, 3, 2, 3, 1, 2, 2, 3))
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +80,15 @@ def sft_params(model):
   state, losses = make_optimizer(opt, 30).init(params), []
   for step in range(30):
     batch = _solution_batch(TOK, TASK.batch("train", 100 + 16 * step, 16), 16, MAX_NEW)
-    params, state, loss, _, ok, _ = sft_step(params, state, batch, model_config=cfg,
-                                             precision=get_recipe("bf16").train, optimizer=opt,
-                                             total_steps=30)
+    params, state, loss, _, ok, _ = sft_step(
+      params,
+      state,
+      batch,
+      model_config=cfg,
+      precision=get_recipe("bf16").train,
+      optimizer=opt,
+      total_steps=30,
+    )
     assert bool(ok)
     losses.append(float(loss))
   assert losses[-1] < 0.5 * losses[0], losses
@@ -86,16 +104,28 @@ def _rollout(cfg, params, which, recipe, seed=0):
 
 
 def _batch(out, adv=None):
-  return make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
-                          out.logprobs, np.zeros(len(out.tokens)) if adv is None else adv)
+  return make_train_batch(
+    out.prompt_tokens,
+    out.prompt_mask,
+    out.tokens,
+    out.mask,
+    out.logprobs,
+    np.zeros(len(out.tokens)) if adv is None else adv,
+  )
 
 
 def _diffs(cfg, params, out, temperature, recipe):
   """max |rollout - training forward| over the generated tokens: on the whole batch (chunks
   of 16 positions), and each row alone, shifted right by a random padding, one 64 chunk."""
   m = out.mask
-  lp, _ = _lp(params, model_config=cfg, batch=_batch(out), precision=recipe.train,
-              temperature=temperature, chunk_size=16)
+  lp, _ = _lp(
+    params,
+    model_config=cfg,
+    batch=_batch(out),
+    precision=recipe.train,
+    temperature=temperature,
+    chunk_size=16,
+  )
   whole = np.abs(np.asarray(lp) - out.logprobs)[m].max()
   rng = np.random.default_rng(0)
   alone = 0.0
@@ -104,22 +134,29 @@ def _diffs(cfg, params, out, temperature, recipe):
     seq = np.concatenate([out.prompt_tokens[r][out.prompt_mask[r]], out.tokens[r, :n]])
     pad = int(rng.integers(0, WIDTH + 1 - len(seq) + 1))
     row = np.full(WIDTH + 1, IDS.pad, np.int32)
-    row[pad:pad + len(seq)] = seq
+    row[pad : pad + len(seq)] = seq
     mask = np.zeros(WIDTH + 1, bool)
-    mask[pad:pad + len(seq)] = True
+    mask[pad : pad + len(seq)] = True
     pos = np.maximum(np.cumsum(mask) - 1, 0)
-    lp1, _ = _lp_row(params, cfg, row[None, :-1], row[None, 1:], precision=recipe.train,
-                     positions=pos[None, :-1], attention_mask=mask[None, :-1],
-                     temperature=temperature, chunk_size=64)
-    got = np.asarray(lp1)[0, pad + len(seq) - n - 1:pad + len(seq) - 1]
+    lp1, _ = _lp_row(
+      params,
+      cfg,
+      row[None, :-1],
+      row[None, 1:],
+      precision=recipe.train,
+      positions=pos[None, :-1],
+      attention_mask=mask[None, :-1],
+      temperature=temperature,
+      chunk_size=64,
+    )
+    got = np.asarray(lp1)[0, pad + len(seq) - n - 1 : pad + len(seq) - 1]
     alone = max(alone, float(np.abs(got - out.logprobs[r, :n]).max()))
   return float(whole), alone
 
 
 @pytest.mark.parametrize("which", ["A", "B"])
 @pytest.mark.parametrize("trained", [False, True], ids=["random", "sft"])
-def test_rollout_logprobs_equal_the_training_forward_bitwise(model, sft_params, which,
-                                                            trained):
+def test_rollout_logprobs_equal_the_training_forward_bitwise(model, sft_params, which, trained):
   cfg, params = model
   params = sft_params if trained else params
   _, sc, out = _rollout(cfg, params, which, EXACT)
@@ -132,6 +169,7 @@ def test_decode_in_segments_changes_no_bit(model, monkeypatch):
   """A long budget decodes in segments whose attention reads only the cache's filled part
   (`decode_segments`); forced here at 40 tokens: the same rollout, bit for bit."""
   from jetrl.sampling import sampler
+
   cfg, params = model
   _, _, whole = _rollout(cfg, params, "A", EXACT)
   monkeypatch.setattr(sampler, "SEGMENT_MIN_TOKENS", 8)
@@ -140,8 +178,14 @@ def test_decode_in_segments_changes_no_bit(model, monkeypatch):
   assert parts.mask.sum() >= 40 and parts.lengths.max() > 20  # reaches the last segment
   for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(parts)):
     np.testing.assert_array_equal(a, b)
-  lp, _ = _lp(params, model_config=cfg, batch=_batch(parts), precision=EXACT.train,
-              temperature=np.float32(sc.temperature), chunk_size=16)
+  lp, _ = _lp(
+    params,
+    model_config=cfg,
+    batch=_batch(parts),
+    precision=EXACT.train,
+    temperature=np.float32(sc.temperature),
+    chunk_size=16,
+  )
   assert np.abs(np.asarray(lp) - parts.logprobs)[parts.mask].max() == 0.0
 
 
@@ -160,8 +204,14 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise_in_a_large_batch(mo
 def test_jet_is_close_but_not_bitwise(model):
   cfg, params = model
   _, sc, out = _rollout(cfg, params, "A", JET)
-  lp, _ = _lp(params, model_config=cfg, batch=_batch(out), precision=JET.train,
-              temperature=np.float32(sc.temperature), chunk_size=16)
+  lp, _ = _lp(
+    params,
+    model_config=cfg,
+    batch=_batch(out),
+    precision=JET.train,
+    temperature=np.float32(sc.temperature),
+    chunk_size=16,
+  )
   d = np.abs(np.asarray(lp) - out.logprobs)[out.mask]
   print(f"jet: max |dlogp| {d.max():.3g}, mean {d.mean():.3g} over {d.size} tokens")
   assert 0.0 < d.max() < 1.0 and d.mean() < 0.05
@@ -181,9 +231,17 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
     problems, sc, out = _rollout(cfg, state.params, "A", EXACT, seed=step)
     _, rewards = setup.completions_and_rewards(TASK, TOK, problems, out, sc.n)
     adv = group_advantages(jnp.asarray(rewards) + 0.1 * np.arange(len(rewards)), sc.n)
-    state, m = update_step(state, _batch(out, adv), jax.random.PRNGKey(step), model_config=cfg,
-                           cfg=ucfg, optimizer=opt, total_steps=3, precision=EXACT.train,
-                           temperature=SC_A.temperature)
+    state, m = update_step(
+      state,
+      _batch(out, adv),
+      jax.random.PRNGKey(step),
+      model_config=cfg,
+      cfg=ucfg,
+      optimizer=opt,
+      total_steps=3,
+      precision=EXACT.train,
+      temperature=SC_A.temperature,
+    )
     agree = {k: float(v) for k, v in m.items() if k.startswith("agree/") and np.ndim(v) == 0}
     assert agree["agree/n_tokens"] > 20, agree
     assert agree["agree/abs_diff_max"] == 0.0 and agree["agree/abs_diff_mean"] == 0.0, agree

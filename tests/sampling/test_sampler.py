@@ -25,12 +25,25 @@ def model():
 
 
 def _train_logprobs(cfg, params, out, precision, temperature):
-  batch = make_train_batch(out.prompt_tokens, out.prompt_mask, out.tokens, out.mask,
-                           out.logprobs, jnp.zeros(out.tokens.shape[0]))
-  fn = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "temperature",
-                                                 "chunk_size"))
-  lp, _ = fn(params, model_config=cfg, batch=batch, precision=precision, temperature=temperature,
-             chunk_size=16)
+  batch = make_train_batch(
+    out.prompt_tokens,
+    out.prompt_mask,
+    out.tokens,
+    out.mask,
+    out.logprobs,
+    jnp.zeros(out.tokens.shape[0]),
+  )
+  fn = jax.jit(
+    policy_logprobs, static_argnames=("model_config", "precision", "temperature", "chunk_size")
+  )
+  lp, _ = fn(
+    params,
+    model_config=cfg,
+    batch=batch,
+    precision=precision,
+    temperature=temperature,
+    chunk_size=16,
+  )
   return np.asarray(lp)
 
 
@@ -42,7 +55,7 @@ def test_greedy_equals_teacher_forced_argmax(model):
     n = int(out.lengths[i])
     seq = np.concatenate([p, np.asarray(out.tokens[i, :n])])
     logits = forward(params, cfg, jnp.asarray(seq[None]), precision=get_recipe("fp32").train)
-    expected = np.asarray(jnp.argmax(logits[0, len(p) - 1:len(p) - 1 + n], axis=-1))
+    expected = np.asarray(jnp.argmax(logits[0, len(p) - 1 : len(p) - 1 + n], axis=-1))
     np.testing.assert_array_equal(np.asarray(out.tokens[i, :n]), expected)
 
 
@@ -57,8 +70,12 @@ def test_fp32_logprobs_equal_full_forward(model):
   np.testing.assert_allclose(np.asarray(out.logprobs)[m], lp[m], atol=1e-5)
   # Hand check of one token: log softmax(logits / T) from the plain forward.
   seq = np.concatenate([PROMPTS[0], np.asarray(out.tokens[0, :1])])
-  logits = np.asarray(forward(params, cfg, jnp.asarray(seq[None]), precision=prec.train),
-                      np.float64)[0, len(PROMPTS[0]) - 1] / 0.7
+  logits = (
+    np.asarray(forward(params, cfg, jnp.asarray(seq[None]), precision=prec.train), np.float64)[
+      0, len(PROMPTS[0]) - 1
+    ]
+    / 0.7
+  )
   ref = logits[seq[-1]] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
   assert abs(float(out.logprobs[0, 0]) - ref) < 1e-5
 
@@ -81,21 +98,27 @@ def test_agreement_orders_jet_below_fp8_rollout(model):
 
 def test_stop_tokens_mask_and_reason(model):
   cfg, params = model
-  out0 = sample(params, cfg, PROMPTS, jax.random.PRNGKey(3),
-                SamplingConfig(max_new_tokens=16, temperature=1.0, n=2), None)
+  out0 = sample(
+    params,
+    cfg,
+    PROMPTS,
+    jax.random.PRNGKey(3),
+    SamplingConfig(max_new_tokens=16, temperature=1.0, n=2),
+    None,
+  )
   # Make the 3rd generated token of row 0 a stop token: that row must stop there.
   stop = int(out0.tokens[0, 2])
   sc = SamplingConfig(max_new_tokens=16, temperature=1.0, n=2, stop_ids=(stop,), pad_id=0)
   out = sample(params, cfg, PROMPTS, jax.random.PRNGKey(3), sc, None)
   toks, mask, lens = np.asarray(out.tokens), np.asarray(out.mask), np.asarray(out.lengths)
   for i in range(toks.shape[0]):
-    hits = np.nonzero(toks[i, :lens[i]] == stop)[0]
+    hits = np.nonzero(toks[i, : lens[i]] == stop)[0]
     if hits.size:
       assert hits[0] == lens[i] - 1 and out.stop_reason[i] == STOP_TOKEN
     else:
       assert lens[i] == 16 and out.stop_reason[i] == STOP_LENGTH
-    assert mask[i, :lens[i]].all() and not mask[i, lens[i]:].any()
-    assert (toks[i, lens[i]:] == 0).all() and (np.asarray(out.logprobs)[i, lens[i]:] == 0).all()
+    assert mask[i, : lens[i]].all() and not mask[i, lens[i] :].any()
+    assert (toks[i, lens[i] :] == 0).all() and (np.asarray(out.logprobs)[i, lens[i] :] == 0).all()
   assert lens[0] <= 3 and out.stop_reason[0] == STOP_TOKEN
 
 
@@ -109,10 +132,14 @@ def test_same_seed_same_samples_and_topk1_is_greedy(model):
   assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()
   # The n samples of one prompt share the prefill but are drawn independently.
   assert (np.asarray(a.tokens[0]) != np.asarray(a.tokens[1])).any()
-  g = sample(params, cfg, PROMPTS, jax.random.PRNGKey(0), dataclasses.replace(sc, temperature=0.0), None)
+  g = sample(
+    params, cfg, PROMPTS, jax.random.PRNGKey(0), dataclasses.replace(sc, temperature=0.0), None
+  )
   k1 = sample(params, cfg, PROMPTS, jax.random.PRNGKey(7), dataclasses.replace(sc, top_k=1), None)
   np.testing.assert_array_equal(np.asarray(g.tokens[::2]), np.asarray(k1.tokens[::2]))
-  p0 = sample(params, cfg, PROMPTS, jax.random.PRNGKey(7), dataclasses.replace(sc, top_p=1e-6), None)
+  p0 = sample(
+    params, cfg, PROMPTS, jax.random.PRNGKey(7), dataclasses.replace(sc, top_p=1e-6), None
+  )
   np.testing.assert_array_equal(np.asarray(g.tokens[::2]), np.asarray(p0.tokens[::2]))
 
 
@@ -123,12 +150,15 @@ def test_prompt_lengths_at_the_limits(model):
   out = sample(params, cfg, [[3], long], jax.random.PRNGKey(0), sc, None)
   assert out.tokens.shape == (2, 8) and int(out.lengths.min()) == 8
   logits = forward(params, cfg, jnp.asarray([long + list(np.asarray(out.tokens[1, :7]))]))
-  np.testing.assert_array_equal(np.asarray(out.tokens[1]),
-                                np.asarray(jnp.argmax(logits[0, 55:63], -1)))
+  np.testing.assert_array_equal(
+    np.asarray(out.tokens[1]), np.asarray(jnp.argmax(logits[0, 55:63], -1))
+  )
   with pytest.raises(ValueError, match="more than prompt_len"):
     sample(params, cfg, [long + [1]], jax.random.PRNGKey(0), sc, None)
   with pytest.raises(ValueError, match="max_seq_len"):
-    sample(params, cfg, [[1]], jax.random.PRNGKey(0), dataclasses.replace(sc, max_new_tokens=9), None)
+    sample(
+      params, cfg, [[1]], jax.random.PRNGKey(0), dataclasses.replace(sc, max_new_tokens=9), None
+    )
   with pytest.raises(ValueError, match="empty"):
     sample(params, cfg, [[1], []], jax.random.PRNGKey(0), sc, None)
   with pytest.raises(ValueError, match="outside"):

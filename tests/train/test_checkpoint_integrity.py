@@ -15,9 +15,12 @@ from jetrl.train.checksum import mismatches, non_finite, tree_checksums
 
 
 def small_tree(offset=0.0):
-  return {"w": jnp.arange(20000, dtype=jnp.float32).reshape(100, 200) / 7 + offset,
-          "b": (jnp.arange(64, dtype=jnp.float32) + offset).astype(jnp.bfloat16),
-          "count": jnp.int32(3), "flag": jnp.array([True, False])}
+  return {
+    "w": jnp.arange(20000, dtype=jnp.float32).reshape(100, 200) / 7 + offset,
+    "b": (jnp.arange(64, dtype=jnp.float32) + offset).astype(jnp.bfloat16),
+    "count": jnp.int32(3),
+    "flag": jnp.array([True, False]),
+  }
 
 
 def test_one_flipped_bit_in_any_leaf_is_found():
@@ -44,8 +47,9 @@ def test_non_finite_names_the_leaf():
 
 def _flip_data_bytes(step_dir):
   """Flips bits in the middle of the largest array file, as disk damage would."""
-  files = sorted(glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True),
-                 key=os.path.getsize)
+  files = sorted(
+    glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True), key=os.path.getsize
+  )
   data = bytearray(open(files[-1], "rb").read())
   for k in range(len(data) // 2, len(data) // 2 + 8):
     data[k] ^= 0x10
@@ -58,9 +62,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_intact_one(tmp_path):
   for step in (1, 2, 3):
     ck.save(step, small_tree(step), {"step": step})
   ck.close()
-  _flip_data_bytes(tmp_path / "checkpoints" / "3")               # values silently changed
+  _flip_data_bytes(tmp_path / "checkpoints" / "3")  # values silently changed
   with open(tmp_path / "checkpoints" / "2" / "meta" / "metadata", "w") as f:
-    f.write('{"step": 2, "chec')                                  # a torn metadata file
+    f.write('{"step": 2, "chec')  # a torn metadata file
   ck = Checkpointer(str(tmp_path), keep=3)
   logs = []
   with warnings.catch_warnings(record=True) as caught:
@@ -69,8 +73,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_intact_one(tmp_path):
   assert meta["step"] == 1
   np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(small_tree(1)["w"]))
   messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-  assert any("checkpoints/3 is damaged" in m and "do not match their checksums" in m
-             for m in messages), messages
+  assert any(
+    "checkpoints/3 is damaged" in m and "do not match their checksums" in m for m in messages
+  ), messages
   assert any("checkpoints/2 is damaged" in m and "metadata" in m for m in messages), messages
   assert ck.steps() == [1] and len(os.listdir(tmp_path / DAMAGED_DIR)) == 2
   ck.save(2, small_tree(2), {"step": 2})  # the step numbers are free again
@@ -94,7 +99,10 @@ def test_non_finite_state_is_never_saved(tmp_path):
   ck = Checkpointer(str(tmp_path))
   bad = small_tree()
   bad["w"] = bad["w"].at[0, 0].set(jnp.nan)
-  with pytest.raises(ValueError, match=r"refusing to save checkpoint 1: non-finite values in "
-                                       r"\[\"\['w'\]\"\]"):
+  with pytest.raises(
+    ValueError,
+    match=r"refusing to save checkpoint 1: non-finite values in "
+    r"\[\"\['w'\]\"\]",
+  ):
     ck.save(1, bad, {"step": 1})
   assert ck.latest_step() is None

@@ -23,12 +23,14 @@ time.sleep(120)
 
 
 def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
-  holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / LOCK_NAME)],
-                            stdout=subprocess.PIPE, text=True)
+  holder = subprocess.Popen(
+    [sys.executable, "-c", HOLD_LOCK, str(tmp_path / LOCK_NAME)], stdout=subprocess.PIPE, text=True
+  )
   try:
     assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(FlagError, match=f"--workdir: .* is in use by another run \\(pid "
-                                        f"{holder.pid} on somehost\\)"):
+    with pytest.raises(
+      FlagError, match=f"--workdir: .* is in use by another run \\(pid {holder.pid} on somehost\\)"
+    ):
       WorkdirLock(str(tmp_path))
   finally:
     holder.kill()
@@ -37,8 +39,9 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
   with WorkdirLock(str(tmp_path), log=logs.append):  # the kernel released the dead one's lock
     with pytest.raises(FlagError, match=f"pid {os.getpid()}"):
       WorkdirLock(str(tmp_path))  # also within one process
-  assert logs == [f"taking over the lock of pid {holder.pid} on somehost in {tmp_path} "
-                  "(no longer running)"]
+  assert logs == [
+    f"taking over the lock of pid {holder.pid} on somehost in {tmp_path} (no longer running)"
+  ]
   with WorkdirLock(str(tmp_path), log=logs.append):  # a clean release leaves nothing to take
     pass
   assert len(logs) == 1
@@ -56,14 +59,19 @@ def test_metrics_without_a_checkpoint_are_refused_unless_overwrite(tmp_path):
   (tmp_path / "summary.json").write_text("{}")
   before = (tmp_path / "metrics.jsonl").read_text()
   kw = dict(first_checkpoint=10, log=lambda *a: None)
-  with pytest.raises(FlagError, match=r"--workdir: .* holds metrics of an earlier run "
-                                      r"\(metrics\.jsonl \(steps 1\.\.30, 30 records\), "
-                                      r"eval\.jsonl .*pass --overwrite"):
-    start_fresh(str(tmp_path), ("metrics.jsonl", "eval.jsonl"), ("summary.json",),
-                overwrite=False, **kw)
+  with pytest.raises(
+    FlagError,
+    match=r"--workdir: .* holds metrics of an earlier run "
+    r"\(metrics\.jsonl \(steps 1\.\.30, 30 records\), "
+    r"eval\.jsonl .*pass --overwrite",
+  ):
+    start_fresh(
+      str(tmp_path), ("metrics.jsonl", "eval.jsonl"), ("summary.json",), overwrite=False, **kw
+    )
   assert (tmp_path / "metrics.jsonl").read_text() == before  # untouched
-  start_fresh(str(tmp_path), ("metrics.jsonl", "eval.jsonl"), ("summary.json",),
-              overwrite=True, **kw)
+  start_fresh(
+    str(tmp_path), ("metrics.jsonl", "eval.jsonl"), ("summary.json",), overwrite=True, **kw
+  )
   (moved,) = os.listdir(tmp_path / PREVIOUS_DIR)
   assert (tmp_path / PREVIOUS_DIR / moved / "metrics.jsonl").read_text() == before
   assert (tmp_path / PREVIOUS_DIR / moved / "summary.json").exists()
@@ -74,11 +82,20 @@ def test_lines_of_a_run_killed_before_its_first_checkpoint_are_moved_aside(tmp_p
   write_records(tmp_path / "metrics.jsonl", [1, 2, 3])
   write_records(tmp_path / "eval.jsonl", [0])
   logs = []
-  start_fresh(str(tmp_path), ("metrics.jsonl", "eval.jsonl"), (), first_checkpoint=3,
-              overwrite=False, log=logs.append)
+  start_fresh(
+    str(tmp_path),
+    ("metrics.jsonl", "eval.jsonl"),
+    (),
+    first_checkpoint=3,
+    overwrite=False,
+    log=logs.append,
+  )
   (moved,) = os.listdir(tmp_path / PREVIOUS_DIR)
-  assert [r["step"] for r in read_jsonl(tmp_path / PREVIOUS_DIR / moved / "metrics.jsonl")] == \
-      [1, 2, 3]
+  assert [r["step"] for r in read_jsonl(tmp_path / PREVIOUS_DIR / moved / "metrics.jsonl")] == [
+    1,
+    2,
+    3,
+  ]
   assert "no checkpoint was written" in logs[0]
   start_fresh(str(tmp_path), ("metrics.jsonl",), (), first_checkpoint=3, overwrite=False)
 

@@ -14,10 +14,16 @@ from jetrl.data.math500 import Math500
 from jetrl.data.math_equivalence import math_equal
 from jetrl.data.math_normalize import normalize_latex
 from jetrl.data.prompts import chat_prompt_ids
-from jetrl.data.registry import (SYNTHETIC_TASKS, TASKS, get_task, register_task, task_kwargs,
-                                 task_names, unregister_task)
-from jetrl.data.rewards import (gsm8k_format_reward, gsm8k_reward, math_format_reward,
-                                math_reward)
+from jetrl.data.registry import (
+  SYNTHETIC_TASKS,
+  TASKS,
+  get_task,
+  register_task,
+  task_kwargs,
+  task_names,
+  unregister_task,
+)
+from jetrl.data.rewards import gsm8k_format_reward, gsm8k_reward, math_format_reward, math_reward
 from jetrl.data.sorting import Sorting
 from jetrl.data.synthetic import SyntheticTask, final_answer
 from jetrl.data.task import SPLITS, Problem, Task, WithReward
@@ -25,11 +31,42 @@ from jetrl.data.tokenizer import ALPHABET, CharTokenizer, Tokenizer, char_tokeni
 from jetrl.data.user_reward import RewardError, UserReward, load_reward
 
 __all__ = [
-    "canonical_number", "extract_boxed", "gsm8k_answer", "Addition", "Multiplication", "GSM8K",
-    "DatasetTask", "load_source_splits", "Math500", "math_equal", "normalize_latex",
-    "SYNTHETIC_TASKS", "TASKS", "get_task", "task_kwargs", "gsm8k_format_reward",
-    "gsm8k_reward", "math_format_reward", "math_reward", "Sorting", "SyntheticTask",
-    "final_answer", "SPLITS", "Problem", "Task", "ALPHABET", "CharTokenizer", "char_tokenizer",
-    "Tokenizer", "stop_token_ids", "chat_prompt_ids", "register_task", "unregister_task",
-    "task_names", "WithReward", "RewardError", "UserReward", "load_reward",
+  "canonical_number",
+  "extract_boxed",
+  "gsm8k_answer",
+  "Addition",
+  "Multiplication",
+  "GSM8K",
+  "DatasetTask",
+  "load_source_splits",
+  "Math500",
+  "math_equal",
+  "normalize_latex",
+  "SYNTHETIC_TASKS",
+  "TASKS",
+  "get_task",
+  "task_kwargs",
+  "gsm8k_format_reward",
+  "gsm8k_reward",
+  "math_format_reward",
+  "math_reward",
+  "Sorting",
+  "SyntheticTask",
+  "final_answer",
+  "SPLITS",
+  "Problem",
+  "Task",
+  "ALPHABET",
+  "CharTokenizer",
+  "char_tokenizer",
+  "Tokenizer",
+  "stop_token_ids",
+  "chat_prompt_ids",
+  "register_task",
+  "unregister_task",
+  "task_names",
+  "WithReward",
+  "RewardError",
+  "UserReward",
+  "load_reward",
 ]

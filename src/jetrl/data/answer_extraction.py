@@ -15,9 +15,10 @@ MAX_NUMBER_CHARS = 100  # longer "numbers" are not answers (and would be costly 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _SIGNED = r"(?<![0-9A-Za-z)\]}])[-+]"  # a sign, unless it reads as a minus between two terms
 NUMBER = re.compile(
-    rf"(?:{_SIGNED}[ ]?)?(?:\\?\$[ ]?)?"  # optional sign, optional dollar sign
-    r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+|(?=\.[0-9]))"  # integer part, maybe with thousands commas
-    r"(?:\.[0-9]+)?")  # decimals
+  rf"(?:{_SIGNED}[ ]?)?(?:\\?\$[ ]?)?"  # optional sign, optional dollar sign
+  r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+|(?=\.[0-9]))"  # integer part, maybe with thousands commas
+  r"(?:\.[0-9]+)?"
+)  # decimals
 _HASH = re.compile(r"####[ \t]*")
 _CANONICAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
@@ -51,7 +52,7 @@ def extract_boxed(text: str) -> str | None:
       k += 1
     return text[j:k] or None
   k = match_brace(text, j)
-  return text[j + 1:k] if k >= 0 else None
+  return text[j + 1 : k] if k >= 0 else None
 
 
 def canonical_number(text: str) -> str | None:

@@ -30,7 +30,7 @@ from jetrl.data.synthetic import ANSWER_PREFIX, SyntheticTask
 
 def _digits(rng: random.Random, n: int) -> int:
   """A uniform random integer with exactly n digits."""
-  return rng.randrange(10 ** (n - 1) if n > 1 else 1, 10 ** n)
+  return rng.randrange(10 ** (n - 1) if n > 1 else 1, 10**n)
 
 
 class Addition(SyntheticTask):
@@ -44,7 +44,7 @@ class Addition(SyntheticTask):
     return tuple(_digits(rng, self.length) for _ in range(self.difficulty + 1))
 
   def _worst_case(self):
-    return (10 ** self.length - 1,) * (self.difficulty + 1)
+    return (10**self.length - 1,) * (self.difficulty + 1)
 
   def _solve(self, operands):
     texts = [str(x) for x in operands]
@@ -73,13 +73,13 @@ class Multiplication(SyntheticTask):
     return _digits(rng, self.difficulty), _digits(rng, self.length)
 
   def _worst_case(self):
-    return 10 ** self.difficulty - 1, 10 ** self.length - 1
+    return 10**self.difficulty - 1, 10**self.length - 1
 
   def _solve(self, operands):
     a, b = operands
     lines, total = [], 0
     for place, digit in enumerate(reversed(str(b))):
-      part = a * int(digit) * 10 ** place
+      part = a * int(digit) * 10**place
       total += part
       lines.append(f"{a}*{digit}{'0' * place}={part} {total}")
     answer = str(a * b)

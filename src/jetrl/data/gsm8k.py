@@ -56,7 +56,9 @@ class GSM8K(DatasetTask):
   def row_solution(self, row: dict) -> str:
     return strip_calculator_annotations(row["answer"]).strip()
 
-  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
-             answers: Sequence[str]) -> list[float]:
-    return gsm8k_reward(prompts, completions, answers, order=self.order,
-                        format_weight=self.format_weight)
+  def reward(
+    self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
+  ) -> list[float]:
+    return gsm8k_reward(
+      prompts, completions, answers, order=self.order, format_weight=self.format_weight
+    )

@@ -36,8 +36,9 @@ def read_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
     try:
       text_lines.append(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-      raise ValueError(f"{_where(path, n)}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
-                       f"column {e.start + 1})") from None
+      raise ValueError(
+        f"{_where(path, n)}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+      ) from None
   if path.endswith(".json") and data.lstrip()[:1] == b"[":
     return _array_rows(path, "\n".join(text_lines))
   rows = []
@@ -49,8 +50,7 @@ def read_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
     except json.JSONDecodeError as e:
       raise ValueError(f"{_where(path, n)}: invalid JSON ({e.msg}, column {e.colno})") from None
     if not isinstance(row, dict):
-      raise ValueError(f"{_where(path, n)}: a row must be a JSON object, got "
-                       f"{type(row).__name__}")
+      raise ValueError(f"{_where(path, n)}: a row must be a JSON object, got {type(row).__name__}")
     rows.append((_where(path, n), row))
   return rows
 
@@ -59,14 +59,16 @@ def _array_rows(path: str, text: str) -> list[tuple[str, dict]]:
   try:
     items = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{_where(path, e.lineno)}: invalid JSON ({e.msg}, column {e.colno})") \
-        from None
+    raise ValueError(
+      f"{_where(path, e.lineno)}: invalid JSON ({e.msg}, column {e.colno})"
+    ) from None
   if not items:
     raise ValueError(f"{path}: empty array (no rows)")
   rows = []
   for k, row in enumerate(items):
     if not isinstance(row, dict):
-      raise ValueError(f"{path}: item {k} of the array must be a JSON object, got "
-                       f"{type(row).__name__}")
+      raise ValueError(
+        f"{path}: item {k} of the array must be a JSON object, got {type(row).__name__}"
+      )
     rows.append((f"{path} item {k}", row))
   return rows

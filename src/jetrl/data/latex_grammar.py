@@ -31,35 +31,69 @@ it by file path without importing jetrl. See docs/reliability.md.
 import math
 import re
 
-MAX_CHARS = 400          # longer answers are not parsed
-MAX_DEPTH = 48           # nesting of groups, parentheses and operands
-MAX_DIGITS = 200         # digits in one number literal
-MAX_BITS = 100_000       # largest exact power / binomial result, in bits (~30,000 digits)
-MAX_EXPONENT = 10_000    # largest integer exponent of an irrational numeric base
-MAX_FACTORIAL = 2_000    # largest n for which n! is computed exactly
-MAX_ITEMS = 32           # items of a comma tuple
+MAX_CHARS = 400  # longer answers are not parsed
+MAX_DEPTH = 48  # nesting of groups, parentheses and operands
+MAX_DIGITS = 200  # digits in one number literal
+MAX_BITS = 100_000  # largest exact power / binomial result, in bits (~30,000 digits)
+MAX_EXPONENT = 10_000  # largest integer exponent of an irrational numeric base
+MAX_FACTORIAL = 2_000  # largest n for which n! is computed exactly
+MAX_ITEMS = 32  # items of a comma tuple
 
 FUNCTIONS = {
-    "sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
-    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
-    "tanh": "tanh", "log": "log", "ln": "log", "exp": "exp",
+  "sin": "sin",
+  "cos": "cos",
+  "tan": "tan",
+  "cot": "cot",
+  "sec": "sec",
+  "csc": "csc",
+  "arcsin": "asin",
+  "arccos": "acos",
+  "arctan": "atan",
+  "sinh": "sinh",
+  "cosh": "cosh",
+  "tanh": "tanh",
+  "log": "log",
+  "ln": "log",
+  "exp": "exp",
 }
 PLAIN_NAMES = ("sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi")  # without a backslash
-GREEK = frozenset("""
+GREEK = frozenset(
+  """
 alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi
 rho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi
-Omega""".split())
+Omega""".split()
+)
 TIMES = frozenset(("cdot", "times", "ast"))
-IGNORED = frozenset(("displaystyle", "textstyle", "left", "right", "mathrm", "mathbf",
-                     "mathit", "text", "rm", "quad", "qquad", ",", ";", ":", "!", " ", "%"))
+IGNORED = frozenset(
+  (
+    "displaystyle",
+    "textstyle",
+    "left",
+    "right",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "text",
+    "rm",
+    "quad",
+    "qquad",
+    ",",
+    ";",
+    ":",
+    "!",
+    " ",
+    "%",
+  )
+)
 FRACS = frozenset(("frac", "dfrac", "tfrac"))
 
 _TOKEN = re.compile(
-    r"(?P<space>\s+)"
-    r"|(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
-    r"|(?P<letter>[A-Za-z])"
-    r"|\\(?P<cmd>[A-Za-z]+|[,;:! %{}|])"
-    r"|(?P<op>[-+*/^_()\[\]{}!,=%])")
+  r"(?P<space>\s+)"
+  r"|(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
+  r"|(?P<letter>[A-Za-z])"
+  r"|\\(?P<cmd>[A-Za-z]+|[,;:! %{}|])"
+  r"|(?P<op>[-+*/^_()\[\]{}!,=%])"
+)
 
 
 class Unsupported(ValueError):
@@ -201,8 +235,12 @@ class _Parser:
     if kind == "op":
       return text in ("(", "[", "{")
     if kind == "cmd":
-      return (text in FRACS or text in FUNCTIONS or text in GREEK or
-              text in ("sqrt", "binom", "pi", "infty"))
+      return (
+        text in FRACS
+        or text in FUNCTIONS
+        or text in GREEK
+        or text in ("sqrt", "binom", "pi", "infty")
+      )
     return False
 
   def script(self):
@@ -274,7 +312,7 @@ class _Parser:
     j = self.i
     while j < len(self.toks) and self.toks[j][0] == "letter":
       j += 1
-    run = "".join(t for _, t in self.toks[self.i:j])
+    run = "".join(t for _, t in self.toks[self.i : j])
     if run in PLAIN_NAMES:
       self.i = j
       return self.command(run)
@@ -432,4 +470,5 @@ class _Parser:
 def parse_latex(s: str):
   """The sympy value of a normalised LaTeX answer; raises Unsupported outside the grammar."""
   import sympy  # pylint: disable=import-outside-toplevel
+
   return _Parser(tokenize(s), sympy).parse()

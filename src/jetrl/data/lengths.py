@@ -15,14 +15,14 @@ import statistics
 from jetrl.data.registry import get_task
 
 GRID = {  # task: (difficulty, lengths): the length knob at the default difficulty
-    "addition": (1, (2, 3, 4, 8, 12, 16, 24, 32, 36, 40, 48, 64)),
-    "multiplication": (3, (1, 2, 3, 5, 8, 12, 16, 20, 22, 24)),
-    "sorting": (2, (2, 3, 4, 6, 8, 10, 12, 13, 14, 16)),
+  "addition": (1, (2, 3, 4, 8, 12, 16, 24, 32, 36, 40, 48, 64)),
+  "multiplication": (3, (1, 2, 3, 5, 8, 12, 16, 20, 22, 24)),
+  "sorting": (2, (2, 3, 4, 6, 8, 10, 12, 13, 14, 16)),
 }
 DIFFICULTY_GRID = {  # task: (difficulties, length): the difficulty knob at one length
-    "addition": ((1, 2, 4, 9), 8),
-    "multiplication": ((1, 2, 3, 5, 8), 4),
-    "sorting": ((1, 2, 3, 5), 6),
+  "addition": ((1, 2, 4, 9), 8),
+  "multiplication": ((1, 2, 3, 5, 8), 4),
+  "sorting": ((1, 2, 3, 5), 6),
 }
 
 
@@ -30,20 +30,30 @@ def measure(name: str, difficulty: int, length: int, n: int = 200, seed: int = 0
   task = get_task(name, difficulty=difficulty, length=length, seed=seed)
   problems = task.batch("train", 0, n)
   sizes = [len(p.solution) for p in problems]
-  return {"task": name, "difficulty": difficulty, "length": length,
-          "mean": statistics.fmean(sizes), "min": min(sizes), "max": max(sizes),
-          "bound": task.max_completion_chars,
-          "prompt": statistics.fmean(len(p.prompt) for p in problems)}
+  return {
+    "task": name,
+    "difficulty": difficulty,
+    "length": length,
+    "mean": statistics.fmean(sizes),
+    "min": min(sizes),
+    "max": max(sizes),
+    "bound": task.max_completion_chars,
+    "prompt": statistics.fmean(len(p.prompt) for p in problems),
+  }
 
 
 def table(settings, n: int = 200) -> str:
   """A markdown table for (task, difficulty, length) settings."""
-  lines = ["| task | difficulty | length | mean chars | min | max | max_completion_chars | "
-           "prompt chars |", "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| task | difficulty | length | mean chars | min | max | max_completion_chars | prompt chars |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for name, difficulty, length in settings:
     r = measure(name, difficulty, length, n)
-    lines.append(f"| {name} | {difficulty} | {length} | {r['mean']:.0f} | {r['min']} | "
-                 f"{r['max']} | {r['bound']} | {r['prompt']:.0f} |")
+    lines.append(
+      f"| {name} | {difficulty} | {length} | {r['mean']:.0f} | {r['min']} | "
+      f"{r['max']} | {r['bound']} | {r['prompt']:.0f} |"
+    )
   return "\n".join(lines)
 
 

@@ -40,9 +40,12 @@ from jetrl.data.task import SPLITS, Problem, Task, check_index, check_split
 _PERM_CACHE = 8
 
 
-def load_source_splits(path: str | os.PathLike | None, hub_name: str,
-                       hub_config: str | None = None,
-                       check_row: Callable[[dict], list] | None = None) -> dict[str, list[dict]]:
+def load_source_splits(
+  path: str | os.PathLike | None,
+  hub_name: str,
+  hub_config: str | None = None,
+  check_row: Callable[[dict], list] | None = None,
+) -> dict[str, list[dict]]:
   """{source split: rows as dicts} from a local file/dir, or from the hub when path is None.
 
   `check_row(row)` returns [(field, problem)] for a bad row; the first one found is a
@@ -50,23 +53,27 @@ def load_source_splits(path: str | os.PathLike | None, hub_name: str,
   """
   if path is None:
     import datasets  # heavy: only when a hub dataset is used
+
     try:
       loaded = datasets.load_dataset(hub_name, hub_config)
     except Exception as e:
       raise RuntimeError(
-          f"could not load {hub_name!r} from the Hugging Face hub ({type(e).__name__}: {e}); "
-          "pass path= a local JSON-lines file or a directory of them") from e
+        f"could not load {hub_name!r} from the Hugging Face hub ({type(e).__name__}: {e}); "
+        "pass path= a local JSON-lines file or a directory of them"
+      ) from e
     out = {}
     for name, ds in loaded.items():
       rows = ds.to_list()
-      _check_rows([(f"{hub_name} split {name!r} row {k}", r) for k, r in enumerate(rows)],
-                  check_row)
+      _check_rows(
+        [(f"{hub_name} split {name!r} row {k}", r) for k, r in enumerate(rows)], check_row
+      )
       out[name] = rows
     return out
   path = os.fspath(path)
   if os.path.isdir(path):
-    files = sorted(glob.glob(os.path.join(path, "*.jsonl")) +
-                   glob.glob(os.path.join(path, "*.json")))
+    files = sorted(
+      glob.glob(os.path.join(path, "*.jsonl")) + glob.glob(os.path.join(path, "*.json"))
+    )
     if not files:
       raise ValueError(f"no *.jsonl or *.json files in directory {path!r}")
   elif os.path.isfile(path):
@@ -94,18 +101,22 @@ def _check_rows(rows: list, check_row) -> None:
     problems = check_row(row)
     if problems:
       field, problem = problems[0]
-      raise ValueError(f"{where}: " + (problem if field is None else
-                                       f"field {field!r}: {problem}"))
+      raise ValueError(f"{where}: " + (problem if field is None else f"field {field!r}: {problem}"))
 
 
 def _check_split_arg(split: Any) -> Any:
   if split is None or isinstance(split, str):
     return split
-  if isinstance(split, Mapping) and set(split) == set(SPLITS) and all(
-      isinstance(v, str) for v in split.values()):
+  if (
+    isinstance(split, Mapping)
+    and set(split) == set(SPLITS)
+    and all(isinstance(v, str) for v in split.values())
+  ):
     return dict(split)
-  raise ValueError(f"split must be None, a source split name, or a dict with keys {list(SPLITS)}"
-                   f" naming source splits; got {split!r}")
+  raise ValueError(
+    f"split must be None, a source split name, or a dict with keys {list(SPLITS)}"
+    f" naming source splits; got {split!r}"
+  )
 
 
 class DatasetTask(Task):
@@ -115,17 +126,27 @@ class DatasetTask(Task):
   hub_config: str | None = None
   required_columns: tuple[str, ...] = ()
 
-  def __init__(self, path: str | os.PathLike | None = None, split: Any = None, seed: int = 0,
-               test_size: int | float | None = None, shuffle: bool = True,
-               template: str = "base", tokenizer: Any = None, format_weight: float = 0.0):
+  def __init__(
+    self,
+    path: str | os.PathLike | None = None,
+    split: Any = None,
+    seed: int = 0,
+    test_size: int | float | None = None,
+    shuffle: bool = True,
+    template: str = "base",
+    tokenizer: Any = None,
+    format_weight: float = 0.0,
+  ):
     if path is not None and not os.path.exists(path):
       raise ValueError(f"{self.name}: path {os.fspath(path)!r} does not exist")
     if isinstance(seed, bool) or not isinstance(seed, int):
       raise ValueError(f"seed must be an int, got {seed!r}")
-    if test_size is not None and (isinstance(test_size, bool) or
-                                  not isinstance(test_size, (int, float)) or test_size <= 0):
-      raise ValueError(f"test_size must be a positive int (rows) or a fraction in (0, 1), "
-                       f"got {test_size!r}")
+    if test_size is not None and (
+      isinstance(test_size, bool) or not isinstance(test_size, (int, float)) or test_size <= 0
+    ):
+      raise ValueError(
+        f"test_size must be a positive int (rows) or a fraction in (0, 1), got {test_size!r}"
+      )
     self.path = path
     self.split = _check_split_arg(split)
     self.seed = seed
@@ -169,8 +190,7 @@ class DatasetTask(Task):
     return out
 
   def make_problem(self, row: dict) -> Problem:
-    prompt = render_prompt(self.prompt_kind, self.row_question(row), self.template,
-                           self.tokenizer)
+    prompt = render_prompt(self.prompt_kind, self.row_question(row), self.template, self.tokenizer)
     return Problem(prompt, self.row_answer(row), self.row_solution(row))
 
   # ---- loading and splitting -----------------------------------------------------------
@@ -178,8 +198,9 @@ class DatasetTask(Task):
   def _load(self) -> dict[str, list[dict]]:
     if self._splits is None:
       try:
-        sources = load_source_splits(self.path, self.hub_name, self.hub_config,
-                                     check_row=self.row_errors)
+        sources = load_source_splits(
+          self.path, self.hub_name, self.hub_config, check_row=self.row_errors
+        )
       except ValueError as e:
         raise ValueError(f"{self.name}: {e}") from None
       self._splits = self._assign(sources)
@@ -198,8 +219,10 @@ class DatasetTask(Task):
     if self.split is None and all(s in sources for s in SPLITS):
       return {s: get(s) for s in SPLITS}
     if self.split is None and len(sources) != 1:
-      raise ValueError(f"{self.name}: cannot tell train from test among source splits "
-                       f"{sorted(sources)}; pass split=")
+      raise ValueError(
+        f"{self.name}: cannot tell train from test among source splits "
+        f"{sorted(sources)}; pass split="
+      )
     name = self.split if self.split is not None else next(iter(sources))
     return self._carve(name, get(name))
 
@@ -208,8 +231,10 @@ class DatasetTask(Task):
     size = self.test_size if self.test_size is not None else 0.2
     k = round(size * n) if isinstance(size, float) and size < 1 else int(size)
     if not 1 <= k < n:
-      raise ValueError(f"{self.name}: test_size={self.test_size!r} leaves no train or no test "
-                       f"rows out of {n} in source split {name!r}")
+      raise ValueError(
+        f"{self.name}: test_size={self.test_size!r} leaves no train or no test "
+        f"rows out of {n} in source split {name!r}"
+      )
     order = list(range(n))
     random.Random(f"{self.name}|holdout").shuffle(order)
     held = sorted(order[:k])

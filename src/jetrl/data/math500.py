@@ -28,8 +28,14 @@ class Math500(DatasetTask):
   required_columns = ("problem", "answer")
   prompt_kind = "math"
 
-  def __init__(self, *, timeout: float = DEFAULT_TIMEOUT,
-               batch_timeout: float = DEFAULT_BATCH_TIMEOUT, symbolic: bool = True, **kwargs):
+  def __init__(
+    self,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    batch_timeout: float = DEFAULT_BATCH_TIMEOUT,
+    symbolic: bool = True,
+    **kwargs,
+  ):
     super().__init__(**kwargs)
     self.timeout, self.batch_timeout = check_timeouts(timeout, batch_timeout)
     self.symbolic = bool(symbolic)
@@ -43,8 +49,9 @@ class Math500(DatasetTask):
     problem, answer, solution = row["problem"], row["answer"], row.get("solution")
     if not isinstance(problem, str) or not problem.strip():
       return [("problem", f"must be a non-empty string, got {problem!r:.40}")]
-    number = isinstance(answer, (int, float)) and not isinstance(answer, bool) and \
-        math.isfinite(answer)
+    number = (
+      isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer)
+    )
     if not number and not (isinstance(answer, str) and answer.strip()):
       return [("answer", f"must be a non-empty string or a number, got {answer!r:.40}")]
     if solution is not None and not isinstance(solution, str):
@@ -60,8 +67,15 @@ class Math500(DatasetTask):
   def row_solution(self, row: dict) -> str:
     return row.get("solution") or ""
 
-  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
-             answers: Sequence[str]) -> list[float]:
-    return math_reward(prompts, completions, answers, timeout=self.timeout,
-                       batch_timeout=self.batch_timeout, symbolic=self.symbolic,
-                       format_weight=self.format_weight)
+  def reward(
+    self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
+  ) -> list[float]:
+    return math_reward(
+      prompts,
+      completions,
+      answers,
+      timeout=self.timeout,
+      batch_timeout=self.batch_timeout,
+      symbolic=self.symbolic,
+      format_weight=self.format_weight,
+    )

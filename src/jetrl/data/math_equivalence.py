@@ -112,7 +112,7 @@ def _structure(s: str):
   opener = next((o for o in _OPENERS if s.startswith(o)), None)
   closer = next((c for c in _CLOSERS if s.endswith(c)), None)
   if opener and closer and len(s) >= len(opener) + len(closer) and _wrapped(s):
-    items = _split_top(s[len(opener):-len(closer)])
+    items = _split_top(s[len(opener) : -len(closer)])
     if len(items) > 1 or opener != "(":
       return opener + closer, items
   items = _split_top(s)
@@ -143,12 +143,19 @@ def _wrapped(s: str) -> bool:
   return False
 
 
-def math_equal(pred: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT,
-               symbolic: bool = True, deadline: float | None = None) -> bool:
+def math_equal(
+  pred: str,
+  gold: str,
+  *,
+  timeout: float = DEFAULT_TIMEOUT,
+  symbolic: bool = True,
+  deadline: float | None = None,
+) -> bool:
   """Whether answer `pred` equals answer `gold` (see the module docstring). Never raises."""
   try:
-    return _normalized_equal(normalize_latex(pred), normalize_latex(gold), timeout, symbolic,
-                             0, deadline)
+    return _normalized_equal(
+      normalize_latex(pred), normalize_latex(gold), timeout, symbolic, 0, deadline
+    )
   except Exception:  # a reward must never raise on a malformed completion
     return False
 
@@ -158,8 +165,9 @@ def deadline_left(deadline: float | None) -> float:
   return float("inf") if deadline is None else deadline - time.monotonic()
 
 
-def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int,
-                      deadline: float | None = None) -> bool:
+def _normalized_equal(
+  p: str, g: str, timeout: float, symbolic: bool, depth: int, deadline: float | None = None
+) -> bool:
   if p == g:
     return True
   if not p or not g or depth > 3 or len(p) > MAX_ANSWER_CHARS or len(g) > MAX_ANSWER_CHARS:
@@ -175,8 +183,10 @@ def _normalized_equal(p: str, g: str, timeout: float, symbolic: bool, depth: int
       return False
     same = lambda a, b: _normalized_equal(a, b, timeout, symbolic, depth + 1, deadline)
     if sp[0] == "matrix":
-      return all(len(rp) == len(rg) and all(same(a.strip(), b.strip()) for a, b in zip(rp, rg))
-                 for rp, rg in zip(sp[1], sg[1]))
+      return all(
+        len(rp) == len(rg) and all(same(a.strip(), b.strip()) for a, b in zip(rp, rg))
+        for rp, rg in zip(sp[1], sg[1])
+      )
     if sp[0] in ("list", "\\{\\}"):  # unbracketed lists and sets: any order
       return _match_unordered(sp[1], sg[1], same)
     return all(same(a, b) for a, b in zip(sp[1], sg[1]))
@@ -199,6 +209,7 @@ def _match_unordered(pred_items, gold_items, same) -> bool:
 
 # ---- the sympy worker -------------------------------------------------------------------
 
+
 class _Worker:
   """A long-lived, confined `python sympy_worker.py` child process, restarted after a timeout."""
 
@@ -216,8 +227,14 @@ class _Worker:
       return False
     try:
       self.proc = subprocess.Popen(
-          [sys.executable, "-I", "-B", WORKER_PATH], stdin=subprocess.PIPE,
-          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, close_fds=True, cwd="/")
+        [sys.executable, "-I", "-B", WORKER_PATH],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        bufsize=0,
+        close_fds=True,
+        cwd="/",
+      )
       self.owner = os.getpid()
       self.buffer = b""
       line = self._read_line(STARTUP_TIMEOUT)
@@ -232,8 +249,12 @@ class _Worker:
       self._kill()
       self.failed_starts += 1
       if self.failed_starts >= 2:
-        warnings.warn(f"jetrl.data: the sympy worker could not start ({e}); symbolic answer "
-                      "comparison is off in this process", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+          f"jetrl.data: the sympy worker could not start ({e}); symbolic answer "
+          "comparison is off in this process",
+          RuntimeWarning,
+          stacklevel=3,
+        )
       return False
 
   def _kill(self):
@@ -293,8 +314,9 @@ _CACHE: collections.OrderedDict = collections.OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 
-def symbolic_equal(a: str, b: str, timeout: float = DEFAULT_TIMEOUT, *,
-                   deadline: float | None = None) -> bool:
+def symbolic_equal(
+  a: str, b: str, timeout: float = DEFAULT_TIMEOUT, *, deadline: float | None = None
+) -> bool:
   """sympy's verdict on normalised answers a and b, within `timeout` seconds and before
   `deadline` (False if none). Verdicts are cached per process; "no verdict" is not."""
   with _CACHE_LOCK:

@@ -15,19 +15,33 @@ import re
 
 MAX_ANSWER_CHARS = 1000  # longer answers are compared verbatim only
 
-UNIT_WORDS = frozenset("""
+UNIT_WORDS = frozenset(
+  """
 unit units sq square squared cubic cu cm centimeter centimeters centimetre centimetres mm
 millimeter millimeters m meter meters metre metres km kilometer kilometers in inch inches ft
 foot feet yd yard yards mi mile miles degree degrees deg radian radians cent cents dollar
 dollars s sec second seconds min minute minutes h hr hrs hour hours day days week weeks month
 months year years mph kph pound pounds lb lbs ounce ounces oz gallon gallons liter liters litre
 litres ml g gram grams kg kilogram kilograms ton tons mg per each
-""".split())
+""".split()
+)
 
-_TEXT_CMDS = ("text", "textbf", "textit", "textrm", "textnormal", "mbox", "mathrm", "mathbf",
-              "mathit", "boldsymbol", "operatorname")
+_TEXT_CMDS = (
+  "text",
+  "textbf",
+  "textit",
+  "textrm",
+  "textnormal",
+  "mbox",
+  "mathrm",
+  "mathbf",
+  "mathit",
+  "boldsymbol",
+  "operatorname",
+)
 _SPACING = re.compile(
-    r"(\\\\)|\\[,;:! ]|\\(?:qquad|quad|displaystyle|textstyle|scriptstyle)(?![A-Za-z])|~")
+  r"(\\\\)|\\[,;:! ]|\\(?:qquad|quad|displaystyle|textstyle|scriptstyle)(?![A-Za-z])|~"
+)
 _DELIMS_DOT = re.compile(r"\\(?:left|right)\s*\.")
 _DELIMS = re.compile(r"\\(?:left|right|[Bb]igg?[lr]?)(?![A-Za-z])")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
@@ -40,14 +54,14 @@ _VAR_PREFIX = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_[A-Za-z0-9]+)?(?:=|\\in(?
 _CHOICE = re.compile(r"\(([A-Z])\)")
 _NUMBER_THEN_UNITS = re.compile(r"([0-9}])\s+([A-Za-z. ]+?)(?:\^\{?[23]\}?)?\s*$")
 _RENAMES = (
-    (re.compile(r"\\(?:leqslant|leq)(?![A-Za-z])"), r"\\le"),
-    (re.compile(r"\\(?:geqslant|geq)(?![A-Za-z])"), r"\\ge"),
-    (re.compile(r"\\neq(?![A-Za-z])"), r"\\ne"),
-    (re.compile(r"\\varnothing(?![A-Za-z])"), r"\\emptyset"),
-    (re.compile(r"\\lbrace(?![A-Za-z])"), r"\\{"),
-    (re.compile(r"\\rbrace(?![A-Za-z])"), r"\\}"),
-    (re.compile(r"\\[lr]?vert(?![A-Za-z])"), "|"),
-    (re.compile(r"\\(?:dots|ldots|cdots)(?![A-Za-z])"), r"\\dots"),
+  (re.compile(r"\\(?:leqslant|leq)(?![A-Za-z])"), r"\\le"),
+  (re.compile(r"\\(?:geqslant|geq)(?![A-Za-z])"), r"\\ge"),
+  (re.compile(r"\\neq(?![A-Za-z])"), r"\\ne"),
+  (re.compile(r"\\varnothing(?![A-Za-z])"), r"\\emptyset"),
+  (re.compile(r"\\lbrace(?![A-Za-z])"), r"\\{"),
+  (re.compile(r"\\rbrace(?![A-Za-z])"), r"\\}"),
+  (re.compile(r"\\[lr]?vert(?![A-Za-z])"), "|"),
+  (re.compile(r"\\(?:dots|ldots|cdots)(?![A-Za-z])"), r"\\dots"),
 )
 
 
@@ -89,12 +103,12 @@ def _unwrap_text(s: str) -> str:
     close = match_brace(s, m.end() - 1)
     if close < 0:
       break
-    inner = s[m.end():close]
-    before = "".join(out) + s[pos:m.start()]
-    out.append(s[pos:m.start()])
+    inner = s[m.end() : close]
+    before = "".join(out) + s[pos : m.start()]
+    out.append(s[pos : m.start()])
     if before.strip() and _is_units(inner):
       # Drop the units, and a ^2 / ^3 right after them.
-      tail = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", s[close + 1:])
+      tail = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", s[close + 1 :])
       pos = close + 1 + (tail.end() if tail else 0)
     else:
       out.append(" " + inner + " " if inner.strip() else "")
@@ -111,13 +125,13 @@ def _fill_args(s: str, cmd: str, nargs: int) -> str:
   for m in pattern.finditer(s):
     if m.start() < pos:
       continue
-    out.append(s[pos:m.end()])
+    out.append(s[pos : m.end()])
     k = m.end()
     if cmd == "sqrt" and k < len(s) and s[k] == "[":
       close = s.find("]", k)
       if close < 0:
         break
-      out.append(s[k:close + 1])
+      out.append(s[k : close + 1])
       k = close + 1
     for _ in range(nargs):
       if k >= len(s):
@@ -126,7 +140,7 @@ def _fill_args(s: str, cmd: str, nargs: int) -> str:
         close = match_brace(s, k)
         if close < 0:
           break
-        out.append(s[k:close + 1])
+        out.append(s[k : close + 1])
         k = close + 1
       elif s[k] == "\\":
         name = re.match(r"\\[A-Za-z]+|\\.", s[k:]).group()
@@ -160,7 +174,7 @@ def normalize_latex(answer: str) -> str:
   s = _unwrap_text(s)
   m = _NUMBER_THEN_UNITS.search(s)
   if m and _is_units(m.group(2)):
-    s = s[:m.start()] + m.group(1)
+    s = s[: m.start()] + m.group(1)
   s = s.strip().rstrip(".").strip()
   # Spaces carry no meaning, except between a command and a letter (`\pi r`).
   s = _CMD_THEN_LETTER.sub("\\1\0", s)
@@ -172,8 +186,8 @@ def normalize_latex(answer: str) -> str:
   if _THOUSANDS.fullmatch(s):
     s = s.replace(",", "")
   m = _VAR_PREFIX.match(s)
-  if m and s.count("=") <= 1 and m.end() < len(s) and "," not in s[:m.end()]:
-    s = s[m.end():]
+  if m and s.count("=") <= 1 and m.end() < len(s) and "," not in s[: m.end()]:
+    s = s[m.end() :]
   m = _CHOICE.fullmatch(s)
   if m:
     s = m.group(1)

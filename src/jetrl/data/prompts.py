@@ -22,13 +22,17 @@ from typing import Any
 TEMPLATES = ("base", "chat", "message")
 
 BASE = {
-    "gsm8k": ("Question: {question}\n"
-              "Solve the problem step by step. Write the final answer as a number on the last "
-              "line, in the form \"#### <number>\".\n"
-              "Answer:\n"),
-    "math": ("Problem: {question}\n"
-             "Solve the problem step by step. Put the final answer in \\boxed{{}}.\n"
-             "Solution:\n"),
+  "gsm8k": (
+    "Question: {question}\n"
+    "Solve the problem step by step. Write the final answer as a number on the last "
+    'line, in the form "#### <number>".\n'
+    "Answer:\n"
+  ),
+  "math": (
+    "Problem: {question}\n"
+    "Solve the problem step by step. Put the final answer in \\boxed{{}}.\n"
+    "Solution:\n"
+  ),
 }
 CHAT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -37,14 +41,19 @@ def check_template(template: str, tokenizer: Any) -> str:
   if template not in TEMPLATES:
     raise ValueError(f"unknown template {template!r}; accepted: {list(TEMPLATES)}")
   if template == "chat" and tokenizer is None:
-    raise ValueError("template='chat' needs tokenizer= (an object with apply_chat_template, "
-                     "e.g. a transformers tokenizer)")
+    raise ValueError(
+      "template='chat' needs tokenizer= (an object with apply_chat_template, "
+      "e.g. a transformers tokenizer)"
+    )
   return template
 
 
 def has_chat_template(tokenizer: Any) -> bool:
-  return (tokenizer is not None and callable(getattr(tokenizer, "apply_chat_template", None))
-          and bool(getattr(tokenizer, "chat_template", None)))
+  return (
+    tokenizer is not None
+    and callable(getattr(tokenizer, "apply_chat_template", None))
+    and bool(getattr(tokenizer, "chat_template", None))
+  )
 
 
 def user_message(question: str) -> str:
@@ -59,8 +68,10 @@ def chat_messages(question: str) -> list[dict[str, str]]:
 
 def check_system_prompt(system_prompt: Any) -> None:
   if system_prompt is not None and not isinstance(system_prompt, str):
-    raise ValueError(f"system_prompt must be None (the chat template's default) or a str, got "
-                     f"{type(system_prompt).__name__}")
+    raise ValueError(
+      f"system_prompt must be None (the chat template's default) or a str, got "
+      f"{type(system_prompt).__name__}"
+    )
 
 
 def conversation(content: str, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -80,11 +91,14 @@ def chat_prompt_ids(tokenizer: Any, content: str, *, system_prompt: str | None =
   top of the template's, as `transformers`' `apply_chat_template(..., tokenize=True)` does.
   `tokenizer`: a `jetrl.models.HFTokenizer` with a chat template (ValueError otherwise)."""
   if not has_chat_template(tokenizer) or not callable(getattr(tokenizer, "encode_chat", None)):
-    raise ValueError("the chat prompt format needs a checkpoint tokenizer with a chat template "
-                     "(tokenizer_config.json, chat_template.jinja or chat_template.json); this "
-                     "tokenizer has none: use the plain prompt format")
-  return list(tokenizer.encode_chat(conversation(content, system_prompt),
-                                    add_generation_prompt=True))
+    raise ValueError(
+      "the chat prompt format needs a checkpoint tokenizer with a chat template "
+      "(tokenizer_config.json, chat_template.jinja or chat_template.json); this "
+      "tokenizer has none: use the plain prompt format"
+    )
+  return list(
+    tokenizer.encode_chat(conversation(content, system_prompt), add_generation_prompt=True)
+  )
 
 
 def render_prompt(kind: str, question: str, template: str = "base", tokenizer: Any = None) -> str:
@@ -92,8 +106,9 @@ def render_prompt(kind: str, question: str, template: str = "base", tokenizer: A
   if template == "message":
     return user_message(question)
   if template == "chat" and has_chat_template(tokenizer):
-    text = tokenizer.apply_chat_template(chat_messages(question), tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+      chat_messages(question), tokenize=False, add_generation_prompt=True
+    )
     if not isinstance(text, str):
       raise ValueError("tokenizer.apply_chat_template(..., tokenize=False) did not return a str")
     return text

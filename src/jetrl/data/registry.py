@@ -32,8 +32,11 @@ def task_names() -> tuple[str, ...]:
 
 
 def _signature_names(fn) -> list[str]:
-  return [p.name for p in inspect.signature(fn).parameters.values()
-          if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+  return [
+    p.name
+    for p in inspect.signature(fn).parameters.values()
+    if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+  ]
 
 
 def _class_kwargs(cls) -> tuple[str, ...]:
@@ -66,8 +69,9 @@ def task_class(name: str):
   return _CLASSES[name]
 
 
-def register_task(task: Union[Task, type, Callable[..., Task]], name: str | None = None, *,
-                  replace: bool = False) -> str:
+def register_task(
+  task: Union[Task, type, Callable[..., Task]], name: str | None = None, *, replace: bool = False
+) -> str:
   """Make `task` available as `get_task(name)`; returns the name.
 
   task: a `jetrl.data.Task` object, a `Task` subclass, or a function returning a `Task`.
@@ -77,18 +81,23 @@ def register_task(task: Union[Task, type, Callable[..., Task]], name: str | None
   is_object = isinstance(task, Task)
   is_class = inspect.isclass(task) and issubclass(task, Task)
   if not (is_object or is_class or (callable(task) and not inspect.isclass(task))):
-    raise ValueError(f"register_task: expected a jetrl.data.Task object, a Task subclass or a "
-                     f"function returning a Task, got {type(task).__name__}")
+    raise ValueError(
+      f"register_task: expected a jetrl.data.Task object, a Task subclass or a "
+      f"function returning a Task, got {type(task).__name__}"
+    )
   if name is None:
     name = getattr(task, "name", "") if (is_object or is_class) else getattr(task, "__name__", "")
   if not isinstance(name, str) or not _NAME.match(name):
-    raise ValueError(f"register_task: the name must be letters, digits, '_', '.' or '-' "
-                     f"(starting with a letter or digit), got {name!r}; pass name=")
+    raise ValueError(
+      f"register_task: the name must be letters, digits, '_', '.' or '-' "
+      f"(starting with a letter or digit), got {name!r}; pass name="
+    )
   if name in _CLASSES:
     raise ValueError(f"register_task: {name!r} is a built-in task; choose another name")
   if name in _USER and not replace:
-    raise ValueError(f"register_task: a task {name!r} is already registered; pass "
-                     "replace=True to replace it")
+    raise ValueError(
+      f"register_task: a task {name!r} is already registered; pass replace=True to replace it"
+    )
   _USER[name] = task
   return name
 
@@ -112,8 +121,9 @@ def get_task(name: str, **kwargs) -> Task:
   entry = _USER.get(name)
   if isinstance(entry, Task):
     if kwargs:
-      raise ValueError(f"task {name!r} was registered as an object and takes no arguments; "
-                       f"got {sorted(kwargs)}")
+      raise ValueError(
+        f"task {name!r} was registered as an object and takes no arguments; got {sorted(kwargs)}"
+      )
     return entry
   cls = task_class(name)
   accepted = task_kwargs(name)
@@ -122,6 +132,7 @@ def get_task(name: str, **kwargs) -> Task:
     raise ValueError(f"task {name!r}: unknown argument(s) {unknown}; accepted: {list(accepted)}")
   task = cls(**kwargs)
   if not isinstance(task, Task):
-    raise ValueError(f"task {name!r}: its factory returned a {type(task).__name__}, not a "
-                     "jetrl.data.Task")
+    raise ValueError(
+      f"task {name!r}: its factory returned a {type(task).__name__}, not a jetrl.data.Task"
+    )
   return task

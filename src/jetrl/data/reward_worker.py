@@ -36,7 +36,8 @@ def load_function(spec):
       raise ValueError(f"reward file {target!r} does not exist")
     sys.path.insert(0, os.path.dirname(path))  # so the file can import its neighbours
     module_name = "jetrl_user_reward_" + "".join(
-        c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0])
+      c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0]
+    )
     mspec = importlib.util.spec_from_file_location(module_name, path)
     if mspec is None or mspec.loader is None:
       raise ValueError(f"reward file {target!r} cannot be loaded as a Python module")
@@ -55,9 +56,11 @@ def load_function(spec):
       raise ValueError(f"{where} could not be imported: {type(e).__name__}: {e}") from e
   fn = getattr(module, name, None)
   if fn is None:
-    defined = sorted(k for k, v in vars(module).items()
-                     if callable(v) and not k.startswith("_") and
-                     getattr(v, "__module__", None) == module.__name__)
+    defined = sorted(
+      k
+      for k, v in vars(module).items()
+      if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
+    )
     raise ValueError(f"{where} has no function {name!r}; it defines {defined}")
   if not callable(fn):
     raise ValueError(f"{where}: {name!r} is a {type(fn).__name__}, not a function")

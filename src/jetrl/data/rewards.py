@@ -31,9 +31,15 @@ import math
 import time
 from typing import Any, Sequence
 
-from jetrl.data.answer_extraction import (DEFAULT_GSM8K_ORDER, GSM8K_EXTRACTORS,
-                                          boxed_number, canonical_number, extract_boxed,
-                                          gsm8k_answer, hash_number)
+from jetrl.data.answer_extraction import (
+  DEFAULT_GSM8K_ORDER,
+  GSM8K_EXTRACTORS,
+  boxed_number,
+  canonical_number,
+  extract_boxed,
+  gsm8k_answer,
+  hash_number,
+)
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT, math_equal
 from jetrl.data.task import check_reward_args, completion_text
 
@@ -66,9 +72,14 @@ def math_format_ok(completion: Any) -> bool:
   return text is not None and extract_boxed(text) is not None
 
 
-def gsm8k_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
-                 answers: Sequence[Any], *, order: Sequence[str] = DEFAULT_GSM8K_ORDER,
-                 format_weight: float = 0.0) -> list[float]:
+def gsm8k_reward(
+  prompts: Sequence[str] | None,
+  completions: Sequence[Any],
+  answers: Sequence[Any],
+  *,
+  order: Sequence[str] = DEFAULT_GSM8K_ORDER,
+  format_weight: float = 0.0,
+) -> list[float]:
   """1.0 per completion whose final number equals the reference (+ the format term)."""
   check_reward_args(prompts, completions, answers)
   order = check_gsm8k_order(order)
@@ -90,16 +101,25 @@ def gsm8k_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
 def check_timeouts(timeout: Any, batch_timeout: Any) -> tuple[float, float]:
   """(timeout, batch_timeout) as floats; ValueError unless both are positive and finite."""
   for name, value in (("timeout", timeout), ("batch_timeout", batch_timeout)):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value > 0):
+    if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, float))
+      or not (math.isfinite(value) and value > 0)
+    ):
       raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
   return float(timeout), float(batch_timeout)
 
 
-def math_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
-                answers: Sequence[Any], *, timeout: float = DEFAULT_TIMEOUT,
-                batch_timeout: float = DEFAULT_BATCH_TIMEOUT, symbolic: bool = True,
-                format_weight: float = 0.0) -> list[float]:
+def math_reward(
+  prompts: Sequence[str] | None,
+  completions: Sequence[Any],
+  answers: Sequence[Any],
+  *,
+  timeout: float = DEFAULT_TIMEOUT,
+  batch_timeout: float = DEFAULT_BATCH_TIMEOUT,
+  symbolic: bool = True,
+  format_weight: float = 0.0,
+) -> list[float]:
   """1.0 per completion whose last `\\boxed{}` equals the reference answer (+ format term)."""
   check_reward_args(prompts, completions, answers)
   timeout, batch_timeout = check_timeouts(timeout, batch_timeout)
@@ -133,14 +153,16 @@ def _math_pair(completion: Any, answer: Any) -> tuple[str, str] | None:
     return None
 
 
-def gsm8k_format_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
-                        answers: Sequence[Any] | None = None) -> list[float]:
+def gsm8k_format_reward(
+  prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[Any] | None = None
+) -> list[float]:
   """1.0 per completion whose final number is marked (`#### n` or `\\boxed{n}`)."""
   return [1.0 if _safe(gsm8k_format_ok, c) else 0.0 for c in completions]
 
 
-def math_format_reward(prompts: Sequence[str] | None, completions: Sequence[Any],
-                       answers: Sequence[Any] | None = None) -> list[float]:
+def math_format_reward(
+  prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[Any] | None = None
+) -> list[float]:
   """1.0 per completion with a balanced `\\boxed{}`."""
   return [1.0 if _safe(math_format_ok, c) else 0.0 for c in completions]
 

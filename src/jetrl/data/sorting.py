@@ -34,10 +34,10 @@ class Sorting(SyntheticTask):
   answer_chars = "0123456789 "
 
   def _sample(self, rng):
-    return tuple(rng.randrange(10 ** self.difficulty) for _ in range(self.length))
+    return tuple(rng.randrange(10**self.difficulty) for _ in range(self.length))
 
   def _worst_case(self):
-    return (10 ** self.difficulty - 1,) * self.length
+    return (10**self.difficulty - 1,) * self.length
 
   def well_formed(self, answer: str) -> bool:
     parts = answer.split(" ")

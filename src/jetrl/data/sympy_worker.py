@@ -32,18 +32,23 @@ import json
 import os
 import sys
 
-MEMORY_LIMIT = 4 << 30          # bytes of address space
-REQUEST_CPU_SECONDS = 30        # CPU seconds one request may use (the parent's limit is lower)
-WORKER_CPU_SECONDS = 3600       # CPU seconds over the worker's life; the parent restarts it
+MEMORY_LIMIT = 4 << 30  # bytes of address space
+REQUEST_CPU_SECONDS = 30  # CPU seconds one request may use (the parent's limit is lower)
+WORKER_CPU_SECONDS = 3600  # CPU seconds over the worker's life; the parent restarts it
 MAX_OPEN_FILES = 16
 UNPRIVILEGED_USER = "nobody"
 UNPRIVILEGED_ID = 65534
 GRAMMAR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latex_grammar.py")
 # Comparisons run once before the privileges drop, so that every sympy module they need is
 # imported while the files are still readable.
-WARM_UP = (("\\frac{1}{2}", "0.5"), ("x^2+2x+1", "(x+1)^2"), ("\\sin\\frac{\\pi}{6}", "0.5"),
-           ("\\binom{5}{2}+3!", "\\sqrt[3]{8}\\cdot 8"), ("(1,2)", "(1,2)"),
-           ("\\log_2 8+\\tan x", "3+\\frac{\\sin x}{\\cos x}"))
+WARM_UP = (
+  ("\\frac{1}{2}", "0.5"),
+  ("x^2+2x+1", "(x+1)^2"),
+  ("\\sin\\frac{\\pi}{6}", "0.5"),
+  ("\\binom{5}{2}+3!", "\\sqrt[3]{8}\\cdot 8"),
+  ("(1,2)", "(1,2)"),
+  ("\\log_2 8+\\tan x", "3+\\frac{\\sin x}{\\cos x}"),
+)
 
 
 def load_grammar():
@@ -56,9 +61,14 @@ def load_grammar():
 
 def _expr_equal(a, b) -> bool:
   import sympy  # pylint: disable=import-outside-toplevel
+
   if isinstance(a, sympy.Tuple) or isinstance(b, sympy.Tuple):
-    return (isinstance(a, sympy.Tuple) and isinstance(b, sympy.Tuple) and len(a) == len(b)
-            and all(_expr_equal(x, y) for x, y in zip(a, b)))
+    return (
+      isinstance(a, sympy.Tuple)
+      and isinstance(b, sympy.Tuple)
+      and len(a) == len(b)
+      and all(_expr_equal(x, y) for x, y in zip(a, b))
+    )
   if a == b:
     return True
   if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
@@ -103,6 +113,7 @@ def _set_limit(resource, which, soft, hard=None) -> None:
 def limit_resources() -> None:
   """Address space, lifetime CPU time, core files and file writes (before any request)."""
   import resource  # pylint: disable=import-outside-toplevel
+
   _set_limit(resource, resource.RLIMIT_AS, MEMORY_LIMIT)
   _set_limit(resource, resource.RLIMIT_CORE, 0)
   _set_limit(resource, resource.RLIMIT_FSIZE, 0)
@@ -113,6 +124,7 @@ def limit_descriptors_and_processes() -> None:
   """At most MAX_OPEN_FILES descriptors and no child processes (after the privilege drop:
   the kernel does not apply RLIMIT_NPROC to root)."""
   import resource  # pylint: disable=import-outside-toplevel
+
   _set_limit(resource, resource.RLIMIT_NOFILE, MAX_OPEN_FILES)
   _set_limit(resource, resource.RLIMIT_NPROC, 0)
 
@@ -120,6 +132,7 @@ def limit_descriptors_and_processes() -> None:
 def allow_cpu_for_next_request() -> None:
   """Moves the soft CPU limit to REQUEST_CPU_SECONDS past the CPU time used so far."""
   import resource  # pylint: disable=import-outside-toplevel
+
   used = resource.getrusage(resource.RUSAGE_SELF)
   spent = int(used.ru_utime + used.ru_stime) + 1
   _, hard = resource.getrlimit(resource.RLIMIT_CPU)
@@ -135,6 +148,7 @@ def drop_privileges() -> None:
     return
   try:
     import pwd  # pylint: disable=import-outside-toplevel
+
     entry = pwd.getpwnam(UNPRIVILEGED_USER)
     uid, gid = entry.pw_uid, entry.pw_gid
   except (ImportError, KeyError):

@@ -23,8 +23,14 @@ import hashlib
 import random
 from typing import Any, Sequence
 
-from jetrl.data.task import (Problem, Task, check_index, check_reward_args, check_split,
-                             completion_text)
+from jetrl.data.task import (
+  Problem,
+  Task,
+  check_index,
+  check_reward_args,
+  check_split,
+  completion_text,
+)
 
 ANSWER_PREFIX = "answer: "
 TEST_FRACTION_BITS = 3  # 1/8 of the problem space is held out for "test"
@@ -37,10 +43,10 @@ def final_answer(text: Any) -> str | None:
   if text is None:
     return None
   text = text.rstrip()
-  last = text[text.rfind("\n") + 1:]
+  last = text[text.rfind("\n") + 1 :]
   if not last.startswith(ANSWER_PREFIX):
     return None
-  return last[len(ANSWER_PREFIX):]
+  return last[len(ANSWER_PREFIX) :]
 
 
 def misreport(problem: Problem, answer_chars: str) -> Problem:
@@ -51,8 +57,9 @@ def misreport(problem: Problem, answer_chars: str) -> Problem:
   (`SFTConfig.answer_noise`)."""
   head, sep, last = problem.solution.rstrip().rpartition("\n")
   if not last.startswith(ANSWER_PREFIX) or len(last) == len(ANSWER_PREFIX):
-    raise ValueError(f"the gold solution does not end with {ANSWER_PREFIX!r}<answer>: "
-                     f"{problem.solution[-40:]!r}")
+    raise ValueError(
+      f"the gold solution does not end with {ANSWER_PREFIX!r}<answer>: {problem.solution[-40:]!r}"
+    )
   c = last[-1]
   if c not in answer_chars:
     raise ValueError(f"answer character {c!r} is not one of {answer_chars!r}")
@@ -82,14 +89,22 @@ class SyntheticTask(Task):
   default_length = 1
   answer_chars = "0123456789"  # characters a well-formed answer may contain
 
-  def __init__(self, difficulty: int | None = None, length: int | None = None, seed: int = 0,
-               format_weight: float = 0.0):
-    self.difficulty = _check_knob(self.name, "difficulty",
-                                  self.default_difficulty if difficulty is None else difficulty,
-                                  *self.difficulty_range)
-    self.length = _check_knob(self.name, "length",
-                              self.default_length if length is None else length,
-                              *self.length_range)
+  def __init__(
+    self,
+    difficulty: int | None = None,
+    length: int | None = None,
+    seed: int = 0,
+    format_weight: float = 0.0,
+  ):
+    self.difficulty = _check_knob(
+      self.name,
+      "difficulty",
+      self.default_difficulty if difficulty is None else difficulty,
+      *self.difficulty_range,
+    )
+    self.length = _check_knob(
+      self.name, "length", self.default_length if length is None else length, *self.length_range
+    )
     if isinstance(seed, bool) or not isinstance(seed, int):
       raise ValueError(f"seed must be an int, got {seed!r}")
     self.seed = seed
@@ -116,7 +131,8 @@ class SyntheticTask(Task):
     index = check_index(index)
     want_test = split == "test"
     rng = random.Random(
-        f"{self.name}|d{self.difficulty}|l{self.length}|s{self.seed}|{split}|{index}")
+      f"{self.name}|d{self.difficulty}|l{self.length}|s{self.seed}|{split}|{index}"
+    )
     for _ in range(MAX_DRAWS):
       prompt, answer, solution = self._solve(self._sample(rng))
       if is_held_out(self.name, prompt) == want_test:
@@ -141,8 +157,9 @@ class SyntheticTask(Task):
     found = final_answer(completion)
     return found is not None and self.well_formed(found)
 
-  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
-             answers: Sequence[str]) -> list[float]:
+  def reward(
+    self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
+  ) -> list[float]:
     check_reward_args(prompts, completions, answers)
     out = []
     for completion, answer in zip(completions, answers):
@@ -154,5 +171,6 @@ class SyntheticTask(Task):
     return out
 
   def __repr__(self) -> str:
-    return (f"{type(self).__name__}(difficulty={self.difficulty}, length={self.length}, "
-            f"seed={self.seed})")
+    return (
+      f"{type(self).__name__}(difficulty={self.difficulty}, length={self.length}, seed={self.seed})"
+    )

@@ -24,6 +24,7 @@ class Problem:
   solution: a gold completion (a worked solution ending with the final answer in the format
     the reward parses), for a supervised warm start; '' when the source has none.
   """
+
   prompt: str
   answer: str
   solution: str
@@ -60,8 +61,9 @@ def check_reward_args(prompts: Sequence, completions: Sequence, answers: Sequenc
   n = len(completions)
   if len(answers) != n or (prompts is not None and len(prompts) != n):
     raise ValueError(
-        f"prompts, completions and answers must have the same length; got "
-        f"{None if prompts is None else len(prompts)}, {n}, {len(answers)}")
+      f"prompts, completions and answers must have the same length; got "
+      f"{None if prompts is None else len(prompts)}, {n}, {len(answers)}"
+    )
 
 
 class Task(abc.ABC):
@@ -79,13 +81,12 @@ class Task(abc.ABC):
   seed: int = 0
 
   @abc.abstractmethod
-  def problem(self, split: str, index: int) -> Problem:
-    ...
+  def problem(self, split: str, index: int) -> Problem: ...
 
   @abc.abstractmethod
-  def reward(self, prompts: Sequence[str] | None, completions: Sequence[Any],
-             answers: Sequence[str]) -> list[float]:
-    ...
+  def reward(
+    self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
+  ) -> list[float]: ...
 
   @property
   def max_completion_chars(self) -> int | None:
@@ -140,8 +141,10 @@ class WithReward(Task):
     except (TypeError, ValueError) as e:
       raise ValueError(f"reward {self.reward_fn!r} did not return a list of floats: {e}") from None
     if len(values) != len(completions):
-      raise ValueError(f"reward {self.reward_fn!r} returned {len(values)} values for "
-                       f"{len(completions)} completions")
+      raise ValueError(
+        f"reward {self.reward_fn!r} returned {len(values)} values for "
+        f"{len(completions)} completions"
+      )
     return values
 
   @property

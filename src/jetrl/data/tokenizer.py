@@ -80,8 +80,9 @@ class CharTokenizer:
       raise ValueError("alphabet must not contain '|' (used to spell the special tokens)")
     if len(alphabet) + len(SPECIAL_TOKENS) > MAX_VOCAB:
       raise ValueError(
-          f"vocabulary would have {len(alphabet) + len(SPECIAL_TOKENS)} tokens; at most "
-          f"{MAX_VOCAB} are allowed")
+        f"vocabulary would have {len(alphabet) + len(SPECIAL_TOKENS)} tokens; at most "
+        f"{MAX_VOCAB} are allowed"
+      )
     self.alphabet = alphabet
     self._ids = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(alphabet)}
     self._chars = list(SPECIAL_TOKENS) + list(alphabet)
@@ -117,8 +118,9 @@ class CharTokenizer:
     except KeyError:
       pos, bad = next((i, c) for i, c in enumerate(text) if c not in self._ids)
       raise ValueError(
-          f"character {bad!r} (U+{ord(bad):04X}) at position {pos} is not in the tokenizer's "
-          f"alphabet {self.alphabet!r}") from None
+        f"character {bad!r} (U+{ord(bad):04X}) at position {pos} is not in the tokenizer's "
+        f"alphabet {self.alphabet!r}"
+      ) from None
     if add_special_tokens:
       ids.insert(0, self.bos_token_id)
     return ids
@@ -151,33 +153,54 @@ class CharTokenizer:
   def to_json(self) -> dict:
     """The `tokenizers` library's JSON form of this tokenizer."""
     vocab = {tok: i for i, tok in enumerate(self._chars)}
-    added = [{"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, tok in enumerate(SPECIAL_TOKENS)]
+    added = [
+      {
+        "id": i,
+        "content": tok,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+      }
+      for i, tok in enumerate(SPECIAL_TOKENS)
+    ]
     return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"},
-                          "behavior": "Isolated", "invert": False},
-        # bos first when special tokens are added, as `encode` does.
-        "post_processor": {"type": "TemplateProcessing",
-                           "single": [{"SpecialToken": {"id": BOS, "type_id": 0}},
-                                      {"Sequence": {"id": "A", "type_id": 0}}],
-                           "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}},
-                                    {"Sequence": {"id": "A", "type_id": 0}},
-                                    {"Sequence": {"id": "B", "type_id": 1}}],
-                           "special_tokens": {BOS: {"id": BOS, "ids": [1], "tokens": [BOS]}}},
-        "decoder": {"type": "Fuse"},
-        # The unk token is deliberately absent from the vocabulary: the `tokenizers` library
-        # then refuses unknown characters instead of mapping them to some id.
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|unk|>"},
+      "version": "1.0",
+      "truncation": None,
+      "padding": None,
+      "added_tokens": added,
+      "normalizer": None,
+      "pre_tokenizer": {
+        "type": "Split",
+        "pattern": {"Regex": "[\\s\\S]"},
+        "behavior": "Isolated",
+        "invert": False,
+      },
+      # bos first when special tokens are added, as `encode` does.
+      "post_processor": {
+        "type": "TemplateProcessing",
+        "single": [
+          {"SpecialToken": {"id": BOS, "type_id": 0}},
+          {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+          {"SpecialToken": {"id": BOS, "type_id": 0}},
+          {"Sequence": {"id": "A", "type_id": 0}},
+          {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {BOS: {"id": BOS, "ids": [1], "tokens": [BOS]}},
+      },
+      "decoder": {"type": "Fuse"},
+      # The unk token is deliberately absent from the vocabulary: the `tokenizers` library
+      # then refuses unknown characters instead of mapping them to some id.
+      "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|unk|>"},
     }
 
   def to_tokenizers(self):
     """A `tokenizers.Tokenizer` with the same vocabulary."""
     from tokenizers import Tokenizer
+
     return Tokenizer.from_str(json.dumps(self.to_json()))
 
   def save(self, directory: str | os.PathLike) -> str:
@@ -200,17 +223,21 @@ class CharTokenizer:
       data = json.load(f)
     model = data.get("model") or {}
     if model.get("type") != "WordLevel":
-      raise ValueError(f"{path}: not a character-level tokenizer (model type "
-                       f"{model.get('type')!r}, expected 'WordLevel')")
+      raise ValueError(
+        f"{path}: not a character-level tokenizer (model type "
+        f"{model.get('type')!r}, expected 'WordLevel')"
+      )
     vocab = model.get("vocab") or {}
     by_id = sorted((i, tok) for tok, i in vocab.items())
     if [i for i, _ in by_id] != list(range(len(by_id))):
       raise ValueError(f"{path}: vocabulary ids are not 0..{len(by_id) - 1}")
     toks = [tok for _, tok in by_id]
-    if tuple(toks[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
-      raise ValueError(f"{path}: the first ids must be the special tokens {SPECIAL_TOKENS}, "
-                       f"found {toks[:len(SPECIAL_TOKENS)]}")
-    chars = toks[len(SPECIAL_TOKENS):]
+    if tuple(toks[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+      raise ValueError(
+        f"{path}: the first ids must be the special tokens {SPECIAL_TOKENS}, "
+        f"found {toks[: len(SPECIAL_TOKENS)]}"
+      )
+    chars = toks[len(SPECIAL_TOKENS) :]
     if any(len(c) != 1 for c in chars):
       raise ValueError(f"{path}: every non-special token must be a single character")
     return cls("".join(chars))
@@ -219,4 +246,3 @@ class CharTokenizer:
 def char_tokenizer(alphabet: str = ALPHABET) -> CharTokenizer:
   """The character tokenizer of the synthetic tasks."""
   return CharTokenizer(alphabet)
-

@@ -38,7 +38,7 @@ from jetrl.data.pipes import read_line
 from jetrl.data.task import check_reward_args
 
 WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reward_worker.py")
-DEFAULT_TIMEOUT = 60.0        # seconds per batch
+DEFAULT_TIMEOUT = 60.0  # seconds per batch
 DEFAULT_START_TIMEOUT = 120.0  # seconds to import the user's module
 DEFAULT_MAX_FAILURES = 3
 
@@ -51,12 +51,16 @@ def check_spec_form(spec: Any) -> str:
   """`spec` if it has the form 'path/to/file.py:fn' or 'module:fn' (nothing is looked up);
   ValueError otherwise."""
   if not isinstance(spec, str):
-    raise ValueError(f"a reward is named 'path/to/file.py:function' or 'module:function', got "
-                     f"{type(spec).__name__}")
+    raise ValueError(
+      f"a reward is named 'path/to/file.py:function' or 'module:function', got "
+      f"{type(spec).__name__}"
+    )
   target, sep, name = spec.rpartition(":")
   if not sep or not target.strip() or not name.isidentifier():
-    raise ValueError(f"reward {spec!r}: expected 'path/to/file.py:function' or "
-                     "'module:function' (a Python identifier after the last ':')")
+    raise ValueError(
+      f"reward {spec!r}: expected 'path/to/file.py:function' or "
+      "'module:function' (a Python identifier after the last ':')"
+    )
   return spec
 
 
@@ -70,8 +74,11 @@ def check_spec(spec: Any) -> str:
 
 
 def _check_positive(name: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-      math.isfinite(value) and value > 0):
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, (int, float))
+    or not (math.isfinite(value) and value > 0)
+  ):
     raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
   return float(value)
 
@@ -87,10 +94,15 @@ class UserReward:
   log: where warnings go besides `warnings.warn` (e.g. the run's log).
   """
 
-  def __init__(self, spec: str, *, timeout: float = DEFAULT_TIMEOUT,
-               max_failures: int = DEFAULT_MAX_FAILURES,
-               start_timeout: float = DEFAULT_START_TIMEOUT,
-               log: Optional[Callable[[str], None]] = None):
+  def __init__(
+    self,
+    spec: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_failures: int = DEFAULT_MAX_FAILURES,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
+    log: Optional[Callable[[str], None]] = None,
+  ):
     self.spec = check_spec(spec)
     self.name = f"reward {spec!r}"
     self.timeout = _check_positive("timeout", timeout)
@@ -105,8 +117,7 @@ class UserReward:
     self.eof = False
     self.next_id = 0
     self.failures_in_a_row = 0
-    self.stats = {"calls": 0, "errors": 0, "timeouts": 0, "deaths": 0, "non_finite": 0,
-                  "starts": 0}
+    self.stats = {"calls": 0, "errors": 0, "timeouts": 0, "deaths": 0, "non_finite": 0, "starts": 0}
     self._start()  # load errors surface here, before a run starts
     _LIVE.add(self)
 
@@ -115,8 +126,14 @@ class UserReward:
   def _start(self) -> None:
     env = dict(os.environ, JETRL_REWARD_SYS_PATH=json.dumps([p for p in sys.path if p]))
     self.proc = subprocess.Popen(
-        [sys.executable, "-B", WORKER_PATH, self.spec], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=None, bufsize=0, close_fds=True, env=env)
+      [sys.executable, "-B", WORKER_PATH, self.spec],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=None,
+      bufsize=0,
+      close_fds=True,
+      env=env,
+    )
     self.owner = os.getpid()
     self.buffer = b""
     self.eof = False
@@ -129,8 +146,10 @@ class UserReward:
     if ready.get("ready") is not True:
       self._kill()
       if line is None:
-        raise ValueError(f"{self.name}: the function was not loaded within {self.start_timeout:g}"
-                         " s (does importing the file hang?)")
+        raise ValueError(
+          f"{self.name}: the function was not loaded within {self.start_timeout:g}"
+          " s (does importing the file hang?)"
+        )
       raise ValueError(f"{self.name}: {ready.get('error', 'the worker did not start')}")
 
   def _kill(self) -> None:
@@ -177,23 +196,37 @@ class UserReward:
   def _failed(self, n: int, why: str) -> list:
     self.failures_in_a_row += 1
     if self.failures_in_a_row >= self.max_failures:
-      raise RewardError(f"{self.name} failed on {self.failures_in_a_row} batches in a row; the "
-                        f"last: {why}")
+      raise RewardError(
+        f"{self.name} failed on {self.failures_in_a_row} batches in a row; the last: {why}"
+      )
     self._warn(f"{self.name}: {why}; the batch of {n} scores 0")
     return [0.0] * n
 
-  def __call__(self, prompts: Optional[Sequence[Any]], completions: Sequence[Any],
-               answers: Sequence[Any], **kwargs) -> list[float]:
+  def __call__(
+    self,
+    prompts: Optional[Sequence[Any]],
+    completions: Sequence[Any],
+    answers: Sequence[Any],
+    **kwargs,
+  ) -> list[float]:
     check_reward_args(prompts, completions, answers)
     n = len(completions)
     rid = self.next_id + 1
     try:
-      request = json.dumps({"id": rid, "prompts": None if prompts is None else list(prompts),
-                            "completions": list(completions), "answers": list(answers),
-                            "kwargs": kwargs}, allow_nan=False)
+      request = json.dumps(
+        {
+          "id": rid,
+          "prompts": None if prompts is None else list(prompts),
+          "completions": list(completions),
+          "answers": list(answers),
+          "kwargs": kwargs,
+        },
+        allow_nan=False,
+      )
     except (TypeError, ValueError) as e:
-      raise ValueError(f"{self.name}: the batch cannot be sent to the reward process (only "
-                       f"JSON values can): {e}") from None
+      raise ValueError(
+        f"{self.name}: the batch cannot be sent to the reward process (only JSON values can): {e}"
+      ) from None
     self.next_id = rid
     self.stats["calls"] += 1
     if self.proc is not None and (self.owner != os.getpid() or self.proc.poll() is not None):
@@ -228,8 +261,11 @@ class UserReward:
       return self._failed(n, "its process answered out of turn")
     if "error" in reply:
       self.stats["errors"] += 1
-      frames = [ln.strip() for ln in str(reply.get("traceback", "")).splitlines()
-                if ln.startswith("  File ")]
+      frames = [
+        ln.strip()
+        for ln in str(reply.get("traceback", "")).splitlines()
+        if ln.startswith("  File ")
+      ]
       where = f" ({frames[-1]})" if frames else ""
       return self._failed(n, f"raised {reply['error']}{where}")
     if "bad" in reply:
@@ -237,8 +273,10 @@ class UserReward:
     rewards = reply.get("rewards")
     if not isinstance(rewards, list) or len(rewards) != n:
       got = len(rewards) if isinstance(rewards, list) else type(rewards).__name__
-      raise RewardError(f"{self.name} returned {got} values for {n} completions; it must return "
-                        "one float per completion")
+      raise RewardError(
+        f"{self.name} returned {got} values for {n} completions; it must return "
+        "one float per completion"
+      )
     out, bad = [], 0
     for v in rewards:
       x = _as_float(v)
@@ -249,8 +287,9 @@ class UserReward:
     self.failures_in_a_row = 0
     if bad:
       self.stats["non_finite"] += bad
-      self._warn(f"{self.name} returned {bad} values of {n} that are None, NaN or Inf; they "
-                 "score 0")
+      self._warn(
+        f"{self.name} returned {bad} values of {n} that are None, NaN or Inf; they score 0"
+      )
     return out
 
 

@@ -6,18 +6,57 @@ from jetrl.models.decoder import forward, forward_cached, hidden_states
 from jetrl.models.export import export_hf
 from jetrl.models.hf_io import ARCHITECTURES, load_pretrained, save_pretrained
 from jetrl.models.logprobs import logprobs_from_hidden, token_logprobs
-from jetrl.models.params import (LINEAR_WEIGHTS, check_params, init_params, param_shapes,
-                                 unstack_layers)
-from jetrl.models.rollout_weights import (fuse_projections, prequantize_linear_weights,
-                                          rollout_weights)
-from jetrl.models.tokenizer import (HFTokenizer, check_vocab, generation_eos_ids,
-                                    load_model_tokenizer, load_tokenizer, stop_ids)
+from jetrl.models.params import (
+  LINEAR_WEIGHTS,
+  check_params,
+  init_params,
+  param_shapes,
+  unstack_layers,
+)
+from jetrl.models.rollout_weights import (
+  fuse_projections,
+  prequantize_linear_weights,
+  rollout_weights,
+)
+from jetrl.models.tokenizer import (
+  HFTokenizer,
+  check_vocab,
+  generation_eos_ids,
+  load_model_tokenizer,
+  load_tokenizer,
+  stop_ids,
+)
 
 __all__ = [
-    "ModelConfig", "RopeScaling", "FAMILIES", "PRESETS", "get_config", "init_params",
-    "param_shapes", "check_params", "unstack_layers", "forward", "hidden_states", "token_logprobs",
-    "logprobs_from_hidden", "KVCache", "init_cache", "positions_from_mask", "forward_cached", "ARCHITECTURES",
-    "load_pretrained", "save_pretrained", "HFTokenizer", "load_tokenizer", "check_vocab",
-    "load_model_tokenizer", "generation_eos_ids", "stop_ids", "export_hf",
-    "LINEAR_WEIGHTS", "prequantize_linear_weights", "fuse_projections", "rollout_weights",
+  "ModelConfig",
+  "RopeScaling",
+  "FAMILIES",
+  "PRESETS",
+  "get_config",
+  "init_params",
+  "param_shapes",
+  "check_params",
+  "unstack_layers",
+  "forward",
+  "hidden_states",
+  "token_logprobs",
+  "logprobs_from_hidden",
+  "KVCache",
+  "init_cache",
+  "positions_from_mask",
+  "forward_cached",
+  "ARCHITECTURES",
+  "load_pretrained",
+  "save_pretrained",
+  "HFTokenizer",
+  "load_tokenizer",
+  "check_vocab",
+  "load_model_tokenizer",
+  "generation_eos_ids",
+  "stop_ids",
+  "export_hf",
+  "LINEAR_WEIGHTS",
+  "prequantize_linear_weights",
+  "fuse_projections",
+  "rollout_weights",
 ]

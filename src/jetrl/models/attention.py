@@ -24,14 +24,21 @@ from jetrl.precision.formats import dot_precision
 MASK_VALUE = -1e30
 
 
-def qkv(x: jax.Array, layer, config: ModelConfig, precision: Optional[Precision], cd,
-        cos: jax.Array, sin: jax.Array):
+def qkv(
+  x: jax.Array,
+  layer,
+  config: ModelConfig,
+  precision: Optional[Precision],
+  cd,
+  cos: jax.Array,
+  sin: jax.Array,
+):
   """q [B, T, H, Dh], k and v [B, T, Hkv, Dh] for x [B, T, D], with RoPE applied to q and k."""
   b, t, _ = x.shape
   if "wqkv" in layer:  # a rollout's fused projection (jetrl.models.rollout_weights)
     qd, kvd = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
     y = project(x, layer["wqkv"], precision, cd)
-    q, k, v = y[..., :qd], y[..., qd:qd + kvd], y[..., qd + kvd:]
+    q, k, v = y[..., :qd], y[..., qd : qd + kvd], y[..., qd + kvd :]
     if "bq" in layer:
       q, k, v = q + layer["bq"].astype(cd), k + layer["bk"].astype(cd), v + layer["bv"].astype(cd)
   else:
@@ -48,8 +55,9 @@ def qkv(x: jax.Array, layer, config: ModelConfig, precision: Optional[Precision]
   return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
-           exact: bool = False) -> jax.Array:
+def attend(
+  q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd, exact: bool = False
+) -> jax.Array:
   """Masked GQA attention.
 
   q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (kv heads before slots, the KV cache's layout);
@@ -66,20 +74,27 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
   g = h // hkv
   qg = q.reshape(b, t, hkv, g, dh)
   prec = dot_precision(cd)
-  scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(cd), k.astype(cd), precision=prec,
-                      preferred_element_type=jnp.float32)
-  scores = scores * jnp.float32(dh ** -0.5)
+  scores = jnp.einsum(
+    "btkgd,bksd->bkgts",
+    qg.astype(cd),
+    k.astype(cd),
+    precision=prec,
+    preferred_element_type=jnp.float32,
+  )
+  scores = scores * jnp.float32(dh**-0.5)
   scores = jnp.where(allowed[:, None, None, :, :], scores, jnp.float32(MASK_VALUE))
   probs = jax.nn.softmax(scores, axis=-1).astype(cd)
   # Heads-major output, then one transpose of the small result: asking the dot for
   # [B, T, Hkv, G, Dh] directly makes XLA's CPU dot several times slower at decode sizes.
-  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(cd), precision=prec,
-                   preferred_element_type=jnp.float32)
+  out = jnp.einsum(
+    "bkgts,bksd->bkgtd", probs, v.astype(cd), precision=prec, preferred_element_type=jnp.float32
+  )
   return jnp.transpose(out.astype(cd), (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
 
 
-def write_grids(k_cache: jax.Array, v_cache: jax.Array, e_cache: jax.Array, k: jax.Array,
-                v: jax.Array, start, cd):
+def write_grids(
+  k_cache: jax.Array, v_cache: jax.Array, e_cache: jax.Array, k: jax.Array, v: jax.Array, start, cd
+):
   """A gridded KV cache's layer (`KVCache.v_exp`) with new keys and values k, v
   [B, Hkv, T, Dh] written at `start`: each rounded to its grid once, here (exact_ops).
 
@@ -89,13 +104,16 @@ def write_grids(k_cache: jax.Array, v_cache: jax.Array, e_cache: jax.Array, k: j
   kg = exact_ops.grid_keys(k.astype(k_cache.dtype), cd)
   vg, fv = exact_ops.grid_values(v.astype(v_cache.dtype), cd)
   update = jax.lax.dynamic_update_slice
-  return (update(k_cache, kg.astype(k_cache.dtype), start),
-          update(v_cache, vg.astype(v_cache.dtype), start),
-          update(e_cache, fv, start))
+  return (
+    update(k_cache, kg.astype(k_cache.dtype), start),
+    update(v_cache, vg.astype(v_cache.dtype), start),
+    update(e_cache, fv, start),
+  )
 
 
-def attend_grids(q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array,
-                 cd) -> jax.Array:
+def attend_grids(
+  q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array, cd
+) -> jax.Array:
   """`attend(..., exact=True)` over a gridded cache's keys kg, values vg and value exponents
   fv [B, Hkv, S, 1] (`write_grids`): the same values, without re-gridding the cache."""
   return exact_ops.attend_grids(q, kg, vg, fv, allowed, cd, reference=attend)

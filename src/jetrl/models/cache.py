@@ -34,6 +34,7 @@ class KVCache(NamedTuple):
   dots over (batch, kv head) read the cache as stored, with no per-step transpose (see the
   sampler section of docs/benchmarks.md for the measured effect).
   """
+
   k: Tuple[jax.Array, ...]
   v: Tuple[jax.Array, ...]
   mask: jax.Array
@@ -41,8 +42,14 @@ class KVCache(NamedTuple):
   v_exp: Tuple[jax.Array, ...] = ()
 
 
-def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16, *,
-               precision: Optional[Precision] = None) -> KVCache:
+def init_cache(
+  config: ModelConfig,
+  batch: int,
+  max_len: int,
+  dtype=jnp.bfloat16,
+  *,
+  precision: Optional[Precision] = None,
+) -> KVCache:
   """An empty cache of `max_len` slots per row (zeros, nothing masked in, index 0).
 
   precision: the rollout precision; a batch-invariant one gets the gridded layout (`v_exp`).
@@ -55,8 +62,13 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16
   v_exp = ()
   if is_batch_invariant(precision):
     v_exp = tuple(jnp.zeros(shape[:-1] + (1,), jnp.int32) for _ in range(config.n_layers))
-  return KVCache(k=zeros(), v=zeros(), mask=jnp.zeros((batch, max_len), bool),
-                 index=jnp.zeros((), jnp.int32), v_exp=v_exp)
+  return KVCache(
+    k=zeros(),
+    v=zeros(),
+    mask=jnp.zeros((batch, max_len), bool),
+    index=jnp.zeros((), jnp.int32),
+    v_exp=v_exp,
+  )
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:
@@ -65,10 +77,12 @@ def positions_from_mask(token_mask: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def cache_bytes(config: ModelConfig, batch: int, max_len: int, itemsize: int = 2,
-                value_exponents: bool = False) -> int:
+def cache_bytes(
+  config: ModelConfig, batch: int, max_len: int, itemsize: int = 2, value_exponents: bool = False
+) -> int:
   """Bytes of k and v for a cache of this size (the mask and index are negligible), plus the
   value rows' int32 exponents of a batch-invariant precision's cache (`value_exponents`)."""
   slots = config.n_layers * batch * max_len
-  return 2 * slots * config.kv_dim * itemsize + (4 * slots * config.n_kv_heads
-                                                 if value_exponents else 0)
+  return 2 * slots * config.kv_dim * itemsize + (
+    4 * slots * config.n_kv_heads if value_exponents else 0
+  )

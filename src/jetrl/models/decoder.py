@@ -53,9 +53,16 @@ def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed):
   return _mlp_residual(x, layer, config, precision, cd)
 
 
-def hidden_states(params, config: ModelConfig, tokens: jax.Array, *,
-                  precision: Optional[Precision] = None, positions: Optional[jax.Array] = None,
-                  attention_mask: Optional[jax.Array] = None, remat: bool = False) -> jax.Array:
+def hidden_states(
+  params,
+  config: ModelConfig,
+  tokens: jax.Array,
+  *,
+  precision: Optional[Precision] = None,
+  positions: Optional[jax.Array] = None,
+  attention_mask: Optional[jax.Array] = None,
+  remat: bool = False,
+) -> jax.Array:
   """Final-normed hidden states [B, T, D] in the compute dtype.
 
   tokens int [B, T]; positions [B, T] (default arange); attention_mask [B, T] (1 / True for a
@@ -84,20 +91,41 @@ def hidden_states(params, config: ModelConfig, tokens: jax.Array, *,
   return rms_norm(x, params["final_norm"], config.rms_eps, cd, is_batch_invariant(precision))
 
 
-def forward(params, config: ModelConfig, tokens: jax.Array, *,
-            precision: Optional[Precision] = None, positions: Optional[jax.Array] = None,
-            attention_mask: Optional[jax.Array] = None, remat: bool = False) -> jax.Array:
+def forward(
+  params,
+  config: ModelConfig,
+  tokens: jax.Array,
+  *,
+  precision: Optional[Precision] = None,
+  positions: Optional[jax.Array] = None,
+  attention_mask: Optional[jax.Array] = None,
+  remat: bool = False,
+) -> jax.Array:
   """float32 logits [B, T, V] (see `hidden_states` for the arguments)."""
-  h = hidden_states(params, config, tokens, precision=precision, positions=positions,
-                    attention_mask=attention_mask, remat=remat)
-  return lm_head(h, params, config, compute_dtype(precision, params),
-                 is_batch_invariant(precision))
+  h = hidden_states(
+    params,
+    config,
+    tokens,
+    precision=precision,
+    positions=positions,
+    attention_mask=attention_mask,
+    remat=remat,
+  )
+  return lm_head(h, params, config, compute_dtype(precision, params), is_batch_invariant(precision))
 
 
-def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCache, *,
-                   positions: jax.Array, token_mask: jax.Array,
-                   precision: Optional[Precision] = None, last_only: bool = False,
-                   attend_slots: Optional[int] = None):
+def forward_cached(
+  params,
+  config: ModelConfig,
+  tokens: jax.Array,
+  cache: KVCache,
+  *,
+  positions: jax.Array,
+  token_mask: jax.Array,
+  precision: Optional[Precision] = None,
+  last_only: bool = False,
+  attend_slots: Optional[int] = None,
+):
   """Run T new tokens against the cache; returns (float32 logits, new cache).
 
   Writes the new tokens' k / v at slots [index, index + T), sets their mask from token_mask
@@ -124,33 +152,49 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   _check_like("token_mask", token_mask, (b, t))
   if not isinstance(cache, KVCache):
     raise ValueError(f"cache must be a KVCache from init_cache, got {type(cache).__name__}")
-  if not (isinstance(cache.k, tuple) and isinstance(cache.v, tuple)
-          and len(cache.k) == len(cache.v) == config.n_layers):
-    raise ValueError(f"cache.k / cache.v must be tuples of {config.n_layers} per-layer arrays "
-                     f"(init_cache builds them), got {type(cache.k).__name__} / "
-                     f"{type(cache.v).__name__}")
+  if not (
+    isinstance(cache.k, tuple)
+    and isinstance(cache.v, tuple)
+    and len(cache.k) == len(cache.v) == config.n_layers
+  ):
+    raise ValueError(
+      f"cache.k / cache.v must be tuples of {config.n_layers} per-layer arrays "
+      f"(init_cache builds them), got {type(cache.k).__name__} / "
+      f"{type(cache.v).__name__}"
+    )
   s = cache.mask.shape[-1]
   expected = (b, config.n_kv_heads, s, config.head_dim)
   for name, layers in (("k", cache.k), ("v", cache.v)):
     for i, a in enumerate(layers):
       if tuple(a.shape) != expected:
-        raise ValueError(f"cache.{name}[{i}] must have shape {expected} (B, Hkv, S, Dh) for "
-                         f"this config, batch and mask, got {tuple(a.shape)}")
-  if cache.v_exp and not (isinstance(cache.v_exp, tuple) and len(cache.v_exp) == config.n_layers
-                          and all(tuple(a.shape) == expected[:-1] + (1,) for a in cache.v_exp)):
-    raise ValueError(f"cache.v_exp must be empty or a tuple of {config.n_layers} per-layer "
-                     f"arrays of shape {expected[:-1] + (1,)} (init_cache builds them)")
+        raise ValueError(
+          f"cache.{name}[{i}] must have shape {expected} (B, Hkv, S, Dh) for "
+          f"this config, batch and mask, got {tuple(a.shape)}"
+        )
+  if cache.v_exp and not (
+    isinstance(cache.v_exp, tuple)
+    and len(cache.v_exp) == config.n_layers
+    and all(tuple(a.shape) == expected[:-1] + (1,) for a in cache.v_exp)
+  ):
+    raise ValueError(
+      f"cache.v_exp must be empty or a tuple of {config.n_layers} per-layer "
+      f"arrays of shape {expected[:-1] + (1,)} (init_cache builds them)"
+    )
   if cache.v_exp and not is_batch_invariant(precision):
-    raise ValueError("cache.v_exp is set (a gridded cache for a batch-invariant precision), "
-                     "but the precision is not batch-invariant")
+    raise ValueError(
+      "cache.v_exp is set (a gridded cache for a batch-invariant precision), "
+      "but the precision is not batch-invariant"
+    )
   if tuple(cache.mask.shape) != (b, s):
     raise ValueError(f"cache.mask must have shape {(b, s)}, got {tuple(cache.mask.shape)}")
   if t > s:
     raise ValueError(f"{t} new tokens do not fit in a cache of {s} slots")
   n = s if attend_slots is None else int(attend_slots)
   if not t <= n <= s:
-    raise ValueError(f"attend_slots must be between the {t} new tokens and the cache's {s} "
-                     f"slots, got {attend_slots}")
+    raise ValueError(
+      f"attend_slots must be between the {t} new tokens and the cache's {s} "
+      f"slots, got {attend_slots}"
+    )
 
   cd = compute_dtype(precision, params)
   exact = is_batch_invariant(precision)
@@ -193,5 +237,4 @@ def forward_cached(params, config: ModelConfig, tokens: jax.Array, cache: KVCach
   h = rms_norm(x, params["final_norm"], config.rms_eps, cd, exact)
   logits = lm_head(h, params, config, cd, exact)
   v_exp = tuple(new_e) if grids else cache.v_exp
-  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t,
-                         v_exp=v_exp)
+  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t, v_exp=v_exp)

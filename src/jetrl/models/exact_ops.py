@@ -51,10 +51,10 @@ PV_BITS = (16, 21)
 assert sum(PV_BITS) + 16 <= 53
 MASK_VALUE = -1e30
 
-_LN2_HI = 6.93147180369123816490e-01   # 31 significant bits: k * _LN2_HI is exact
+_LN2_HI = 6.93147180369123816490e-01  # 31 significant bits: k * _LN2_HI is exact
 _LN2_LO = 1.90821492927058770002e-10
-_INV_LN2 = 1.44269504088896338700e+00
-_SQRT2 = 1.41421356237309514547e+00
+_INV_LN2 = 1.44269504088896338700e00
+_SQRT2 = 1.41421356237309514547e00
 
 
 def with_reference_vjp(exact_fn, reference_fn, *args):
@@ -102,8 +102,8 @@ def log64(y: jax.Array) -> jax.Array:
   """
   with x64():
     y = y.astype(F64)
-    tiny = y < 2.0 ** -1000  # subnormal range: scale up first (exact)
-    ys = jnp.where(tiny, y * 2.0 ** 60, y)
+    tiny = y < 2.0**-1000  # subnormal range: scale up first (exact)
+    ys = jnp.where(tiny, y * 2.0**60, y)
     bits = jax.lax.bitcast_convert_type(ys, jnp.int64)
     e = ((bits >> 52) & 0x7FF) - 1023
     m = jax.lax.bitcast_convert_type((bits & ((1 << 52) - 1)) | (1023 << 52), F64)  # [1, 2)
@@ -139,26 +139,27 @@ def rsqrt32(v: jax.Array) -> jax.Array:
     v64 = v.astype(jnp.float32).astype(F64)
     bits = jax.lax.bitcast_convert_type(v64, jnp.int64)
     e = ((bits >> 52) & 0x7FF) - 1023
-    k = e >> 1                                              # floor(e / 2)
-    vp = v64 * pow2(-2 * k)                                 # [1, 4), exact
-    big_v = (vp * 2.0 ** 23).astype(jnp.int64)              # exact: 24 significant bits
-    est = (1.0 / jnp.sqrt(vp)) * 2.0 ** 24                  # any estimate within one step
+    k = e >> 1  # floor(e / 2)
+    vp = v64 * pow2(-2 * k)  # [1, 4), exact
+    big_v = (vp * 2.0**23).astype(jnp.int64)  # exact: 24 significant bits
+    est = (1.0 / jnp.sqrt(vp)) * 2.0**24  # any estimate within one step
     n0 = jnp.round(est).astype(jnp.int64)
 
     def below(m):  # m^2 V < 2^73 for odd integers m < 2^26, exactly in int64
       m2 = m * m
-      hv = (m2 >> 26) * big_v                               # < 2^51
-      lv = (m2 & ((1 << 26) - 1)) * big_v                   # < 2^51
+      hv = (m2 >> 26) * big_v  # < 2^51
+      lv = (m2 & ((1 << 26) - 1)) * big_v  # < 2^51
       a = jnp.clip(hv - (1 << 47), -(1 << 26), 1 << 26)
       return a * (1 << 26) + lv < 0
 
     n = n0 + below(2 * n0 + 1).astype(jnp.int64) - (~below(2 * n0 - 1)).astype(jnp.int64)
-    r = (n.astype(F64) * 2.0 ** -24 * pow2(-k)).astype(jnp.float32)
+    r = (n.astype(F64) * 2.0**-24 * pow2(-k)).astype(jnp.float32)
   normal = (v > 0) & (v < jnp.inf) & (v >= np.finfo(np.float32).tiny)
   return jnp.where(normal, r, jax.lax.rsqrt(v.astype(jnp.float32)))
 
 
 # ---------------------------------------------------------------------------------- RMSNorm
+
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, reference) -> jax.Array:
   """x / rms(x) * weight, as `layers.rms_norm` (`reference`), with an exact sum of squares."""
@@ -179,8 +180,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, reference) -> jax.
 
 # -------------------------------------------------------------------------------- attention
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd,
-           reference) -> jax.Array:
+
+def attend(
+  q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd, reference
+) -> jax.Array:
   """Masked GQA attention with the shapes and meaning of `attention.attend` (`reference`).
 
   q [B, T, H, Dh]; k, v [B, Hkv, S, Dh]; allowed [B, T, S]. Returns [B, T, H * Dh] in cd.
@@ -232,8 +235,9 @@ def _from_grid(n, e, bits, cd):
     return (n * pow2(e - bits)).astype(cd)
 
 
-def attend_grids(q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array,
-                 cd, reference) -> jax.Array:
+def attend_grids(
+  q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array, cd, reference
+) -> jax.Array:
   """`attend` on keys and values already on their grids (a KV cache's: `grid_keys`,
   `grid_values`); kg, vg [B, Hkv, S, Dh], fv [B, Hkv, S, 1]. The same values as `attend` on
   the keys and values they came from. Differentiated as `reference` on kg and vg.
@@ -243,9 +247,15 @@ def attend_grids(q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allo
   chex.assert_shape([kg, vg], (b, hkv, s, dh))
   chex.assert_shape(fv, (b, hkv, s, 1))
   chex.assert_shape(allowed, (b, t, s))
-  return with_reference_vjp(lambda *a: _attend_grids(*a, cd=cd),
-                            lambda q, k, v, f, a: reference(q, k, v, a, cd),
-                            q, kg, vg, fv, allowed)
+  return with_reference_vjp(
+    lambda *a: _attend_grids(*a, cd=cd),
+    lambda q, k, v, f, a: reference(q, k, v, a, cd),
+    q,
+    kg,
+    vg,
+    fv,
+    allowed,
+  )
 
 
 def _dot64(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -264,15 +274,13 @@ def _kernel_dtypes(a, b) -> bool:
 
 def _qk_kernel(a, b):  # a [B, K, G, T, D], b [B, K, S, D] -> [B, K, G, T, S]
   bb, kk, g, t, d = a.shape
-  out = _cpu_kernels.exact_dot(a.reshape(bb * kk, g * t, d), b.reshape(bb * kk, -1, d),
-                               b_nk=True)
+  out = _cpu_kernels.exact_dot(a.reshape(bb * kk, g * t, d), b.reshape(bb * kk, -1, d), b_nk=True)
   return out.reshape(bb, kk, g, t, -1)
 
 
 def _pv_kernel(a, b):  # a [B, K, G, T, S], b [B, K, S, D] -> [B, K, G, T, D]
   bb, kk, g, t, s = a.shape
-  out = _cpu_kernels.exact_dot(a.reshape(bb * kk, g * t, s), b.reshape(bb * kk, s, -1),
-                               b_nk=False)
+  out = _cpu_kernels.exact_dot(a.reshape(bb * kk, g * t, s), b.reshape(bb * kk, s, -1), b_nk=False)
   return out.reshape(bb, kk, g, t, -1)
 
 
@@ -280,11 +288,16 @@ def _head_kernel(b_nk: bool):  # a [..., D], b [V, D] (b_nk) or [D, V] -> [..., 
   def f(a, b):
     out = _cpu_kernels.exact_dot(a.reshape(1, -1, a.shape[-1]), b[None], b_nk=b_nk)
     return out.reshape(*a.shape[:-1], out.shape[-1])
+
   return f
 
 
-_KERNEL_DOTS = {"bkgtd,bksd->bkgts": _qk_kernel, "bkgts,bksd->bkgtd": _pv_kernel,
-                "...d,vd->...v": _head_kernel(True), "...d,dv->...v": _head_kernel(False)}
+_KERNEL_DOTS = {
+  "bkgtd,bksd->bkgts": _qk_kernel,
+  "bkgts,bksd->bkgtd": _pv_kernel,
+  "...d,vd->...v": _head_kernel(True),
+  "...d,dv->...v": _head_kernel(False),
+}
 
 
 def _attend_grids(q, kg, vg, fv, allowed, *, cd):
@@ -307,7 +320,7 @@ def _attend_grids(q, kg, vg, fv, allowed, *, cd):
   small = g * t <= 8  # a decode step
   qg = jnp.transpose(q.reshape(b, t, hkv, g, dh), (0, 2, 3, 1, 4))  # [B, Hkv, G, T, Dh]
   qbits = dot_bits(dh)[0]
-  scale = np.float64(np.float32(dh ** -0.5))
+  scale = np.float64(np.float32(dh**-0.5))
   qv = _from_grid(*to_grid(qg.astype(cd), -1, qbits), qbits, jnp.float32)
   with x64():
     if small and not _cpu_kernels.usable():
@@ -316,15 +329,15 @@ def _attend_grids(q, kg, vg, fv, allowed, *, cd):
     else:
       scores = _dot64("bkgtd,bksd->bkgts", qv, kg)
     scores = jnp.where(allowed[:, None, None], scores, MASK_VALUE)
-    top = jnp.max(scores, axis=-1, keepdims=True)            # order-free
+    top = jnp.max(scores, axis=-1, keepdims=True)  # order-free
     e = exp64((scores - top) * scale)
     # Probabilities in cd, as jet's. The denominator's one-level exact sum is within 2^-22.
     probs = (e / exact_sum(e, -1, levels=1, max_terms=MAX_KEYS)[..., None]).astype(cd)
-    f = jnp.swapaxes(fv, -1, -2)[:, :, None]                 # [B, Hkv, 1, 1, S]
-    pf = probs.astype(F64) * pow2(f)                         # [B, Hkv, G, T, S]
-    hi, ep = to_grid(pf, -1, PV_BITS[0])                     # ep [B, Hkv, G, T, 1]
+    f = jnp.swapaxes(fv, -1, -2)[:, :, None]  # [B, Hkv, 1, 1, S]
+    pf = probs.astype(F64) * pow2(f)  # [B, Hkv, G, T, S]
+    hi, ep = to_grid(pf, -1, PV_BITS[0])  # ep [B, Hkv, G, T, 1]
     lo = jnp.round((pf - hi * pow2(ep - PV_BITS[0])) * pow2(2 * PV_BITS[0] - ep))
-    w = jnp.concatenate([hi, lo], axis=2) * pow2(-f)         # [B, Hkv, 2G, T, S]
+    w = jnp.concatenate([hi, lo], axis=2) * pow2(-f)  # [B, Hkv, 2G, T, S]
     pv = _dot64("bkgts,bksd->bkgtd", w, vg)
     out = pv[:, :, :g] * pow2(ep - PV_BITS[0]) + pv[:, :, g:] * pow2(ep - 2 * PV_BITS[0])
     out = out.astype(cd)
@@ -332,6 +345,7 @@ def _attend_grids(q, kg, vg, fv, allowed, *, cd):
 
 
 # -------------------------------------------------------------------- LM head and log-softmax
+
 
 def grid_lm_head(w: jax.Array, tied: bool, cd) -> jax.Array:
   """The LM head's weights (w [D, V], or [V, D] when tied) with each vocabulary entry's
@@ -391,16 +405,18 @@ def log_softmax_stats(z: jax.Array, targets: jax.Array, inv_t: jax.Array):
   return logp, ent
 
 
-def chunk_stats(h: jax.Array, targets: jax.Array, w: jax.Array, temperature, tied: bool, cd,
-                reference):
+def chunk_stats(
+  h: jax.Array, targets: jax.Array, w: jax.Array, temperature, tied: bool, cd, reference
+):
   """(log p(target), entropy) [B, C] from hidden states h [B, C, D] (`logprobs._chunk_stats`).
 
   reference(h, targets, w, temperature) is the standard computation, used for the VJP.
   """
+
   def exact(h, targets, w, temperature):
     return log_softmax_stats(_logits(h, w, tied, cd), targets, inverse_temperature(temperature))
-  return with_reference_vjp(exact, reference, h, targets, w,
-                            jnp.asarray(temperature, jnp.float32))
+
+  return with_reference_vjp(exact, reference, h, targets, w, jnp.asarray(temperature, jnp.float32))
 
 
 def token_logprobs_from_logits(logits: jax.Array, tokens: jax.Array, temperature) -> jax.Array:
@@ -409,6 +425,20 @@ def token_logprobs_from_logits(logits: jax.Array, tokens: jax.Array, temperature
   return logp
 
 
-__all__ = ["exp64", "log64", "rsqrt32", "rms_norm", "attend", "attend_grids", "grid_keys",
-           "grid_values", "grid_lm_head", "lm_head", "lm_head_grids", "chunk_stats",
-           "log_softmax_stats", "token_logprobs_from_logits", "inverse_temperature"]
+__all__ = [
+  "exp64",
+  "log64",
+  "rsqrt32",
+  "rms_norm",
+  "attend",
+  "attend_grids",
+  "grid_keys",
+  "grid_values",
+  "grid_lm_head",
+  "lm_head",
+  "lm_head_grids",
+  "chunk_stats",
+  "log_softmax_stats",
+  "token_logprobs_from_logits",
+  "inverse_temperature",
+]

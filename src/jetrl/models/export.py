@@ -37,12 +37,21 @@ def _check_finite(params) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     bad = int(np.count_nonzero(~np.isfinite(np.asarray(jax.device_get(leaf), np.float32))))
     if bad:
-      raise ValueError(f"export: params{jax.tree_util.keystr(path)} holds {bad} non-finite "
-                       "values (NaN or Inf); refusing to write them")
+      raise ValueError(
+        f"export: params{jax.tree_util.keystr(path)} holds {bad} non-finite "
+        "values (NaN or Inf); refusing to write them"
+      )
 
 
-def export_hf(params, config: ModelConfig, out: str, *, tokenizer_from: Optional[str] = None,
-              dtype: Optional[str] = None, overwrite: bool = False) -> str:
+def export_hf(
+  params,
+  config: ModelConfig,
+  out: str,
+  *,
+  tokenizer_from: Optional[str] = None,
+  dtype: Optional[str] = None,
+  overwrite: bool = False,
+) -> str:
   """Write `params` as a Hugging Face folder at `out`; returns its path.
 
   tokenizer_from: a checkpoint folder (or hub name) whose tokenizer files, chat template and
@@ -52,8 +61,10 @@ def export_hf(params, config: ModelConfig, out: str, *, tokenizer_from: Optional
   """
   check_params(params, config)
   if dtype is not None and str(dtype) not in EXPORT_DTYPES:
-    raise ValueError(f"export: dtype {dtype!r} is not accepted; choose one of "
-                     f"{list(EXPORT_DTYPES)} or None (keep the params' dtype)")
+    raise ValueError(
+      f"export: dtype {dtype!r} is not accepted; choose one of "
+      f"{list(EXPORT_DTYPES)} or None (keep the params' dtype)"
+    )
   _check_finite(params)
   if dtype is not None:
     params = jax.tree_util.tree_map(lambda a: jnp.asarray(a).astype(jnp.dtype(dtype)), params)
@@ -65,8 +76,9 @@ def export_hf(params, config: ModelConfig, out: str, *, tokenizer_from: Optional
   if os.path.exists(out) and not os.path.isdir(out):
     raise ValueError(f"export: {out} is a file; give a directory")
   if os.path.isdir(out) and os.listdir(out) and not overwrite:
-    raise ValueError(f"export: {out} exists and is not empty; choose another folder or "
-                     "pass overwrite=True")
+    raise ValueError(
+      f"export: {out} exists and is not empty; choose another folder or pass overwrite=True"
+    )
   parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")

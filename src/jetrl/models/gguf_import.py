@@ -37,35 +37,49 @@ from jetrl.models.hf_io import config_to_hf
 
 # GGUF tensor name (after "blk.{i}.") -> transformers name (after "model.layers.{i}.")
 _LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+  "attn_norm.weight": "input_layernorm.weight",
+  "attn_q.weight": "self_attn.q_proj.weight",
+  "attn_k.weight": "self_attn.k_proj.weight",
+  "attn_v.weight": "self_attn.v_proj.weight",
+  "attn_output.weight": "self_attn.o_proj.weight",
+  "ffn_norm.weight": "post_attention_layernorm.weight",
+  "ffn_gate.weight": "mlp.gate_proj.weight",
+  "ffn_up.weight": "mlp.up_proj.weight",
+  "ffn_down.weight": "mlp.down_proj.weight",
 }
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-              "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
+_TOP_NAMES = {
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
+}
 
 # tokenizer.ggml.pre -> the pre-tokenizer llama.cpp applies (llama-vocab.cpp): "smollm" (like
 # "starcoder") isolates every digit, then splits the rest with the GPT-2 pattern.
-_DIGITS = {"type": "Split", "pattern": {"Regex": "\\p{N}"}, "behavior": "Isolated",
-           "invert": False}
-_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-               "use_regex": True}
+_DIGITS = {"type": "Split", "pattern": {"Regex": "\\p{N}"}, "behavior": "Isolated", "invert": False}
+_BYTE_LEVEL = {
+  "type": "ByteLevel",
+  "add_prefix_space": False,
+  "trim_offsets": True,
+  "use_regex": True,
+}
 PRE_TOKENIZERS = {
-    "smollm": [_DIGITS, _BYTE_LEVEL],
-    "starcoder": [_DIGITS, _BYTE_LEVEL],
-    "gpt2": [_BYTE_LEVEL],
+  "smollm": [_DIGITS, _BYTE_LEVEL],
+  "starcoder": [_DIGITS, _BYTE_LEVEL],
+  "gpt2": [_BYTE_LEVEL],
 }
 # Control tokens llama.cpp ends a generation on, whatever the eos id says (llama-vocab.cpp).
-END_OF_GENERATION_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                            "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
-                            "<end_of_utterance>")
+END_OF_GENERATION_TOKENS = (
+  "<|eot_id|>",
+  "<|im_end|>",
+  "<|end|>",
+  "<end_of_turn>",
+  "<|endoftext|>",
+  "<|eom_id|>",
+  "<EOT>",
+  "_<EOT>",
+  "<|end_of_text|>",
+  "<end_of_utterance>",
+)
 _CONTROL = 3  # tokenizer.ggml.token_type of a control (special) token
 _USER_DEFINED = 4
 
@@ -74,8 +88,10 @@ def _reader(path: str):
   try:
     import gguf  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise ImportError("reading a GGUF file needs the `gguf` package: "
-                      "pip install 'jetrl[smollm2]' (or pip install gguf)") from e
+    raise ImportError(
+      "reading a GGUF file needs the `gguf` package: "
+      "pip install 'jetrl[smollm2]' (or pip install gguf)"
+    ) from e
   try:
     return gguf, gguf.GGUFReader(path)
   except Exception as e:  # pylint: disable=broad-except
@@ -102,8 +118,7 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
   rows = w.shape[0]
   if rows % (2 * n_heads):
     raise ValueError(f"cannot unpermute a projection of {rows} rows into {n_heads} heads")
-  return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _meta(meta: dict, key: str, path: str):
@@ -125,19 +140,25 @@ def model_config(meta: dict, tensor_names, path: str = "GGUF") -> ModelConfig:
   head_dim = int(meta.get("llama.attention.key_length") or d_model // n_heads)
   rotary = int(meta.get("llama.rope.dimension_count") or head_dim)
   if rotary != head_dim:
-    raise ValueError(f"{path}: RoPE on {rotary} of {head_dim} head dimensions (partial rotary) "
-                     "is not supported")
+    raise ValueError(
+      f"{path}: RoPE on {rotary} of {head_dim} head dimensions (partial rotary) is not supported"
+    )
   vocab = meta.get("llama.vocab_size") or len(_meta(meta, "tokenizer.ggml.tokens", path))
   eps = np.float32(_meta(meta, "llama.attention.layer_norm_rms_epsilon", path))
   return ModelConfig(
-      family="llama", vocab_size=int(vocab), d_model=d_model,
-      n_layers=int(_meta(meta, "llama.block_count", path)), n_heads=n_heads,
-      n_kv_heads=int(meta.get("llama.attention.head_count_kv", n_heads)), head_dim=head_dim,
-      d_ff=int(_meta(meta, "llama.feed_forward_length", path)),
-      rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-      rms_eps=float(str(eps)),  # the float32 value's shortest repr: 1e-05, not 9.99...e-06
-      tie_embeddings="output.weight" not in tensor_names,
-      max_seq_len=int(meta.get("llama.context_length", 2048)))
+    family="llama",
+    vocab_size=int(vocab),
+    d_model=d_model,
+    n_layers=int(_meta(meta, "llama.block_count", path)),
+    n_heads=n_heads,
+    n_kv_heads=int(meta.get("llama.attention.head_count_kv", n_heads)),
+    head_dim=head_dim,
+    d_ff=int(_meta(meta, "llama.feed_forward_length", path)),
+    rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+    rms_eps=float(str(eps)),  # the float32 value's shortest repr: 1e-05, not 9.99...e-06
+    tie_embeddings="output.weight" not in tensor_names,
+    max_seq_len=int(meta.get("llama.context_length", 2048)),
+  )
 
 
 def hf_name(name: str, n_layers: int) -> str:
@@ -159,8 +180,9 @@ def dequantized_tensors(gguf, reader, config: ModelConfig, path: str = "GGUF") -
     try:
       arr = gguf.quants.dequantize(t.data, t.tensor_type)
     except (NotImplementedError, ValueError, KeyError) as e:
-      raise ValueError(f"{path}: cannot dequantize tensor {t.name!r} of type "
-                       f"{t.tensor_type.name}: {e}") from e
+      raise ValueError(
+        f"{path}: cannot dequantize tensor {t.name!r} of type {t.tensor_type.name}: {e}"
+      ) from e
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     want = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
     if arr.shape != want:
@@ -174,11 +196,13 @@ def dequantized_tensors(gguf, reader, config: ModelConfig, path: str = "GGUF") -
       raise ValueError(f"{path}: tensor {t.name!r} holds {bad} non-finite values")
     out[name] = np.ascontiguousarray(arr)
   expected = ["model.embed_tokens.weight", "model.norm.weight"] + [
-      f"model.layers.{i}.{n}" for i in range(config.n_layers) for n in _LAYER_NAMES.values()]
+    f"model.layers.{i}.{n}" for i in range(config.n_layers) for n in _LAYER_NAMES.values()
+  ]
   missing = [n for n in expected if n not in out]
   if missing:
-    raise ValueError(f"{path}: GGUF lacks tensors {missing[:4]}"
-                     f"{' ...' if len(missing) > 4 else ''}")
+    raise ValueError(
+      f"{path}: GGUF lacks tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}"
+    )
   return out
 
 
@@ -196,54 +220,95 @@ def tokenizer_files(meta: dict, path: str = "GGUF") -> dict:
   model = meta.get("tokenizer.ggml.model")
   pre = meta.get("tokenizer.ggml.pre", "gpt2")
   if model != "gpt2":
-    raise ValueError(f"{path}: tokenizer model {model!r} is not supported; accepted: 'gpt2' "
-                     "(byte-level BPE)")
+    raise ValueError(
+      f"{path}: tokenizer model {model!r} is not supported; accepted: 'gpt2' (byte-level BPE)"
+    )
   if pre not in PRE_TOKENIZERS:
-    raise ValueError(f"{path}: pre-tokenizer {pre!r} is not supported; accepted: "
-                     f"{sorted(PRE_TOKENIZERS)}")
+    raise ValueError(
+      f"{path}: pre-tokenizer {pre!r} is not supported; accepted: {sorted(PRE_TOKENIZERS)}"
+    )
   tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens", path)]
   types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
   merges = [str(m) for m in _meta(meta, "tokenizer.ggml.merges", path)]
-  added = [{"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": kind == _CONTROL}
-           for i, (tok, kind) in enumerate(zip(tokens, types))
-           if kind in (_CONTROL, _USER_DEFINED)]
+  added = [
+    {
+      "id": i,
+      "content": tok,
+      "single_word": False,
+      "lstrip": False,
+      "rstrip": False,
+      "normalized": False,
+      "special": kind == _CONTROL,
+    }
+    for i, (tok, kind) in enumerate(zip(tokens, types))
+    if kind in (_CONTROL, _USER_DEFINED)
+  ]
   tokenizer = {
-      "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-      "normalizer": None,
-      "pre_tokenizer": {"type": "Sequence", "pretokenizers": PRE_TOKENIZERS[pre]},
-      "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                         "use_regex": True},
-      "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                  "use_regex": True},
-      "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                "vocab": {tok: i for i, tok in enumerate(tokens)},
-                "merges": [m.split(" ", 1) for m in merges]},
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": added,
+    "normalizer": None,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": PRE_TOKENIZERS[pre]},
+    "post_processor": {
+      "type": "ByteLevel",
+      "add_prefix_space": False,
+      "trim_offsets": False,
+      "use_regex": True,
+    },
+    "decoder": {
+      "type": "ByteLevel",
+      "add_prefix_space": True,
+      "trim_offsets": True,
+      "use_regex": True,
+    },
+    "model": {
+      "type": "BPE",
+      "dropout": None,
+      "unk_token": None,
+      "continuing_subword_prefix": None,
+      "end_of_word_suffix": None,
+      "fuse_unk": False,
+      "byte_fallback": False,
+      "ignore_merges": False,
+      "vocab": {tok: i for i, tok in enumerate(tokens)},
+      "merges": [m.split(" ", 1) for m in merges],
+    },
   }
-  special = {name: _token(tokens, meta, key) for name, key in (
-      ("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id"))}
-  tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
-                "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-                "clean_up_tokenization_spaces": False,
-                "model_max_length": int(meta.get("llama.context_length", 2048)),
-                **{k: v for k, v in special.items() if v is not None}}
+  special = {
+    name: _token(tokens, meta, key)
+    for name, key in (
+      ("bos_token", "bos_token_id"),
+      ("eos_token", "eos_token_id"),
+      ("unk_token", "unknown_token_id"),
+      ("pad_token", "padding_token_id"),
+    )
+  }
+  tok_config = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": int(meta.get("llama.context_length", 2048)),
+    **{k: v for k, v in special.items() if v is not None},
+  }
   template = meta.get("tokenizer.chat_template")
   if template:
     tok_config["chat_template"] = str(template)
   by_text = {tok: i for i, tok in enumerate(tokens)}
   eos = meta.get("tokenizer.ggml.eos_token_id")
   stops = ([int(eos)] if eos is not None else []) + [
-      by_text[t] for t in END_OF_GENERATION_TOKENS if t in by_text]
+    by_text[t] for t in END_OF_GENERATION_TOKENS if t in by_text
+  ]
   generation = {"eos_token_id": list(dict.fromkeys(stops))}
   for key, gen_key in (("bos_token_id", "bos_token_id"), ("padding_token_id", "pad_token_id")):
     if meta.get(f"tokenizer.ggml.{key}") is not None:
       generation[gen_key] = int(meta[f"tokenizer.ggml.{key}"])
-  return {"tokenizer.json": tokenizer, "tokenizer_config.json": tok_config,
-          "generation_config.json": generation}
+  return {
+    "tokenizer.json": tokenizer,
+    "tokenizer_config.json": tok_config,
+    "generation_config.json": generation,
+  }
 
 
 # ---------------------------------------------------------------------------- the folder
@@ -254,6 +319,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> ModelConfig:
   files in it are overwritten). Returns its ModelConfig. Callers that need the folder to appear
   atomically write into a temporary directory and rename it (`jetrl.models.smollm2`)."""
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+
   gguf, reader = _reader(gguf_path)
   meta = read_metadata(reader)
   names = [t.name for t in reader.tensors]
@@ -261,8 +327,10 @@ def convert_gguf(gguf_path: str, out_dir: str) -> ModelConfig:
   files = tokenizer_files(meta, gguf_path)
   tensors = dequantized_tensors(gguf, reader, config, gguf_path)
   if tensors["model.embed_tokens.weight"].shape[0] != config.vocab_size:
-    raise ValueError(f"{gguf_path}: the embedding has {tensors['model.embed_tokens.weight'].shape[0]}"
-                     f" rows but the vocabulary {config.vocab_size} tokens")
+    raise ValueError(
+      f"{gguf_path}: the embedding has {tensors['model.embed_tokens.weight'].shape[0]}"
+      f" rows but the vocabulary {config.vocab_size} tokens"
+    )
   os.makedirs(out_dir, exist_ok=True)
   save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   hf = config_to_hf(config, np.float32)
@@ -278,5 +346,6 @@ def convert_gguf(gguf_path: str, out_dir: str) -> ModelConfig:
 
 def _write_json(path: str, content: Any) -> None:
   with open(path, "w", encoding="utf-8") as f:
-    json.dump(content, f, indent=2 if not path.endswith("tokenizer.json") else None,
-              ensure_ascii=False)
+    json.dump(
+      content, f, indent=2 if not path.endswith("tokenizer.json") else None, ensure_ascii=False
+    )

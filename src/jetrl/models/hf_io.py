@@ -26,37 +26,50 @@ import numpy as np
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.params import check_params, param_shapes
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {
+  "LlamaForCausalLM": "llama",
+  "Qwen2ForCausalLM": "qwen2",
+  "Qwen3ForCausalLM": "qwen3",
+}
 _ARCH_OF = {family: arch for arch, family in ARCHITECTURES.items()}
 
 # params["layers"] name -> (suffix after "model.layers.{i}.", stored transposed by torch)
 _LAYER_TENSORS = {
-    "attn_norm": ("input_layernorm.weight", False),
-    "wq": ("self_attn.q_proj.weight", True),
-    "wk": ("self_attn.k_proj.weight", True),
-    "wv": ("self_attn.v_proj.weight", True),
-    "wo": ("self_attn.o_proj.weight", True),
-    "bq": ("self_attn.q_proj.bias", False),
-    "bk": ("self_attn.k_proj.bias", False),
-    "bv": ("self_attn.v_proj.bias", False),
-    "q_norm": ("self_attn.q_norm.weight", False),
-    "k_norm": ("self_attn.k_norm.weight", False),
-    "mlp_norm": ("post_attention_layernorm.weight", False),
-    "w_gate": ("mlp.gate_proj.weight", True),
-    "w_up": ("mlp.up_proj.weight", True),
-    "w_down": ("mlp.down_proj.weight", True),
+  "attn_norm": ("input_layernorm.weight", False),
+  "wq": ("self_attn.q_proj.weight", True),
+  "wk": ("self_attn.k_proj.weight", True),
+  "wv": ("self_attn.v_proj.weight", True),
+  "wo": ("self_attn.o_proj.weight", True),
+  "bq": ("self_attn.q_proj.bias", False),
+  "bk": ("self_attn.k_proj.bias", False),
+  "bv": ("self_attn.v_proj.bias", False),
+  "q_norm": ("self_attn.q_norm.weight", False),
+  "k_norm": ("self_attn.k_norm.weight", False),
+  "mlp_norm": ("post_attention_layernorm.weight", False),
+  "w_gate": ("mlp.gate_proj.weight", True),
+  "w_up": ("mlp.up_proj.weight", True),
+  "w_down": ("mlp.down_proj.weight", True),
 }
-_TOP_TENSORS = {"embed": ("model.embed_tokens.weight", False),
-                "final_norm": ("model.norm.weight", False),
-                "lm_head": ("lm_head.weight", True)}
+_TOP_TENSORS = {
+  "embed": ("model.embed_tokens.weight", False),
+  "final_norm": ("model.norm.weight", False),
+  "lm_head": ("lm_head.weight", True),
+}
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors dtype names that are read
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "chat_template.json", "generation_config.json",
-                   "vocab.json", "merges.txt", "tokenizer.model")
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "chat_template.jinja",
+  "chat_template.json",
+  "generation_config.json",
+  "vocab.json",
+  "merges.txt",
+  "tokenizer.model",
+)
 
 
 # ---------------------------------------------------------------------------- config.json
@@ -77,15 +90,18 @@ def _rope_from_hf(cfg: dict):
   if kind == "default":
     return float(theta), None
   if kind != "llama3":
-    raise ValueError(f"config.json: rope type {kind!r} is not supported; accepted: "
-                     "'default', 'llama3'")
+    raise ValueError(
+      f"config.json: rope type {kind!r} is not supported; accepted: 'default', 'llama3'"
+    )
   try:
-    rs = RopeScaling(factor=float(spec["factor"]),
-                     low_freq_factor=float(spec["low_freq_factor"]),
-                     high_freq_factor=float(spec["high_freq_factor"]),
-                     original_max_position_embeddings=int(
-                         spec.get("original_max_position_embeddings",
-                                  cfg.get("max_position_embeddings"))))
+    rs = RopeScaling(
+      factor=float(spec["factor"]),
+      low_freq_factor=float(spec["low_freq_factor"]),
+      high_freq_factor=float(spec["high_freq_factor"]),
+      original_max_position_embeddings=int(
+        spec.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+      ),
+    )
   except (KeyError, TypeError) as e:
     raise ValueError(f"config.json: llama3 rope scaling is missing field {e}") from None
   return float(theta), rs
@@ -96,12 +112,16 @@ def config_from_hf(cfg: dict) -> ModelConfig:
   archs = cfg.get("architectures") or []
   arch = archs[0] if archs else None
   if arch is None:
-    by_type = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM"}
+    by_type = {
+      "llama": "LlamaForCausalLM",
+      "qwen2": "Qwen2ForCausalLM",
+      "qwen3": "Qwen3ForCausalLM",
+    }
     arch = by_type.get(cfg.get("model_type"), cfg.get("model_type"))
   if arch not in ARCHITECTURES:
-    raise ValueError(f"config.json: unsupported architecture {arch!r}; supported: "
-                     f"{sorted(ARCHITECTURES)}")
+    raise ValueError(
+      f"config.json: unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}"
+    )
   family = ARCHITECTURES[arch]
   act = cfg.get("hidden_act", "silu")
   if act != "silu":
@@ -112,22 +132,34 @@ def config_from_hf(cfg: dict) -> ModelConfig:
     raise ValueError("config.json: mlp_bias=true is not supported")
   if cfg.get("use_sliding_window", False):
     raise ValueError("config.json: use_sliding_window=true is not supported")
-  for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads"):
+  for key in (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+  ):
     if key not in cfg:
       raise ValueError(f"config.json: missing field {key!r}")
   n_heads = int(cfg["num_attention_heads"])
   theta, scaling = _rope_from_hf(cfg)
   return ModelConfig(
-      family=family, vocab_size=int(cfg["vocab_size"]), d_model=int(cfg["hidden_size"]),
-      n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
-      n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-      head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads),
-      d_ff=int(cfg["intermediate_size"]), rope_theta=theta, rope_scaling=scaling,
-      rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-      tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-      qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
-      max_seq_len=int(cfg.get("max_position_embeddings", 2048)))
+    family=family,
+    vocab_size=int(cfg["vocab_size"]),
+    d_model=int(cfg["hidden_size"]),
+    n_layers=int(cfg["num_hidden_layers"]),
+    n_heads=n_heads,
+    n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+    head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads),
+    d_ff=int(cfg["intermediate_size"]),
+    rope_theta=theta,
+    rope_scaling=scaling,
+    rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    qkv_bias=family == "qwen2",
+    qk_norm=family == "qwen3",
+    max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+  )
 
 
 def config_to_hf(config: ModelConfig, dtype) -> dict:
@@ -136,30 +168,45 @@ def config_to_hf(config: ModelConfig, dtype) -> dict:
   wanted = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
   if (config.qkv_bias, config.qk_norm) != wanted[config.family]:
     raise ValueError(
-        f"ModelConfig(family={config.family!r}, qkv_bias={config.qkv_bias}, "
-        f"qk_norm={config.qk_norm}) has no Hugging Face equivalent; {config.family} needs "
-        f"qkv_bias={wanted[config.family][0]}, qk_norm={wanted[config.family][1]}")
+      f"ModelConfig(family={config.family!r}, qkv_bias={config.qkv_bias}, "
+      f"qk_norm={config.qk_norm}) has no Hugging Face equivalent; {config.family} needs "
+      f"qkv_bias={wanted[config.family][0]}, qk_norm={wanted[config.family][1]}"
+    )
   rope = {"rope_type": "default", "rope_theta": config.rope_theta}
   legacy_scaling = None
   if config.rope_scaling is not None:
     rs = config.rope_scaling
-    legacy_scaling = {"rope_type": "llama3", "factor": rs.factor,
-                      "low_freq_factor": rs.low_freq_factor,
-                      "high_freq_factor": rs.high_freq_factor,
-                      "original_max_position_embeddings": rs.original_max_position_embeddings}
+    legacy_scaling = {
+      "rope_type": "llama3",
+      "factor": rs.factor,
+      "low_freq_factor": rs.low_freq_factor,
+      "high_freq_factor": rs.high_freq_factor,
+      "original_max_position_embeddings": rs.original_max_position_embeddings,
+    }
     rope = dict(legacy_scaling, rope_theta=config.rope_theta)
   dtype_name = jnp.dtype(dtype).name
   out = {
-      "architectures": [_ARCH_OF[config.family]], "model_type": config.family,
-      "vocab_size": config.vocab_size, "hidden_size": config.d_model,
-      "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
-      "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
-      "head_dim": config.head_dim, "hidden_act": "silu",
-      "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.rms_eps,
-      "rope_theta": config.rope_theta, "rope_scaling": legacy_scaling, "rope_parameters": rope,
-      "tie_word_embeddings": config.tie_embeddings, "attention_dropout": 0.0,
-      "initializer_range": 0.02, "use_cache": True, "torch_dtype": dtype_name,
-      "dtype": dtype_name,
+    "architectures": [_ARCH_OF[config.family]],
+    "model_type": config.family,
+    "vocab_size": config.vocab_size,
+    "hidden_size": config.d_model,
+    "intermediate_size": config.d_ff,
+    "num_hidden_layers": config.n_layers,
+    "num_attention_heads": config.n_heads,
+    "num_key_value_heads": config.n_kv_heads,
+    "head_dim": config.head_dim,
+    "hidden_act": "silu",
+    "max_position_embeddings": config.max_seq_len,
+    "rms_norm_eps": config.rms_eps,
+    "rope_theta": config.rope_theta,
+    "rope_scaling": legacy_scaling,
+    "rope_parameters": rope,
+    "tie_word_embeddings": config.tie_embeddings,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "use_cache": True,
+    "torch_dtype": dtype_name,
+    "dtype": dtype_name,
   }
   if config.family in ("llama", "qwen3"):
     out["attention_bias"] = False
@@ -197,19 +244,25 @@ def resolve_path(path: str) -> str:
   if os.path.isdir(path):
     return path
   if not _HUB_NAME.match(path):
-    raise ValueError(f"checkpoint directory {path!r} does not exist (and is not a hub name "
-                     "such as 'Qwen/Qwen2.5-0.5B')")
+    raise ValueError(
+      f"checkpoint directory {path!r} does not exist (and is not a hub name "
+      "such as 'Qwen/Qwen2.5-0.5B')"
+    )
   try:
     from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
+
     return snapshot_download(repo_id=path, allow_patterns=HUB_PATTERNS)
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"{path!r} is not a local directory and could not be downloaded from "
-                     f"the Hugging Face hub: {type(e).__name__}: {e}") from e
+    raise ValueError(
+      f"{path!r} is not a local directory and could not be downloaded from "
+      f"the Hugging Face hub: {type(e).__name__}: {e}"
+    ) from e
 
 
 def _weight_files(path: str) -> dict:
   """{tensor name: file} for model.safetensors or a sharded model.safetensors.index.json."""
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+
   index = os.path.join(path, "model.safetensors.index.json")
   single = os.path.join(path, "model.safetensors")
   if os.path.exists(index):
@@ -243,6 +296,7 @@ def load_pretrained(path: str, *, dtype=jnp.float32):
 def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> dict:
   """The params pytree from the checkpoint tensors named in `files`."""
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+
   handles = {}
 
   def get(name: str, shape: tuple, transposed: bool) -> np.ndarray:
@@ -253,17 +307,22 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
       handles[file] = stack.enter_context(safe_open(file, framework="np"))
     stored = handles[file].get_slice(name).get_dtype()
     if stored not in FLOAT_DTYPES:
-      raise ValueError(f"checkpoint {path}: tensor {name!r} is stored as {stored}; accepted: "
-                       f"{', '.join(FLOAT_DTYPES)} (dequantize integer or FP8 weights first)")
+      raise ValueError(
+        f"checkpoint {path}: tensor {name!r} is stored as {stored}; accepted: "
+        f"{', '.join(FLOAT_DTYPES)} (dequantize integer or FP8 weights first)"
+      )
     arr = handles[file].get_tensor(name)
     want = shape[::-1] if transposed else shape
     if tuple(arr.shape) != tuple(want):
-      raise ValueError(f"checkpoint {path}: tensor {name!r} has shape {tuple(arr.shape)}, "
-                       f"expected {tuple(want)} from config.json")
+      raise ValueError(
+        f"checkpoint {path}: tensor {name!r} has shape {tuple(arr.shape)}, "
+        f"expected {tuple(want)} from config.json"
+      )
     bad = int(np.count_nonzero(~np.isfinite(arr)))
     if bad:
-      raise ValueError(f"checkpoint {path}: tensor {name!r} holds {bad} non-finite values "
-                       "(NaN or Inf)")
+      raise ValueError(
+        f"checkpoint {path}: tensor {name!r} holds {bad} non-finite values (NaN or Inf)"
+      )
     return arr.T if transposed else arr
 
   target = _target_np_dtype(dtype)
@@ -282,19 +341,28 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
       stacked[i] = get(name, per_layer, transposed).astype(target)
       used.add(name)
     params["layers"][sub] = jnp.asarray(stacked)
-  extra = sorted(n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
-                 and not (config.tie_embeddings and n == "lm_head.weight"))
+  extra = sorted(
+    n
+    for n in files
+    if n not in used
+    and not n.endswith(_IGNORED_SUFFIXES)
+    and not (config.tie_embeddings and n == "lm_head.weight")
+  )
   if extra:
-    raise ValueError(f"checkpoint {path}: unexpected tensors {extra[:8]}"
-                     f"{' ...' if len(extra) > 8 else ''} for {_ARCH_OF[config.family]}")
+    raise ValueError(
+      f"checkpoint {path}: unexpected tensors {extra[:8]}"
+      f"{' ...' if len(extra) > 8 else ''} for {_ARCH_OF[config.family]}"
+    )
   return params
 
 
-def save_pretrained(params, config: ModelConfig, path: str, *,
-                    tokenizer_from: Optional[str] = None) -> str:
+def save_pretrained(
+  params, config: ModelConfig, path: str, *, tokenizer_from: Optional[str] = None
+) -> str:
   """Write config.json and model.safetensors (in the params' dtype) that `transformers`
   loads; optionally copy the tokenizer files found in directory `tokenizer_from`."""
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+
   check_params(params, config)
   dtype = params["embed"].dtype
   os.makedirs(path, exist_ok=True)

@@ -23,7 +23,6 @@ from jetrl.precision.formats import compute_dtype as _dtype_of
 from jetrl.precision.formats import dot_precision
 
 
-
 def compute_dtype(precision: Optional[Precision], params) -> jnp.dtype:
   """The dtype activations live in: the precision's compute dtype, else the params' dtype."""
   if precision is None:
@@ -56,7 +55,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -
   wavelen = (2 * math.pi / inv).astype(np.float32)
   scaled = np.where(wavelen > low_wavelen, inv / np.float32(scaling.factor), inv)
   smooth = (old / wavelen - scaling.low_freq_factor) / (
-      scaling.high_freq_factor - scaling.low_freq_factor)
+    scaling.high_freq_factor - scaling.low_freq_factor
+  )
   smoothed = (1 - smooth) * scaled / np.float32(scaling.factor) + smooth * scaled
   medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
   return np.where(medium, smoothed, scaled).astype(np.float32)
@@ -77,8 +77,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
-def project(x: jax.Array, w: jax.Array, precision: Optional[Precision], cd,
-            bias: Optional[jax.Array] = None) -> jax.Array:
+def project(
+  x: jax.Array, w: jax.Array, precision: Optional[Precision], cd, bias: Optional[jax.Array] = None
+) -> jax.Array:
   """x @ w through `jetrl.precision.linear`, plus an optional bias, in cd."""
   y = linear(x, w, precision).astype(cd)
   if bias is not None:
@@ -107,12 +108,18 @@ def lm_head(h: jax.Array, params, config: ModelConfig, cd, exact: bool = False) 
     key = "embed" if config.tie_embeddings else "lm_head"
     reference = lambda a, w: lm_head(a, {key: w}, config, cd)
     if LM_HEAD_GRID in params:  # a rollout's weights, gridded once (rollout_weights)
-      return exact_ops.lm_head_grids(h, params[LM_HEAD_GRID], config.tie_embeddings, cd,
-                                     reference=reference)
+      return exact_ops.lm_head_grids(
+        h, params[LM_HEAD_GRID], config.tie_embeddings, cd, reference=reference
+      )
     return exact_ops.lm_head(h, params[key], config.tie_embeddings, cd, reference=reference)
   if config.tie_embeddings:
     w, dims = params["embed"], (((h.ndim - 1,), (1,)), ((), ()))
   else:
     w, dims = params["lm_head"], (((h.ndim - 1,), (0,)), ((), ()))
-  return jax.lax.dot_general(h.astype(cd), w.astype(cd), dims, precision=dot_precision(cd),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    h.astype(cd),
+    w.astype(cd),
+    dims,
+    precision=dot_precision(cd),
+    preferred_element_type=jnp.float32,
+  )

@@ -32,8 +32,9 @@ def _chunk_stats(h, targets, params, config, cd, temperature, exact=False):
   if exact:
     key = "embed" if config.tie_embeddings else "lm_head"
     ref = lambda hc, tc, w, temp: _chunk_stats(hc, tc, {key: w}, config, cd, temp)
-    return exact_ops.chunk_stats(h, targets, params[key], temperature, config.tie_embeddings,
-                                 cd, reference=ref)
+    return exact_ops.chunk_stats(
+      h, targets, params[key], temperature, config.tie_embeddings, cd, reference=ref
+    )
   z = lm_head(h, params, config, cd) / temperature  # float32 [B, C, V]
   lse = jax.nn.logsumexp(z, axis=-1)
   z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
@@ -42,9 +43,16 @@ def _chunk_stats(h, targets, params, config, cd, temperature, exact=False):
   return z_target - lse, entropy
 
 
-def logprobs_from_hidden(params, config: ModelConfig, h: jax.Array, targets: jax.Array, *,
-                         precision: Optional[Precision] = None, temperature=1.0,
-                         chunk_size: int = DEFAULT_CHUNK):
+def logprobs_from_hidden(
+  params,
+  config: ModelConfig,
+  h: jax.Array,
+  targets: jax.Array,
+  *,
+  precision: Optional[Precision] = None,
+  temperature=1.0,
+  chunk_size: int = DEFAULT_CHUNK,
+):
   """token_logprobs from final-normed hidden states h [B, T, D] (see `token_logprobs`)."""
   if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -52,14 +60,15 @@ def logprobs_from_hidden(params, config: ModelConfig, h: jax.Array, targets: jax
     raise ValueError(f"temperature must be > 0, got {temperature!r}")
   b, t, d = h.shape
   if tuple(targets.shape) != (b, t):
-    raise ValueError(f"targets must have shape {(b, t)} (like tokens), got "
-                     f"{tuple(targets.shape)}")
+    raise ValueError(f"targets must have shape {(b, t)} (like tokens), got {tuple(targets.shape)}")
   cd = compute_dtype(precision, params)
   temperature = jnp.asarray(temperature, jnp.float32)
   targets = targets.astype(jnp.int32)
   stats = jax.checkpoint(
-      lambda hc, tc: _chunk_stats(hc, tc, params, config, cd, temperature,
-                                  is_batch_invariant(precision)))
+    lambda hc, tc: _chunk_stats(
+      hc, tc, params, config, cd, temperature, is_batch_invariant(precision)
+    )
+  )
   if t <= chunk_size:
     logp, ent = stats(h, targets)
   else:
@@ -76,17 +85,34 @@ def logprobs_from_hidden(params, config: ModelConfig, h: jax.Array, targets: jax
   return logp, ent
 
 
-def token_logprobs(params, config: ModelConfig, tokens: jax.Array, targets: jax.Array, *,
-                   precision: Optional[Precision] = None, positions: Optional[jax.Array] = None,
-                   attention_mask: Optional[jax.Array] = None, temperature=1.0,
-                   chunk_size: int = DEFAULT_CHUNK, remat: bool = False):
+def token_logprobs(
+  params,
+  config: ModelConfig,
+  tokens: jax.Array,
+  targets: jax.Array,
+  *,
+  precision: Optional[Precision] = None,
+  positions: Optional[jax.Array] = None,
+  attention_mask: Optional[jax.Array] = None,
+  temperature=1.0,
+  chunk_size: int = DEFAULT_CHUNK,
+  remat: bool = False,
+):
   """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params.
 
   logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]], and entropy[b, t] is
   the entropy of that same distribution. chunk_size (static) is the number of sequence
   positions whose logits exist at once; T <= chunk_size runs as one chunk.
   """
-  h = hidden_states(params, config, tokens, precision=precision, positions=positions,
-                    attention_mask=attention_mask, remat=remat)
-  return logprobs_from_hidden(params, config, h, targets, precision=precision,
-                              temperature=temperature, chunk_size=chunk_size)
+  h = hidden_states(
+    params,
+    config,
+    tokens,
+    precision=precision,
+    positions=positions,
+    attention_mask=attention_mask,
+    remat=remat,
+  )
+  return logprobs_from_hidden(
+    params, config, h, targets, precision=precision, temperature=temperature, chunk_size=chunk_size
+  )

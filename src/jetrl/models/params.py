@@ -38,11 +38,15 @@ def param_shapes(config: ModelConfig) -> dict:
   c = config
   L, D, F, V = c.n_layers, c.d_model, c.d_ff, c.vocab_size
   layers = {
-      "attn_norm": (L, D),
-      "wq": (L, D, c.q_dim), "wk": (L, D, c.kv_dim), "wv": (L, D, c.kv_dim),
-      "wo": (L, c.q_dim, D),
-      "mlp_norm": (L, D),
-      "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
+    "attn_norm": (L, D),
+    "wq": (L, D, c.q_dim),
+    "wk": (L, D, c.kv_dim),
+    "wv": (L, D, c.kv_dim),
+    "wo": (L, c.q_dim, D),
+    "mlp_norm": (L, D),
+    "w_gate": (L, D, F),
+    "w_up": (L, D, F),
+    "w_down": (L, F, D),
   }
   if c.qkv_bias:
     layers.update(bq=(L, c.q_dim), bk=(L, c.kv_dim), bv=(L, c.kv_dim))
@@ -58,7 +62,8 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
   """Random params: N(0, 0.02) matrices and embeddings, unit norms, zero biases."""
   shapes = param_shapes(config)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda s: isinstance(s, tuple))
+    shapes, is_leaf=lambda s: isinstance(s, tuple)
+  )
   keys = jax.random.split(key, len(flat))
   leaves = []
   for (path, shape), k in zip(flat, keys):
@@ -82,8 +87,9 @@ def unstack_layers(params) -> dict:
   if isinstance(layers, tuple):
     return params
   n = jax.tree_util.tree_leaves(layers)[0].shape[0]
-  return dict(params, layers=tuple(jax.tree_util.tree_map(lambda w, i=i: w[i], layers)
-                                   for i in range(n)))
+  return dict(
+    params, layers=tuple(jax.tree_util.tree_map(lambda w, i=i: w[i], layers) for i in range(n))
+  )
 
 
 # A batch-invariant rollout's LM head weights on their grids (jetrl.models.rollout_weights).
@@ -116,11 +122,17 @@ def check_params(params, config: ModelConfig, allow_unstacked: bool = False) -> 
   expected = param_shapes(config)
   if allow_unstacked and isinstance(params, dict) and isinstance(params.get("layers"), tuple):
     if len(params["layers"]) != config.n_layers:
-      raise ValueError(f"params['layers'] is a tuple of {len(params['layers'])} layers, "
-                       f"expected {config.n_layers} for this ModelConfig")
+      raise ValueError(
+        f"params['layers'] is a tuple of {len(params['layers'])} layers, "
+        f"expected {config.n_layers} for this ModelConfig"
+      )
     per_layer = {k: v[1:] for k, v in expected["layers"].items()}
-    expected = dict(expected, layers={i: _fused_expectation(per_layer, params["layers"][i])
-                                      for i in range(config.n_layers)})
+    expected = dict(
+      expected,
+      layers={
+        i: _fused_expectation(per_layer, params["layers"][i]) for i in range(config.n_layers)
+      },
+    )
     params = dict(params, layers=dict(enumerate(params["layers"])))
     if LM_HEAD_GRID in params:
       expected[LM_HEAD_GRID] = expected["embed" if config.tie_embeddings else "lm_head"]
@@ -138,7 +150,9 @@ def check_params(params, config: ModelConfig, allow_unstacked: bool = False) -> 
       if isinstance(shape, dict):
         walk(shape, got[name], f"{prefix}[{name!r}]")
       elif tuple(got[name].shape) != shape:
-        raise ValueError(f"params{prefix}[{name!r}] has shape {tuple(got[name].shape)}, "
-                         f"expected {shape} for this ModelConfig")
+        raise ValueError(
+          f"params{prefix}[{name!r}] has shape {tuple(got[name].shape)}, "
+          f"expected {shape} for this ModelConfig"
+        )
 
   walk(expected, params, "")

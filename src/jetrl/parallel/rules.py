@@ -35,18 +35,27 @@ from jetrl.models.params import LINEAR_WEIGHTS, param_shapes
 from jetrl.parallel.mesh import DATA, FSDP, TENSOR, mesh_str
 
 MODES = ("train", "sample")
-VOCAB = "vocab"   # placeholder: `tensor` when it divides the vocabulary, else replicated
+VOCAB = "vocab"  # placeholder: `tensor` when it divides the vocabulary, else replicated
 
 # Per-parameter rules, by name (the last key of the parameter's path), without the layer axis.
 _RULES = {
-    "embed": (VOCAB, FSDP),            # [V, D]
-    "lm_head": (FSDP, VOCAB),          # [D, V]
-    "final_norm": (None,),             # [D]
-    "wq": (FSDP, TENSOR), "wk": (FSDP, TENSOR), "wv": (FSDP, TENSOR),          # [D, out]
-    "w_gate": (FSDP, TENSOR), "w_up": (FSDP, TENSOR),                          # [D, F]
-    "wo": (TENSOR, FSDP), "w_down": (TENSOR, FSDP),                            # [in, D]
-    "bq": (TENSOR,), "bk": (TENSOR,), "bv": (TENSOR,),
-    "attn_norm": (None,), "mlp_norm": (None,), "q_norm": (None,), "k_norm": (None,),
+  "embed": (VOCAB, FSDP),  # [V, D]
+  "lm_head": (FSDP, VOCAB),  # [D, V]
+  "final_norm": (None,),  # [D]
+  "wq": (FSDP, TENSOR),
+  "wk": (FSDP, TENSOR),
+  "wv": (FSDP, TENSOR),  # [D, out]
+  "w_gate": (FSDP, TENSOR),
+  "w_up": (FSDP, TENSOR),  # [D, F]
+  "wo": (TENSOR, FSDP),
+  "w_down": (TENSOR, FSDP),  # [in, D]
+  "bq": (TENSOR,),
+  "bk": (TENSOR,),
+  "bv": (TENSOR,),
+  "attn_norm": (None,),
+  "mlp_norm": (None,),
+  "q_norm": (None,),
+  "k_norm": (None,),
 }
 
 
@@ -92,7 +101,8 @@ def param_specs(config: ModelConfig, axis_sizes: dict[str, int], mode: str = "tr
   sizes = {DATA: 1, FSDP: 1, TENSOR: 1, **axis_sizes}
   shapes = param_shapes(config)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda s: isinstance(s, tuple))
+    shapes, is_leaf=lambda s: isinstance(s, tuple)
+  )
   specs = []
   for path, shape in flat:
     name = path[-1].key
@@ -105,8 +115,9 @@ def param_specs(config: ModelConfig, axis_sizes: dict[str, int], mode: str = "tr
     in_layers = len(path) > 1 and path[0].key == "layers"
     dims = shape[1:] if in_layers else shape
     if len(rule) != len(dims):
-      raise ValueError(f"partition rule for {where!r} has {len(rule)} entries, but the "
-                       f"parameter has shape {shape}")
+      raise ValueError(
+        f"partition rule for {where!r} has {len(rule)} entries, but the parameter has shape {shape}"
+      )
     entries = []
     for axes, dim in zip(rule, dims):
       if axes == VOCAB:
@@ -115,19 +126,23 @@ def param_specs(config: ModelConfig, axis_sizes: dict[str, int], mode: str = "tr
       n = _axis_size(sizes, axes)
       if dim % n:
         raise ValueError(
-            f"parameter {where!r} of shape {shape}: dim {dim} is not divisible by mesh axis "
-            f"{_axes_names(axes)} of size {n}; choose axis sizes that divide the model's "
-            f"dims (d_model={config.d_model}, d_ff={config.d_ff}, n_heads={config.n_heads}, "
-            f"n_kv_heads={config.n_kv_heads}, head_dim={config.head_dim})")
+          f"parameter {where!r} of shape {shape}: dim {dim} is not divisible by mesh axis "
+          f"{_axes_names(axes)} of size {n}; choose axis sizes that divide the model's "
+          f"dims (d_model={config.d_model}, d_ff={config.d_ff}, n_heads={config.n_heads}, "
+          f"n_kv_heads={config.n_kv_heads}, head_dim={config.head_dim})"
+        )
       entries.append(axes)
     if name in ("wq", "bq", "wo") and sizes[TENSOR] > 1 and config.n_heads % sizes[TENSOR]:
-      raise ValueError(f"parameter {where!r}: n_heads={config.n_heads} is not divisible by "
-                       f"mesh axis 'tensor' of size {sizes[TENSOR]} (heads would be split)")
-    if name in ("wk", "wv", "bk", "bv") and sizes[TENSOR] > 1 and \
-        config.n_kv_heads % sizes[TENSOR]:
-      raise ValueError(f"parameter {where!r}: n_kv_heads={config.n_kv_heads} is not divisible "
-                       f"by mesh axis 'tensor' of size {sizes[TENSOR]} (kv heads would be "
-                       f"split); use a smaller tensor axis")
+      raise ValueError(
+        f"parameter {where!r}: n_heads={config.n_heads} is not divisible by "
+        f"mesh axis 'tensor' of size {sizes[TENSOR]} (heads would be split)"
+      )
+    if name in ("wk", "wv", "bk", "bv") and sizes[TENSOR] > 1 and config.n_kv_heads % sizes[TENSOR]:
+      raise ValueError(
+        f"parameter {where!r}: n_kv_heads={config.n_kv_heads} is not divisible "
+        f"by mesh axis 'tensor' of size {sizes[TENSOR]} (kv heads would be "
+        f"split); use a smaller tensor axis"
+      )
     specs.append(P(*(([None] if in_layers else []) + entries)))
   return jax.tree_util.tree_unflatten(treedef, specs)
 
@@ -145,8 +160,9 @@ def fp8_blocks(recipe) -> list[tuple[str, int]]:
   return out
 
 
-def check_fp8_alignment(config: ModelConfig, specs: dict, axis_sizes: dict[str, int],
-                        recipe) -> None:
+def check_fp8_alignment(
+  config: ModelConfig, specs: dict, axis_sizes: dict[str, int], recipe
+) -> None:
   """ValueError if a 1xB group or BxB weight block of an FP8 matrix would straddle shards.
 
   For each FP8 matrix (the linear layers; not embed / lm_head) of shape [L, K, N]: when K is
@@ -168,13 +184,14 @@ def check_fp8_alignment(config: ModelConfig, specs: dict, axis_sizes: dict[str, 
         local = shape[dim_i] // n
         if local % block:
           raise ValueError(
-              f"FP8 recipe {role} (block {block}): parameter 'layers/{name}' of shape "
-              f"{shape} has its {what}={shape[dim_i]} split over mesh axis "
-              f"{_axes_names(axes)} (size {n}) into shards of {local}, which is not a "
-              f"multiple of the FP8 block {block}: {'1x' if dim_i == 1 else ''}{block} "
-              f"groups / {block}x{block} weight blocks would straddle a shard boundary. "
-              f"Use a smaller {_axes_names(axes)} axis (shards of a multiple of {block}) or a "
-              f"non-FP8 recipe.")
+            f"FP8 recipe {role} (block {block}): parameter 'layers/{name}' of shape "
+            f"{shape} has its {what}={shape[dim_i]} split over mesh axis "
+            f"{_axes_names(axes)} (size {n}) into shards of {local}, which is not a "
+            f"multiple of the FP8 block {block}: {'1x' if dim_i == 1 else ''}{block} "
+            f"groups / {block}x{block} weight blocks would straddle a shard boundary. "
+            f"Use a smaller {_axes_names(axes)} axis (shards of a multiple of {block}) or a "
+            f"non-FP8 recipe."
+          )
 
 
 def _rows_axes(rows: int, sizes: dict, strict: bool, what: str):
@@ -184,8 +201,10 @@ def _rows_axes(rows: int, sizes: dict, strict: bool, what: str):
   if rows % n == 0:
     return full
   if strict:
-    raise ValueError(f"{what}: {rows} rows do not split over mesh axes 'data'x'fsdp' of size "
-                     f"{n}; use a number of rows divisible by {n}")
+    raise ValueError(
+      f"{what}: {rows} rows do not split over mesh axes 'data'x'fsdp' of size "
+      f"{n}; use a number of rows divisible by {n}"
+    )
   data = _clean(DATA, sizes)
   return data if rows % _axis_size(sizes, data) == 0 else None
 
@@ -193,6 +212,7 @@ def _rows_axes(rows: int, sizes: dict, strict: bool, what: str):
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where every array of a run lives on `mesh` for one mode ("train" or "sample")."""
+
   mesh: Mesh
   config: ModelConfig
   mode: str
@@ -211,8 +231,7 @@ class Layout:
 
   @property
   def param_shardings(self):
-    return jax.tree_util.tree_map(self.named, self.specs,
-                                  is_leaf=lambda x: isinstance(x, P))
+    return jax.tree_util.tree_map(self.named, self.specs, is_leaf=lambda x: isinstance(x, P))
 
   def same_params_layout(self, other: "Layout") -> bool:
     flat = lambda lay: jax.tree_util.tree_leaves(lay.specs, is_leaf=lambda x: isinstance(x, P))
@@ -244,8 +263,9 @@ class Layout:
     return jax.tree_util.tree_map_with_path(lookup, tree)
 
   def tree_shardings(self, tree) -> Any:
-    return jax.tree_util.tree_map(self.named, self.tree_specs(tree),
-                                  is_leaf=lambda x: isinstance(x, P))
+    return jax.tree_util.tree_map(
+      self.named, self.tree_specs(tree), is_leaf=lambda x: isinstance(x, P)
+    )
 
   # -- batches and the KV cache ------------------------------------------------------------
   def rows_sharding(self, rows: int, strict: bool = False, what: str = "batch") -> NamedSharding:
@@ -268,8 +288,13 @@ class Layout:
     t = _clean(TENSOR, sizes)
     heads = t if self.config.n_kv_heads % _axis_size(sizes, t) == 0 else None
     kv = (self.named(P(b, heads, None, None)),) * self.config.n_layers
-    return KVCache(k=kv, v=kv, mask=self.named(P(b, None)), index=self.replicated,
-                   v_exp=kv if value_exponents else ())
+    return KVCache(
+      k=kv,
+      v=kv,
+      mask=self.named(P(b, None)),
+      index=self.replicated,
+      v_exp=kv if value_exponents else (),
+    )
 
   # -- placement ---------------------------------------------------------------------------
   def put(self, tree, shardings):

@@ -28,8 +28,7 @@ def sharded_update_step(layout: Layout) -> Callable:
   def step(state, batch, key, **kw):
     sig = jax.tree_util.tree_structure(state)
     if sig not in cache:
-      cache[sig] = jit_update_step(out_shardings=(layout.tree_shardings(state),
-                                                  layout.replicated))
+      cache[sig] = jit_update_step(out_shardings=(layout.tree_shardings(state), layout.replicated))
     return cache[sig](state, batch, key, **kw)
 
   return step
@@ -55,6 +54,7 @@ def switch_layout(params, src: Layout, dst: Layout, log: Callable[[str], None] |
 def to_host(tree) -> Any:
   """numpy copies of a pytree's arrays; on several hosts, arrays not fully addressable here
   are all-gathered first (every process gets the global value)."""
+
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -6,13 +6,38 @@ from jetrl.precision.fp8_checks import Fp8Check, check_fp8_in_compiled
 from jetrl.precision.gemm_pallas import scaled_matmul_nt
 from jetrl.precision.linear import linear
 from jetrl.precision.quantize import dequantize, quantize, scale_shape
-from jetrl.precision.recipes import (RECIPES, Fp8Gemm, Precision, Recipe, get_recipe,
-                                     is_batch_invariant, with_gemm_backend)
+from jetrl.precision.recipes import (
+  RECIPES,
+  Fp8Gemm,
+  Precision,
+  Recipe,
+  get_recipe,
+  is_batch_invariant,
+  with_gemm_backend,
+)
 from jetrl.precision.weights import QuantizedWeight, prequantize_weight, quantize_weight
 
 __all__ = [
-    "E4M3", "E5M2", "FORMATS", "fp8_max", "linear", "quantize_weight", "QuantizedWeight",
-    "prequantize_weight", "dequantize", "quantize", "scale_shape", "RECIPES", "Fp8Gemm",
-    "Precision", "Recipe", "get_recipe", "is_batch_invariant", "GEMM_BACKENDS",
-    "with_gemm_backend", "Fp8Check", "check_fp8_in_compiled", "scaled_matmul_nt",
+  "E4M3",
+  "E5M2",
+  "FORMATS",
+  "fp8_max",
+  "linear",
+  "quantize_weight",
+  "QuantizedWeight",
+  "prequantize_weight",
+  "dequantize",
+  "quantize",
+  "scale_shape",
+  "RECIPES",
+  "Fp8Gemm",
+  "Precision",
+  "Recipe",
+  "get_recipe",
+  "is_batch_invariant",
+  "GEMM_BACKENDS",
+  "with_gemm_backend",
+  "Fp8Check",
+  "check_fp8_in_compiled",
+  "scaled_matmul_nt",
 ]

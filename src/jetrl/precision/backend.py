@@ -65,6 +65,7 @@ def _parse_cc(cc) -> tuple[int, ...]:
 def fp8_gpu_available() -> bool:
   """True when JAX's default device is an NVIDIA GPU with FP8 tensor cores (cc >= 8.9)."""
   import jax  # pylint: disable=import-outside-toplevel
+
   try:
     if jax.default_backend() != "gpu":
       return False
@@ -89,6 +90,7 @@ def kernel_unsupported_reason(block: int) -> Optional[str]:
 def cublaslt_unsupported_reason(gemm) -> Optional[str]:
   """Why cuBLASLt cannot serve this Fp8Gemm at all (None if it can, shape permitting)."""
   from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
+
   if gemm.scaling == "block" and gemm.block != 128:
     return f"block={gemm.block}: cuBLASLt scales 1x128 / 128x128 blocks only"
   return cublaslt.unavailable_reason()
@@ -103,6 +105,7 @@ def _auto() -> str:
   if not fp8_gpu_available():
     return "xla"
   from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
+
   reason = cublaslt.unavailable_reason()
   if reason is None:
     return "cublaslt"
@@ -123,16 +126,19 @@ def resolve(gemm) -> str:
   if name == "cublaslt":
     reason = cublaslt_unsupported_reason(gemm)
     if reason and explicit:
-      raise ValueError(f"gemm_backend='cublaslt' cannot run this GEMM: {reason}; use "
-                       "gemm_backend='pallas', 'xla' or 'auto'")
+      raise ValueError(
+        f"gemm_backend='cublaslt' cannot run this GEMM: {reason}; use "
+        "gemm_backend='pallas', 'xla' or 'auto'"
+      )
     if reason:
       _say_once(f"cuBLASLt cannot serve these FP8 GEMMs ({reason}); using the next backend")
       name = "pallas" if fp8_gpu_available() else "xla"
   if name in ("pallas", "pallas_interpret"):
     reason = kernel_unsupported_reason(gemm.block)
     if reason and explicit:
-      raise ValueError(f"gemm_backend={name!r} cannot run this GEMM: {reason}; use "
-                       "gemm_backend='xla' or 'auto'")
+      raise ValueError(
+        f"gemm_backend={name!r} cannot run this GEMM: {reason}; use gemm_backend='xla' or 'auto'"
+      )
     if reason:
       return "xla"  # "auto" never fails: the XLA path computes the same numbers.
   return name

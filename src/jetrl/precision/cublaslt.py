@@ -49,8 +49,12 @@ BLOCK = 128
 # float32 promotion: ~2e-4 relative on an H200; a wrong operand or scale layout gives O(1).
 SELF_CHECK_TOL = 2e-3
 # dtype codes shared with the C++ handler.
-DTYPE_CODES = {np.dtype(E4M3): 0, np.dtype(E5M2): 1, np.dtype(jnp.bfloat16): 2,
-               np.dtype(jnp.float32): 3}
+DTYPE_CODES = {
+  np.dtype(E4M3): 0,
+  np.dtype(E5M2): 1,
+  np.dtype(jnp.bfloat16): 2,
+  np.dtype(jnp.float32): 3,
+}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -103,8 +107,10 @@ def _gpu_reason() -> Optional[str]:
     return f"not an NVIDIA GPU ({dev.device_kind})"
   cc = str(getattr(dev, "compute_capability", "0"))
   if not cc.startswith("9."):
-    return (f"cuBLASLt's 1x128 / 128x128 FP8 scaling runs on compute capability 9.x (Hopper); "
-            f"this GPU has {cc}")
+    return (
+      f"cuBLASLt's 1x128 / 128x128 FP8 scaling runs on compute capability 9.x (Hopper); "
+      f"this GPU has {cc}"
+    )
   return None
 
 
@@ -125,12 +131,23 @@ def _configure(lib) -> None:
   lib.jetrl_cublaslt_version.restype = ctypes.c_size_t
   lib.jetrl_cublaslt_supported.restype = ctypes.c_int
   lib.jetrl_cublaslt_supported.argtypes = [
-      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-      ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int]
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int64,
+    ctypes.c_uint64,
+    ctypes.c_char_p,
+    ctypes.c_int,
+  ]
 
 
-def load(*, _platform: str = "CUDA", _library: Optional[Path] = None,
-         _skip_gpu_check: bool = False) -> Optional[str]:
+def load(
+  *, _platform: str = "CUDA", _library: Optional[Path] = None, _skip_gpu_check: bool = False
+) -> Optional[str]:
   """Build, load, register and self-check the GEMM once; None when usable, else why not.
 
   The keyword arguments exist for the CPU tests, which load the handler against a host-side
@@ -151,8 +168,10 @@ def load(*, _platform: str = "CUDA", _library: Optional[Path] = None,
     version = int(lib.jetrl_cublaslt_version())
     _State.info.update(library=str(path), cublaslt_version=version)
     if version < MIN_CUBLASLT_VERSION:
-      _State.reason = (f"cuBLASLt {version} is older than {MIN_CUBLASLT_VERSION}, the first "
-                       "with 1x128 / 128x128 FP8 scaling")
+      _State.reason = (
+        f"cuBLASLt {version} is older than {MIN_CUBLASLT_VERSION}, the first "
+        "with 1x128 / 128x128 FP8 scaling"
+      )
       return _State.reason
     _register(lib, _platform)
     _State.lib = lib
@@ -186,9 +205,19 @@ def supported(p: int, q: int, c: int, a_dtype, b_dtype, out_dtype, b_blocks: boo
     return False
   pp, qp, cp = _padded(p, q, c)
   err = ctypes.create_string_buffer(256)
-  ok = _State.lib.jetrl_cublaslt_supported(pp, qp, cp, codes[0], codes[1], codes[2],
-                                           int(b_blocks), _block_ld(cp), WORKSPACE_BYTES, err,
-                                           len(err))
+  ok = _State.lib.jetrl_cublaslt_supported(
+    pp,
+    qp,
+    cp,
+    codes[0],
+    codes[1],
+    codes[2],
+    int(b_blocks),
+    _block_ld(cp),
+    WORKSPACE_BYTES,
+    err,
+    len(err),
+  )
   return bool(ok)
 
 
@@ -208,8 +237,15 @@ def _pad2(x: jax.Array, rows: int, cols: int, value=0) -> jax.Array:
   return jnp.pad(x, ((0, rows - x.shape[0]), (0, cols - x.shape[1])), constant_values=value)
 
 
-def gemm(a: jax.Array, a_scale: jax.Array, b: jax.Array, b_scale: jax.Array, *,
-         b_blocks: bool, out_dtype=jnp.bfloat16) -> jax.Array:
+def gemm(
+  a: jax.Array,
+  a_scale: jax.Array,
+  b: jax.Array,
+  b_scale: jax.Array,
+  *,
+  b_blocks: bool,
+  out_dtype=jnp.bfloat16,
+) -> jax.Array:
   """out [P, Q] = blockwise-scaled a [P, C] . b [Q, C]^T on cuBLASLt (see the module doc).
 
   Shapes that cuBLASLt's alignment rules reject are padded with zeros (data) and ones
@@ -219,15 +255,25 @@ def gemm(a: jax.Array, a_scale: jax.Array, b: jax.Array, b_scale: jax.Array, *,
   cb = _cdiv(c, BLOCK)
   want_b = (_cdiv(q, BLOCK), cb) if b_blocks else (q, cb)
   if b.shape[1] != c or a_scale.shape != (p, cb) or b_scale.shape != want_b:
-    raise ValueError(f"cublaslt.gemm: a {a.shape}, b {b.shape}, a_scale {a_scale.shape}, "
-                     f"b_scale {b_scale.shape} do not fit (expected a_scale {(p, cb)}, b_scale "
-                     f"{want_b})")
-  return gemm_t(a, a_scale.T, b, b_scale if b_blocks else b_scale.T, b_blocks=b_blocks,
-                out_dtype=out_dtype)
+    raise ValueError(
+      f"cublaslt.gemm: a {a.shape}, b {b.shape}, a_scale {a_scale.shape}, "
+      f"b_scale {b_scale.shape} do not fit (expected a_scale {(p, cb)}, b_scale "
+      f"{want_b})"
+    )
+  return gemm_t(
+    a, a_scale.T, b, b_scale if b_blocks else b_scale.T, b_blocks=b_blocks, out_dtype=out_dtype
+  )
 
 
-def gemm_t(a: jax.Array, a_scale_t: jax.Array, b: jax.Array, b_scale: jax.Array, *,
-           b_blocks: bool, out_dtype=jnp.bfloat16) -> jax.Array:
+def gemm_t(
+  a: jax.Array,
+  a_scale_t: jax.Array,
+  b: jax.Array,
+  b_scale: jax.Array,
+  *,
+  b_blocks: bool,
+  out_dtype=jnp.bfloat16,
+) -> jax.Array:
   """`gemm` with the 1x128 scales already transposed, as the library reads them:
   a_scale_t [ceil(C/128), P]; b_scale [ceil(Q/128), ceil(C/128)] (blocks) or, for 1x128
   groups, [ceil(C/128), Q]. (`jetrl.precision.quant_kernel` writes scales this way.)"""
@@ -235,9 +281,11 @@ def gemm_t(a: jax.Array, a_scale_t: jax.Array, b: jax.Array, b_scale: jax.Array,
   cb = _cdiv(c, BLOCK)
   want_b = (_cdiv(q, BLOCK), cb) if b_blocks else (cb, q)
   if b.shape[1] != c or a_scale_t.shape != (cb, p) or b_scale.shape != want_b:
-    raise ValueError(f"cublaslt.gemm_t: a {a.shape}, b {b.shape}, a_scale_t "
-                     f"{a_scale_t.shape}, b_scale {b_scale.shape} do not fit (expected "
-                     f"a_scale_t {(cb, p)}, b_scale {want_b})")
+    raise ValueError(
+      f"cublaslt.gemm_t: a {a.shape}, b {b.shape}, a_scale_t "
+      f"{a_scale_t.shape}, b_scale {b_scale.shape} do not fit (expected "
+      f"a_scale_t {(cb, p)}, b_scale {want_b})"
+    )
   if p == 0 or q == 0:
     return jnp.zeros((p, q), out_dtype)
   pp, qp, cp = _padded(p, q, c)
@@ -252,9 +300,13 @@ def gemm_t(a: jax.Array, a_scale_t: jax.Array, b: jax.Array, b_scale: jax.Array,
     ld = 0
     sb = _pad2(b_scale.astype(jnp.float32), cbp, qp, 1.0)
   call = jax.ffi.ffi_call(
-      TARGET, (jax.ShapeDtypeStruct((pp, qp), out_dtype),
-               jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
-      vmap_method="sequential")
+    TARGET,
+    (
+      jax.ShapeDtypeStruct((pp, qp), out_dtype),
+      jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8),
+    ),
+    vmap_method="sequential",
+  )
   out, _ = call(a, b, sa, sb, b_blocks=np.int64(int(b_blocks)), b_scale_ld=np.int64(ld))
   return out[:p, :q] if (pp, qp) != (p, q) else out
 
@@ -281,15 +333,20 @@ def self_check() -> Optional[str]:
     a = rng.standard_normal((p, c)).astype(np.float32).astype(E4M3)
     b = rng.standard_normal((q, c)).astype(np.float32).astype(E4M3)
     sa = rng.uniform(0.5, 2.0, (p, _cdiv(c, BLOCK))).astype(np.float32)
-    sb = rng.uniform(0.5, 2.0, ((_cdiv(q, BLOCK) if blocks else q), _cdiv(c, BLOCK))
-                     ).astype(np.float32)
+    sb = rng.uniform(0.5, 2.0, ((_cdiv(q, BLOCK) if blocks else q), _cdiv(c, BLOCK))).astype(
+      np.float32
+    )
     if not supported(p, q, c, E4M3, E4M3, jnp.float32, blocks):
       return f"no cuBLASLt algorithm for a {p}x{q}x{c} problem (b_blocks={blocks})"
-    out = np.asarray(jax.jit(functools.partial(gemm, b_blocks=blocks, out_dtype=jnp.float32))(
-        a, sa, b, sb), np.float64)
+    out = np.asarray(
+      jax.jit(functools.partial(gemm, b_blocks=blocks, out_dtype=jnp.float32))(a, sa, b, sb),
+      np.float64,
+    )
     ref = reference(a, sa, b, sb, b_blocks=blocks)
     err = np.abs(out - ref).max() / np.abs(ref).max()
     if not err < SELF_CHECK_TOL:
-      return (f"{p}x{q}x{c} (b_blocks={blocks}): relative error {err:.3g} against the "
-              "float64 blockwise formula")
+      return (
+        f"{p}x{q}x{c} (b_blocks={blocks}): relative error {err:.3g} against the "
+        "float64 blockwise formula"
+      )
   return None

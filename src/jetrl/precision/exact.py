@@ -98,8 +98,9 @@ def to_grid(x: jax.Array, axis: int, bits: int):
   return jnp.round(x * pow2(bits - e)), e
 
 
-def exact_sum(x: jax.Array, axis: int = -1, levels: int = 2,
-              max_terms: int = MAX_SUM_TERMS) -> jax.Array:
+def exact_sum(
+  x: jax.Array, axis: int = -1, levels: int = 2, max_terms: int = MAX_SUM_TERMS
+) -> jax.Array:
   """Sum of float64 x over `axis`, the same value whatever the order of the terms.
 
   Each term is rounded to the grid 2^(e - bits), where 2^e bounds the largest |term| and
@@ -111,8 +112,9 @@ def exact_sum(x: jax.Array, axis: int = -1, levels: int = 2,
   """
   n = x.shape[axis]
   if n > max_terms:
-    raise ValueError(f"exact_sum: {n} terms along axis {axis}; at most {max_terms} are "
-                     "summed exactly")
+    raise ValueError(
+      f"exact_sum: {n} terms along axis {axis}; at most {max_terms} are summed exactly"
+    )
   bits = EXACT_BITS - max(max_terms - 1, 0).bit_length()
   x = x.astype(F64)
   e = exponent_bound(jnp.max(jnp.abs(x), axis=axis, keepdims=True))
@@ -120,7 +122,7 @@ def exact_sum(x: jax.Array, axis: int = -1, levels: int = 2,
   total = jnp.sum(hi, axis=axis) * pow2(jnp.squeeze(e, axis) - bits)
   if levels == 1:
     return total
-  rest = x - hi * pow2(e - bits)          # exact: x minus its rounding to a coarser grid
+  rest = x - hi * pow2(e - bits)  # exact: x minus its rounding to a coarser grid
   lo = jnp.round(rest * pow2(2 * bits - e))
   return total + jnp.sum(lo, axis=axis) * pow2(jnp.squeeze(e, axis) - 2 * bits)
 
@@ -140,8 +142,9 @@ def _row_tiles(m: int, n: int) -> int:
   return next((d for d in range(need, min(2 * need, m) + 1) if m % d == 0), need)
 
 
-def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g, *,
-              kernel: Optional[bool] = None) -> jax.Array:
+def fp8_fprop(
+  x2: jax.Array, q: jax.Array, s: jax.Array, g, *, kernel: Optional[bool] = None
+) -> jax.Array:
   """The batch-invariant FP8 forward GEMM: float32 [M, N] from x2 [M, K] and FP8 weights.
 
   x2 is quantized exactly as jet's fprop quantizes it (1 x block groups along K); q [K, N]
@@ -168,7 +171,7 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g, *,
     kernel = _cpu_kernels.usable()
   if kernel:
     return _cpu_kernels.exact_fp8_gemm(xq, sx, q, s, b)
-  sw = jnp.repeat(s, b, axis=1, total_repeat_length=s.shape[1] * b)[:, :n]   # [nkb, N]
+  sw = jnp.repeat(s, b, axis=1, total_repeat_length=s.shape[1] * b)[:, :n]  # [nkb, N]
   # FP8 -> float32 is exact; float32 -> float64 too (XLA's direct FP8 -> float64 is slower).
   xf, wf = xq.astype(jnp.float32), q.astype(jnp.float32)
 
@@ -181,8 +184,9 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g, *,
     acc = None
     with x64():
       for kb, (lo, hi) in enumerate(blocks):
-        d = jax.lax.dot_general(xf[:, lo:hi].astype(F64), wd[kb],
-                                (((1,), (0,)), ((), ())), preferred_element_type=F64)
+        d = jax.lax.dot_general(
+          xf[:, lo:hi].astype(F64), wd[kb], (((1,), (0,)), ((), ())), preferred_element_type=F64
+        )
         scale = sx[:, kb].astype(F64)[:, None] * swd[kb][None, :]
         t = (d * scale).astype(jnp.float32)
         acc = t if acc is None else acc + t
@@ -198,8 +202,9 @@ def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g, *,
     acc = rows(xf, sx)
   else:
     mp = -(-m // tiles) * tiles
-    strided = lambda a: jnp.moveaxis(jnp.pad(a, ((0, mp - m), (0, 0))).reshape(
-        mp // tiles, tiles, a.shape[1]), 1, 0)      # [tiles, rows per tile, ...]
+    strided = lambda a: jnp.moveaxis(
+      jnp.pad(a, ((0, mp - m), (0, 0))).reshape(mp // tiles, tiles, a.shape[1]), 1, 0
+    )  # [tiles, rows per tile, ...]
     out = jax.lax.map(lambda a: rows(*a), (strided(xf), strided(sx)))
     acc = jnp.moveaxis(out, 0, 1).reshape(mp, n)[:m]
   chex.assert_shape(acc, (m, n))

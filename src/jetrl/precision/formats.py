@@ -18,7 +18,8 @@ def fp8_max(dtype) -> float:
   dtype = np.dtype(dtype)
   if dtype not in (np.dtype(E4M3), np.dtype(E5M2)):
     raise ValueError(
-        f"unsupported FP8 dtype {dtype}; accepted: float8_e4m3fn (E4M3), float8_e5m2 (E5M2)")
+      f"unsupported FP8 dtype {dtype}; accepted: float8_e4m3fn (E4M3), float8_e5m2 (E5M2)"
+    )
   return float(ml_dtypes.finfo(dtype).max)
 
 
@@ -39,7 +40,8 @@ def compute_dtype(name: str):
     return COMPUTE_DTYPES[name]
   except KeyError:
     raise ValueError(
-        f"unknown compute dtype {name!r}; accepted: {sorted(COMPUTE_DTYPES)}") from None
+      f"unknown compute dtype {name!r}; accepted: {sorted(COMPUTE_DTYPES)}"
+    ) from None
 
 
 def dot_precision(*operands):
@@ -50,6 +52,7 @@ def dot_precision(*operands):
   and on a GPU HIGHEST turns a bf16 dot into a much slower float32 one.
   """
   import jax  # pylint: disable=import-outside-toplevel
+
   if any(np.dtype(getattr(o, "dtype", o)) == np.float32 for o in operands):
     return jax.lax.Precision.HIGHEST
   return jax.lax.Precision.DEFAULT

@@ -20,7 +20,8 @@ _F8_NAMES = ("f8e4m3fn", "f8e5m2", "f8E4M3FN", "f8E5M2", "f8e4m3", "f8E4M3")
 _GEMM_TARGET = re.compile(r"matmul|gemm|triton|cublas", re.I)
 _TT_DOT = re.compile(r"tt\.dot .*?:\s*tensor<(?:\d+x)+(\w+)>\s*\*\s*tensor<(?:\d+x)+(\w+)>")
 _HLO_LINE = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[a-z][\w\-]*)\((?P<rest>.*)$")
+  r"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[a-z][\w\-]*)\((?P<rest>.*)$"
+)
 
 
 def _is_f8(t: str) -> bool:
@@ -30,14 +31,15 @@ def _is_f8(t: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Fp8Check:
   """What `check_fp8_in_compiled` found. Each GEMM entry reads 'op(operand types)'."""
+
   ok: bool
-  stage: str                       # "compiled" (optimized HLO) or "lowered" (StableHLO)
+  stage: str  # "compiled" (optimized HLO) or "lowered" (StableHLO)
   platform: str
-  fp8_gemms: tuple[str, ...]       # dots / GEMM calls whose matrix operands are FP8
-  other_gemms: tuple[str, ...]     # dots / GEMM calls on other types
-  upcasts: tuple[str, ...]         # dots fed by a convert from FP8 (upcast before the dot)
-  kernel_dots: tuple[str, ...]     # tt.dot operand types inside Pallas Triton kernels (and
-                                   # maxNumImpreciseAcc, when set: wgmma-eligible FP8 dots)
+  fp8_gemms: tuple[str, ...]  # dots / GEMM calls whose matrix operands are FP8
+  other_gemms: tuple[str, ...]  # dots / GEMM calls on other types
+  upcasts: tuple[str, ...]  # dots fed by a convert from FP8 (upcast before the dot)
+  kernel_dots: tuple[str, ...]  # tt.dot operand types inside Pallas Triton kernels (and
+  # maxNumImpreciseAcc, when set: wgmma-eligible FP8 dots)
   notes: tuple[str, ...] = ()
 
   def summary(self) -> str:
@@ -67,6 +69,7 @@ def _triton_dots(custom_call) -> tuple[list[str], Optional[str]]:
   try:
     from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
     from jax._src.pallas.triton import lowering as tl  # pylint: disable=import-outside-toplevel
+
     cfg = ir.DictAttr(custom_call.attributes["mhlo.backend_config"])
     raw = ir.StringAttr(cfg["ir"]).value_bytes
     with tl._new_ir_context():  # pylint: disable=protected-access
@@ -78,15 +81,19 @@ def _triton_dots(custom_call) -> tuple[list[str], Optional[str]]:
     m = _TT_DOT.search(line)
     if m:
       acc = re.search(r"maxNumImpreciseAcc = (\d+)", line)
-      dots.append(f"tt.dot({m.group(1)}, {m.group(2)})"
-                  + (f" maxNumImpreciseAcc={acc.group(1)}" if acc else ""))
+      dots.append(
+        f"tt.dot({m.group(1)}, {m.group(2)})"
+        + (f" maxNumImpreciseAcc={acc.group(1)}" if acc else "")
+      )
   return dots, None
 
 
 def _lowered_gemms(lowered):
   """GEMM ops of a lowered (StableHLO) program: (fp8, other, kernel_dots, notes)."""
   from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
+
   fp8, other, kdots, notes = [], [], [], []
+
   def elem(v):
     try:
       return str(ir.RankedTensorType(v.type).element_type)
@@ -157,9 +164,15 @@ def _parse_hlo(hlo_text: str) -> dict:
     calls = re.search(r"calls=%?([^\s,]+)", line)
     param = re.match(r"(\d+)\)", m.group("rest")) if m.group("op") == "parameter" else None
     defs[m.group("name")] = dict(
-        op=m.group("op"), elem=_elem(m.group("type")), operands=ops, comp=comp,
-        root=line.lstrip().startswith("ROOT"), calls=calls.group(1) if calls else None,
-        param=int(param.group(1)) if param else None, line=line)
+      op=m.group("op"),
+      elem=_elem(m.group("type")),
+      operands=ops,
+      comp=comp,
+      root=line.lstrip().startswith("ROOT"),
+      calls=calls.group(1) if calls else None,
+      param=int(param.group(1)) if param else None,
+      line=line,
+    )
   for d in defs.values():  # operand types that the printer left out
     d["operands"] = [(t or defs.get(n, {}).get("elem", "?"), n) for t, n in d["operands"]]
   return defs
@@ -184,8 +197,11 @@ def compiled_hlo_gemms(hlo_text: str):
       return bool(d["operands"]) and _is_f8(d["operands"][0][0])
     if op == "parameter" and d["param"] is not None:
       outer = callers.get(d["comp"], [])
-      return any(d["param"] < len(defs[c]["operands"]) and
-                 from_f8_convert(defs[c]["operands"][d["param"]][1], depth + 1) for c in outer)
+      return any(
+        d["param"] < len(defs[c]["operands"])
+        and from_f8_convert(defs[c]["operands"][d["param"]][1], depth + 1)
+        for c in outer
+      )
     if op == "fusion" and d["calls"] in roots:
       return from_f8_convert(roots[d["calls"]], depth + 1)
     if op in ("bitcast", "copy", "transpose", "reshape", "multiply", "broadcast"):
@@ -196,8 +212,12 @@ def compiled_hlo_gemms(hlo_text: str):
   fp8, other, upcasts = [], [], []
   for d in defs.values():
     types = [t for t, _ in d["operands"]]
-    if (d["op"] == "fusion" and "triton" in d["line"].lower() and d["calls"] not in with_dot
-        and sum(_is_f8(t) for t in types) >= 2):
+    if (
+      d["op"] == "fusion"
+      and "triton" in d["line"].lower()
+      and d["calls"] not in with_dot
+      and sum(_is_f8(t) for t in types) >= 2
+    ):
       # A Triton kernel that XLA keeps as a fusion with no dot to inspect (other Triton
       # fusions, such as reductions, are not GEMMs and are not counted).
       fp8.append(f"triton fusion({', '.join(types)})")
@@ -223,9 +243,13 @@ def _platform(name: Optional[str]) -> str:
   return {"gpu": "cuda"}.get(name, name)
 
 
-def check_fp8_in_compiled(fn, *args, platform: Optional[str] = None,
-                          compile: Optional[bool] = None,  # pylint: disable=redefined-builtin
-                          require_all: bool = False) -> Fp8Check:
+def check_fp8_in_compiled(
+  fn,
+  *args,
+  platform: Optional[str] = None,
+  compile: Optional[bool] = None,  # pylint: disable=redefined-builtin
+  require_all: bool = False,
+) -> Fp8Check:
   """Lower (and, on a GPU, compile) `fn(*args)` and check that its GEMMs take FP8 operands.
 
   platform: lower for this platform ("cuda", "cpu", ...; default: the local backend). Lowering
@@ -252,12 +276,20 @@ def check_fp8_in_compiled(fn, *args, platform: Optional[str] = None,
       raise ValueError(f"check_fp8_in_compiled: cannot compile for {plat!r} on a {local!r} host")
     fp8, other, upcasts = compiled_hlo_gemms(lowered.compile().as_text())
     stage = "compiled"
-  kernel_ok = all(_is_f8(t) for d in kdots
-                  for t in re.match(r"tt\.dot\((\w+), (\w+)\)", d).groups())
+  kernel_ok = all(
+    _is_f8(t) for d in kdots for t in re.match(r"tt\.dot\((\w+), (\w+)\)", d).groups()
+  )
   ok = bool(fp8) and not upcasts and kernel_ok and not (require_all and other)
-  return Fp8Check(ok=ok, stage=stage, platform=plat, fp8_gemms=tuple(fp8),
-                  other_gemms=tuple(other), upcasts=tuple(upcasts), kernel_dots=tuple(kdots),
-                  notes=tuple(notes))
+  return Fp8Check(
+    ok=ok,
+    stage=stage,
+    platform=plat,
+    fp8_gemms=tuple(fp8),
+    other_gemms=tuple(other),
+    upcasts=tuple(upcasts),
+    kernel_dots=tuple(kdots),
+    notes=tuple(notes),
+  )
 
 
 def ptx_fp8_mma_lines(dump_dir: str) -> dict:
@@ -269,6 +301,7 @@ def ptx_fp8_mma_lines(dump_dir: str) -> dict:
   """
   import glob  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
+
   pat = re.compile(r"\b(wgmma\.mma_async|mma\.sync)\S*\.(e4m3|e5m2)")
   counts = {}
   for path in glob.glob(os.path.join(dump_dir, "**", "*.ptx"), recursive=True):

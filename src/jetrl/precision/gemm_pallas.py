@@ -69,6 +69,7 @@ class Tiles:
   """Output tile (bm x bn), Triton warps per program, software-pipelining depth, how many row
   tiles run next to each other (grouped launch order, for L2 reuse of the b tiles), and whether
   the tensor cores may sum each K-block before the float32 promotion (see the module doc)."""
+
   bm: int = 128
   bn: int = 128
   num_warps: int = 8
@@ -95,6 +96,7 @@ def default_tiles(p: int, q: int) -> Tiles:
 
 # --- One K-block's dot: a [m, k] . b [n, k]^T -> float32 [m, n] ------------------------------
 
+
 def _block_dot_ref(a, b, *, max_imprecise: int):
   del max_imprecise  # XLA (interpret mode, CPU) computes the dot in float32.
   return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -103,7 +105,8 @@ def _block_dot_ref(a, b, *, max_imprecise: int):
 _block_dot_p = jax_core.Primitive("fp8_block_dot")
 _block_dot_p.def_impl(_block_dot_ref)
 _block_dot_p.def_abstract_eval(
-    lambda a, b, *, max_imprecise: jax.core.ShapedArray((a.shape[0], b.shape[0]), jnp.float32))
+  lambda a, b, *, max_imprecise: jax.core.ShapedArray((a.shape[0], b.shape[0]), jnp.float32)
+)
 mlir.register_lowering(_block_dot_p, mlir.lower_fun(_block_dot_ref, multiple_results=False))
 
 
@@ -114,6 +117,7 @@ def _register_triton_rule() -> Optional[str]:
     from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
     from jax._src.lib.mlir.dialects import arith  # pylint: disable=import-outside-toplevel
     from jax._src.pallas.triton import lowering as tl  # pylint: disable=import-outside-toplevel
+
     tt = tl.tt_dialect
     plain_rule = tl.triton_lowering_rules[lax.dot_general_p]
   except Exception as e:  # pylint: disable=broad-except
@@ -123,14 +127,21 @@ def _register_triton_rule() -> Optional[str]:
     try:
       m, n = ctx.avals_out[0].shape
       acc_t = ir.RankedTensorType.get([m, n], ir.F32Type.get())
-      acc = arith.constant(acc_t, ir.DenseElementsAttr.get_splat(
-          acc_t, ir.FloatAttr.get(ir.F32Type.get(), 0.0)))
+      acc = arith.constant(
+        acc_t, ir.DenseElementsAttr.get_splat(acc_t, ir.FloatAttr.get(ir.F32Type.get(), 0.0))
+      )
       return tt.dot(a, tt.trans(b, (1, 0)), acc, max_num_imprecise_acc=max_imprecise)
     except Exception:  # pylint: disable=broad-except
       # A JAX whose Triton bindings differ: the plain FP8 dot (mma.sync on Hopper).
-      return plain_rule(ctx, a, b, dimension_numbers=(((1,), (1,)), ((), ())),
-                        out_sharding=None, precision=None,
-                        preferred_element_type=jnp.float32)
+      return plain_rule(
+        ctx,
+        a,
+        b,
+        dimension_numbers=(((1,), (1,)), ((), ())),
+        out_sharding=None,
+        precision=None,
+        preferred_element_type=jnp.float32,
+      )
 
   tl.triton_lowering_rules[_block_dot_p] = rule
   return None
@@ -143,8 +154,7 @@ def fast_accum_unavailable() -> Optional[str]:
 
 
 def _block_dot(a, b, fast: bool, bk: int):
-  if (fast and a.dtype == b.dtype and np.dtype(a.dtype) in _FP8
-      and fast_accum_unavailable() is None):
+  if fast and a.dtype == b.dtype and np.dtype(a.dtype) in _FP8 and fast_accum_unavailable() is None:
     return _block_dot_p.bind(a, b, max_imprecise=bk)
   return _block_dot_ref(a, b, max_imprecise=0)
 
@@ -176,9 +186,17 @@ def _grouped_ij(pid, n_p: int, n_q: int, group: int):
   return first + lax.rem(within, size), lax.div(within, size)
 
 
-def scaled_matmul_nt(a: jax.Array, sa: jax.Array, b: jax.Array, sb: jax.Array, *,
-                     block: int = 128, out_dtype=jnp.bfloat16, interpret: bool = False,
-                     tiles: Optional[Tiles] = None) -> jax.Array:
+def scaled_matmul_nt(
+  a: jax.Array,
+  sa: jax.Array,
+  b: jax.Array,
+  sb: jax.Array,
+  *,
+  block: int = 128,
+  out_dtype=jnp.bfloat16,
+  interpret: bool = False,
+  tiles: Optional[Tiles] = None,
+) -> jax.Array:
   """out [P, Q] = sum_kb sa[:, kb] sb[:, kb]^T * (a[:, kb] @ b[:, kb]^T), float32 inside.
 
   a: [P, C] and b: [Q, C], float8_e4m3fn or float8_e5m2. sa: [P, ceil(C / block)] and
@@ -188,16 +206,20 @@ def scaled_matmul_nt(a: jax.Array, sa: jax.Array, b: jax.Array, sb: jax.Array, *
   """
   for name, v in (("a", a), ("b", b)):
     if v.ndim != 2 or np.dtype(v.dtype) not in _FP8:
-      raise ValueError(f"scaled_matmul_nt: {name} must be a 2-D float8_e4m3fn or float8_e5m2 "
-                       f"array, got {v.dtype}{list(v.shape)}")
+      raise ValueError(
+        f"scaled_matmul_nt: {name} must be a 2-D float8_e4m3fn or float8_e5m2 "
+        f"array, got {v.dtype}{list(v.shape)}"
+      )
   (p, c), q = a.shape, b.shape[0]
   if b.shape[1] != c:
     raise ValueError(f"scaled_matmul_nt: a {a.shape} and b {b.shape} must share the last axis")
   nk = _cdiv(c, block)
   for name, s, rows in (("sa", sa, p), ("sb", sb, q)):
     if tuple(s.shape) != (rows, nk):
-      raise ValueError(f"scaled_matmul_nt: {name} must have shape {(rows, nk)} (rows x "
-                       f"ceil({c}/{block})), got {tuple(s.shape)}")
+      raise ValueError(
+        f"scaled_matmul_nt: {name} must have shape {(rows, nk)} (rows x "
+        f"ceil({c}/{block})), got {tuple(s.shape)}"
+      )
   if p == 0 or q == 0 or c == 0:
     return jnp.zeros((p, q), out_dtype)
   t = tiles or default_tiles(p, q)
@@ -208,30 +230,35 @@ def scaled_matmul_nt(a: jax.Array, sa: jax.Array, b: jax.Array, sb: jax.Array, *
   sa_t = jnp.pad(sa.astype(jnp.float32).T, ((0, 0), (0, pp - p)))
   sb_t = jnp.pad(sb.astype(jnp.float32).T, ((0, 0), (0, qp - q)))
   if max(pp, qp) * cp >= 2**31:
-    raise ValueError(f"scaled_matmul_nt: operands of {max(pp, qp)} x {cp} entries exceed the "
-                     "kernel's 32-bit offsets; split the GEMM")
+    raise ValueError(
+      f"scaled_matmul_nt: operands of {max(pp, qp)} x {cp} entries exceed the "
+      "kernel's 32-bit offsets; split the GEMM"
+    )
   n_p, n_q = pp // t.bm, qp // t.bn
   group = max(1, min(t.group_m, n_p))
   upcast = None if a.dtype == b.dtype else jnp.bfloat16
   row = lambda i: _grouped_ij(i, n_p, n_q, group)[0]
   col = lambda i: _grouped_ij(i, n_p, n_q, group)[1]
   out = pl.pallas_call(
-      functools.partial(_kernel, nk=nk, bk=block, upcast=upcast, fast=t.fast_accum),
-      out_shape=jax.ShapeDtypeStruct((pp, qp), out_dtype),
-      grid=(n_p * n_q,),
-      in_specs=[pl.BlockSpec((t.bm, cp), lambda i: (row(i), 0)),
-                pl.BlockSpec((nk, t.bm), lambda i: (0, row(i))),
-                pl.BlockSpec((t.bn, cp), lambda i: (col(i), 0)),
-                pl.BlockSpec((nk, t.bn), lambda i: (0, col(i)))],
-      out_specs=pl.BlockSpec((t.bm, t.bn), lambda i: (row(i), col(i))),
-      compiler_params=plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
-      interpret=interpret,
-      name="fp8_blockwise_gemm",
+    functools.partial(_kernel, nk=nk, bk=block, upcast=upcast, fast=t.fast_accum),
+    out_shape=jax.ShapeDtypeStruct((pp, qp), out_dtype),
+    grid=(n_p * n_q,),
+    in_specs=[
+      pl.BlockSpec((t.bm, cp), lambda i: (row(i), 0)),
+      pl.BlockSpec((nk, t.bm), lambda i: (0, row(i))),
+      pl.BlockSpec((t.bn, cp), lambda i: (col(i), 0)),
+      pl.BlockSpec((nk, t.bn), lambda i: (0, col(i))),
+    ],
+    out_specs=pl.BlockSpec((t.bm, t.bn), lambda i: (row(i), col(i))),
+    compiler_params=plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
+    interpret=interpret,
+    name="fp8_blockwise_gemm",
   )(a, sa_t, b, sb_t)
   return out[:p, :q]
 
 
 # --- The three GEMMs of `linear` ------------------------------------------------------------
+
 
 def _quant(x: jax.Array, g, group: tuple[int, int], fmt: str):
   """FP8 (q, scale) of a 2-D operand: `group` tiles for block scaling, one scale for tensor.
@@ -249,27 +276,37 @@ def _weight_scales_per_row(ws: jax.Array, block: int, rows: int, nk: int) -> jax
   return jnp.repeat(ws, block, axis=0, total_repeat_length=ws.shape[0] * block)[:rows]
 
 
-def fprop(x: jax.Array, wq_t: jax.Array, ws_t: jax.Array, g, out_dtype, *,
-          interpret: bool = False) -> jax.Array:
+def fprop(
+  x: jax.Array, wq_t: jax.Array, ws_t: jax.Array, g, out_dtype, *, interpret: bool = False
+) -> jax.Array:
   """y [M, N] = x [M, K] @ w from the K-major quantized weight (wq_t [N, K], ws_t its block
   scales [ceil(N/B), ceil(K/B)], or [1, 1] for one tensor scale)."""
   (m, k), n, blk = x.shape, wq_t.shape[0], g.block
   xq, xs = _quant(x, g, (1, blk), g.fmt)
   nk = _cdiv(k, blk)
   sb = _weight_scales_per_row(ws_t, blk, n, nk)
-  return scaled_matmul_nt(xq, jnp.broadcast_to(xs, (m, nk)), wq_t, sb, block=blk,
-                          out_dtype=out_dtype, interpret=interpret)
+  return scaled_matmul_nt(
+    xq, jnp.broadcast_to(xs, (m, nk)), wq_t, sb, block=blk, out_dtype=out_dtype, interpret=interpret
+  )
 
 
-def dgrad(dy: jax.Array, wq_t: jax.Array, ws_t: jax.Array, g, out_dtype, *,
-          interpret: bool = False) -> jax.Array:
+def dgrad(
+  dy: jax.Array, wq_t: jax.Array, ws_t: jax.Array, g, out_dtype, *, interpret: bool = False
+) -> jax.Array:
   """dx [M, K] = dy [M, N] @ w^T with the forward's weight blocks (K-major: wq_t [N, K])."""
   (m, n), k, blk = dy.shape, wq_t.shape[1], g.block
   dq, ds = _quant(dy, g, (1, blk), g.grad_fmt)
   nn = _cdiv(n, blk)
   sb = _weight_scales_per_row(ws_t.T, blk, k, nn)
-  return scaled_matmul_nt(dq, jnp.broadcast_to(ds, (m, nn)), wq_t.T, sb, block=blk,
-                          out_dtype=out_dtype, interpret=interpret)
+  return scaled_matmul_nt(
+    dq,
+    jnp.broadcast_to(ds, (m, nn)),
+    wq_t.T,
+    sb,
+    block=blk,
+    out_dtype=out_dtype,
+    interpret=interpret,
+  )
 
 
 def wgrad(x: jax.Array, dy: jax.Array, g, out_dtype, *, interpret: bool = False) -> jax.Array:
@@ -278,6 +315,12 @@ def wgrad(x: jax.Array, dy: jax.Array, g, out_dtype, *, interpret: bool = False)
   xq, xs = _quant(x, g, (blk, 1), g.fmt)
   dq, ds = _quant(dy, g, (blk, 1), g.grad_fmt)
   nm = _cdiv(m, blk)
-  return scaled_matmul_nt(xq.T, jnp.broadcast_to(xs.T, (k, nm)), dq.T,
-                          jnp.broadcast_to(ds.T, (n, nm)), block=blk, out_dtype=out_dtype,
-                          interpret=interpret)
+  return scaled_matmul_nt(
+    xq.T,
+    jnp.broadcast_to(xs.T, (k, nm)),
+    dq.T,
+    jnp.broadcast_to(ds.T, (n, nm)),
+    block=blk,
+    out_dtype=out_dtype,
+    interpret=interpret,
+  )

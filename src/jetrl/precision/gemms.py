@@ -29,12 +29,18 @@ from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.quantize import dequantize, quantize
 from jetrl.precision.weights import QuantizedWeight, weight_blocks
 
+
 def matmul_f32(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False):
   """a @ b (optionally transposed operands) with float32 accumulation and output."""
   ca = 0 if transpose_a else 1
   cb = 1 if transpose_b else 0
-  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=dot_precision(a, b),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a,
+    b,
+    (((ca,), (cb,)), ((), ())),
+    precision=dot_precision(a, b),
+    preferred_element_type=jnp.float32,
+  )
 
 
 def _groups(g, shape, role: str):
@@ -76,8 +82,9 @@ def _fused(g) -> bool:
 
 def _rows_cols(x, fmt: str, rows: bool):
   """The one-pass kernel's rows or cols pair (interpret mode off a GPU: the CPU tests)."""
-  ((q, s_t),) = _qk.quantize_rows_cols(x, format_dtype(fmt), rows=rows, cols=not rows,
-                                       interpret=jax.default_backend() != "gpu")
+  ((q, s_t),) = _qk.quantize_rows_cols(
+    x, format_dtype(fmt), rows=rows, cols=not rows, interpret=jax.default_backend() != "gpu"
+  )
   return q, s_t
 
 
@@ -85,8 +92,9 @@ def _choose(g, p: int, q: int, c: int, a_fmt: str, b_fmt: str, out_dtype, b_bloc
   """The backend for one GEMM out[p, q] (contraction c), after per-shape fallbacks."""
   name = _backend.resolve(g)
   if name == "cublaslt" and g.scaling == "block":
-    if not _cublaslt.supported(p, q, c, format_dtype(a_fmt), format_dtype(b_fmt), out_dtype,
-                               b_blocks):
+    if not _cublaslt.supported(
+      p, q, c, format_dtype(a_fmt), format_dtype(b_fmt), out_dtype, b_blocks
+    ):
       name = _backend.fallback(name, g)
   return name
 

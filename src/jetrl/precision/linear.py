@@ -29,6 +29,7 @@ from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.recipes import Fp8Gemm, Precision
 from jetrl.precision.weights import QuantizedWeight, quantize_2d
 
+
 def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
   return (a.scaling, a.block, a.fmt, a.pow2_scale) == (b.scaling, b.block, b.fmt, b.pow2_scale)
 
@@ -45,7 +46,8 @@ def _check(x: jax.Array, w):
     raise ValueError(f"linear: w must be 2-D [K, N], got shape {w.shape}")
   if x.ndim < 1 or x.shape[-1] != w.shape[0]:
     raise ValueError(
-        f"linear: x [..., K] and w [K, N] must share K; got x {x.shape} and w {w.shape}")
+      f"linear: x [..., K] and w [K, N] must share K; got x {x.shape} and w {w.shape}"
+    )
 
 
 def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
@@ -62,7 +64,8 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
     return jnp.matmul(x, w, precision=dot_precision(x, w))  # float32 models: no TF32
   if not isinstance(precision, Precision):
     raise TypeError(
-        f"linear: precision must be a jetrl.precision.Precision or None, got {type(precision)}")
+      f"linear: precision must be a jetrl.precision.Precision or None, got {type(precision)}"
+    )
   cd = _compute_dtype(precision.compute_dtype)
   if not precision.is_fp8:
     lead = x.shape[:-1]
@@ -74,12 +77,16 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
 
 def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
   if not isinstance(precision, Precision) or precision.fprop is None:
-    raise ValueError("linear: a QuantizedWeight needs a precision with an FP8 fprop (the one "
-                     f"it was quantized with), got {precision!r}")
+    raise ValueError(
+      "linear: a QuantizedWeight needs a precision with an FP8 fprop (the one "
+      f"it was quantized with), got {precision!r}"
+    )
   g = precision.fprop
   if w.q.dtype != format_dtype(g.fmt):
-    raise ValueError(f"linear: QuantizedWeight has dtype {w.q.dtype}, but the precision's fprop "
-                     f"quantizes weights to {g.fmt}")
+    raise ValueError(
+      f"linear: QuantizedWeight has dtype {w.q.dtype}, but the precision's fprop "
+      f"quantizes weights to {g.fmt}"
+    )
   cd = _compute_dtype(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
   y = _fprop(x.reshape(-1, k).astype(cd), w, g, cd, precision.batch_invariant)

@@ -65,8 +65,9 @@ def _kernel(x_ref, *out_refs, rows: bool, cols: bool, fmax: float, dtype):
     s_ref[...] = s[None, :]
 
 
-def quantize_rows_cols(x: jax.Array, dtype, *, rows: bool = True, cols: bool = True,
-                       interpret: bool = False):
+def quantize_rows_cols(
+  x: jax.Array, dtype, *, rows: bool = True, cols: bool = True, interpret: bool = False
+):
   """(q_row, s_row_t) and / or (q_col_t, s_col_t) of a 2-D x (see the module doc), as a tuple
   of the requested pairs, rows first."""
   if x.ndim != 2:
@@ -78,24 +79,32 @@ def quantize_rows_cols(x: jax.Array, dtype, *, rows: bool = True, cols: bool = T
   xp = x if (m, k) == (mb * B, kb * B) else jnp.pad(x, ((0, mb * B - m), (0, kb * B - k)))
   out_shape, out_specs = [], []
   if rows:
-    out_shape += [jax.ShapeDtypeStruct((mb * B, kb * B), dtype),
-                  jax.ShapeDtypeStruct((kb, mb * B), jnp.float32)]
-    out_specs += [pl.BlockSpec((B, B), lambda i, j: (i, j)),
-                  pl.BlockSpec((1, B), lambda i, j: (j, i))]
+    out_shape += [
+      jax.ShapeDtypeStruct((mb * B, kb * B), dtype),
+      jax.ShapeDtypeStruct((kb, mb * B), jnp.float32),
+    ]
+    out_specs += [
+      pl.BlockSpec((B, B), lambda i, j: (i, j)),
+      pl.BlockSpec((1, B), lambda i, j: (j, i)),
+    ]
   if cols:
-    out_shape += [jax.ShapeDtypeStruct((kb * B, mb * B), dtype),
-                  jax.ShapeDtypeStruct((mb, kb * B), jnp.float32)]
-    out_specs += [pl.BlockSpec((B, B), lambda i, j: (j, i)),
-                  pl.BlockSpec((1, B), lambda i, j: (i, j))]
+    out_shape += [
+      jax.ShapeDtypeStruct((kb * B, mb * B), dtype),
+      jax.ShapeDtypeStruct((mb, kb * B), jnp.float32),
+    ]
+    out_specs += [
+      pl.BlockSpec((B, B), lambda i, j: (j, i)),
+      pl.BlockSpec((1, B), lambda i, j: (i, j)),
+    ]
   outs = pl.pallas_call(
-      functools.partial(_kernel, rows=rows, cols=cols, fmax=fp8_max(dtype), dtype=dtype),
-      out_shape=tuple(out_shape),
-      grid=(mb, kb),
-      in_specs=[pl.BlockSpec((B, B), lambda i, j: (i, j))],
-      out_specs=tuple(out_specs),
-      compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
-      interpret=interpret,
-      name="fp8_quantize_rows_cols",
+    functools.partial(_kernel, rows=rows, cols=cols, fmax=fp8_max(dtype), dtype=dtype),
+    out_shape=tuple(out_shape),
+    grid=(mb, kb),
+    in_specs=[pl.BlockSpec((B, B), lambda i, j: (i, j))],
+    out_specs=tuple(out_specs),
+    compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
+    interpret=interpret,
+    name="fp8_quantize_rows_cols",
   )(xp)
   result = []
   outs = list(outs)

@@ -27,8 +27,7 @@ from jetrl.precision.formats import E4M3, fp8_max
 def _check_block(shape: tuple[int, ...], block: Sequence[int]) -> tuple[int, ...]:
   block = tuple(int(b) for b in block)
   if len(block) != len(shape):
-    raise ValueError(
-        f"block {block} must have one entry per axis of x (x has shape {shape})")
+    raise ValueError(f"block {block} must have one entry per axis of x (x has shape {shape})")
   if any(b < 1 for b in block):
     raise ValueError(f"block entries must be positive integers, got {block}")
   return block
@@ -108,8 +107,7 @@ def tile_amax(ax: jax.Array, axes) -> jax.Array:
   130 x 300 array kept a finite scale for a tile holding a NaN), so the NaN is carried by a sum,
   which always propagates it; XLA computes both in one reduction pass.
   """
-  return jnp.where(jnp.isnan(jnp.sum(ax, axis=axes)), jnp.float32(jnp.nan),
-                   jnp.max(ax, axis=axes))
+  return jnp.where(jnp.isnan(jnp.sum(ax, axis=axes)), jnp.float32(jnp.nan), jnp.max(ax, axis=axes))
 
 
 def compute_scale(amax: jax.Array, fmax: float, pow2_scale: bool = False) -> jax.Array:
@@ -122,8 +120,9 @@ def compute_scale(amax: jax.Array, fmax: float, pow2_scale: bool = False) -> jax
   return jnp.where(s == 0, jnp.float32(1.0), s)
 
 
-def quantize(x: jax.Array, block: Sequence[int], dtype=E4M3,
-             pow2_scale: bool = False) -> tuple[jax.Array, jax.Array]:
+def quantize(
+  x: jax.Array, block: Sequence[int], dtype=E4M3, pow2_scale: bool = False
+) -> tuple[jax.Array, jax.Array]:
   """Quantize `x` to FP8 tile by tile.
 
   Args:
@@ -143,8 +142,11 @@ def quantize(x: jax.Array, block: Sequence[int], dtype=E4M3,
   xf = x.astype(jnp.float32)
   xt = _tiled(_pad_to_tiles(xf, block), block)
   tile_axes = tuple(range(1, 2 * x.ndim, 2))
-  amax = tile_amax(jnp.abs(xt), tile_axes) if x.size else jnp.zeros(
-      scale_shape(x.shape, block), jnp.float32)
+  amax = (
+    tile_amax(jnp.abs(xt), tile_axes)
+    if x.size
+    else jnp.zeros(scale_shape(x.shape, block), jnp.float32)
+  )
   scale = compute_scale(amax, fmax, pow2_scale)
   inv = jnp.float32(1.0) / scale
   qt = cast_to_fp8(jnp.clip(xt * _expand(inv, block), -fmax, fmax), dtype)
@@ -159,8 +161,9 @@ def dequantize(q: jax.Array, scale: jax.Array, block: Sequence[int]) -> jax.Arra
   expected = scale_shape(q.shape, block)
   if tuple(scale.shape) != expected:
     raise ValueError(
-        f"scale shape {tuple(scale.shape)} does not match q shape {q.shape} with block "
-        f"{block}; expected {expected}")
+      f"scale shape {tuple(scale.shape)} does not match q shape {q.shape} with block "
+      f"{block}; expected {expected}"
+    )
   return q.astype(jnp.float32) * expand_scale(scale, block, q.shape)
 
 

@@ -32,6 +32,7 @@ class Fp8Gemm:
     "pallas_interpret"; see jetrl.precision.backend. The FP8 values and scales are the same
     on every backend.
   """
+
   scaling: str = "block"
   block: int = 128
   fmt: str = "e4m3"
@@ -46,7 +47,8 @@ class Fp8Gemm:
     for field in ("fmt", "grad_fmt"):
       if getattr(self, field) not in FORMATS:
         raise ValueError(
-            f"unknown FP8 format {field}={getattr(self, field)!r}; accepted: {sorted(FORMATS)}")
+          f"unknown FP8 format {field}={getattr(self, field)!r}; accepted: {sorted(FORMATS)}"
+        )
     if not isinstance(self.block, int) or self.block < 1:
       raise ValueError(f"block must be a positive int, got {self.block!r}")
 
@@ -61,6 +63,7 @@ class Precision:
     the program that computes them. Needs a block-scaled E4M3 fprop; the backward is the
     usual one. The exact forward GEMM runs in XLA whatever the fprop's `gemm_backend` says.
   """
+
   compute_dtype: str = "bfloat16"
   fprop: Optional[Fp8Gemm] = None
   dgrad: Optional[Fp8Gemm] = None
@@ -70,16 +73,19 @@ class Precision:
   def __post_init__(self):
     if self.compute_dtype not in COMPUTE_DTYPES:
       raise ValueError(
-          f"unknown compute dtype {self.compute_dtype!r}; accepted: {sorted(COMPUTE_DTYPES)}")
+        f"unknown compute dtype {self.compute_dtype!r}; accepted: {sorted(COMPUTE_DTYPES)}"
+      )
     if not isinstance(self.batch_invariant, bool):
       raise ValueError(f"batch_invariant must be a bool, got {self.batch_invariant!r}")
     g = self.fprop
-    if self.batch_invariant and (g is None or g.scaling != "block" or g.fmt != "e4m3"
-                                 or g.block > 128):
+    if self.batch_invariant and (
+      g is None or g.scaling != "block" or g.fmt != "e4m3" or g.block > 128
+    ):
       raise ValueError(
-          "batch_invariant needs an fprop with block scaling, fmt 'e4m3' and block <= 128 "
-          "(its block sums are exact in float64); got "
-          + ("no fprop" if g is None else f"scaling={g.scaling!r}, fmt={g.fmt!r}, block={g.block}"))
+        "batch_invariant needs an fprop with block scaling, fmt 'e4m3' and block <= 128 "
+        "(its block sums are exact in float64); got "
+        + ("no fprop" if g is None else f"scaling={g.scaling!r}, fmt={g.fmt!r}, block={g.block}")
+      )
 
   @property
   def forward(self) -> "Precision":
@@ -88,8 +94,9 @@ class Precision:
     This is what a rollout under the unified flow runs; it shares `fprop` with the training
     precision by identity, so the two cannot diverge.
     """
-    return Precision(compute_dtype=self.compute_dtype, fprop=self.fprop,
-                     batch_invariant=self.batch_invariant)
+    return Precision(
+      compute_dtype=self.compute_dtype, fprop=self.fprop, batch_invariant=self.batch_invariant
+    )
 
   @property
   def is_fp8(self) -> bool:
@@ -107,6 +114,7 @@ class Recipe:
 
   When `rollout_override` is None the rollout is `train.forward`, by construction.
   """
+
   name: str
   train: Precision
   rollout_override: Optional[Precision] = None
@@ -136,19 +144,31 @@ def _build(name: str, grad_fmt: str = "e4m3") -> Recipe:
   if name == "bf16":
     return Recipe(name, Precision("bfloat16"), description="bf16 train and rollout")
   if name == "fp8_rollout":
-    return Recipe(name, Precision("bfloat16"), rollout_override=Precision("bfloat16", fprop=block),
-                  description="bf16 training, FP8 blockwise rollout (off-policy baseline)")
+    return Recipe(
+      name,
+      Precision("bfloat16"),
+      rollout_override=Precision("bfloat16", fprop=block),
+      description="bf16 training, FP8 blockwise rollout (off-policy baseline)",
+    )
   if name == "jet":
-    return Recipe(name, Precision("bfloat16", fprop=block, dgrad=block, wgrad=block),
-                  description="FP8 fprop/dgrad/wgrad; rollout = the training fprop")
+    return Recipe(
+      name,
+      Precision("bfloat16", fprop=block, dgrad=block, wgrad=block),
+      description="FP8 fprop/dgrad/wgrad; rollout = the training fprop",
+    )
   if name == "jet_exact":
-    return Recipe(name, Precision("bfloat16", fprop=block, dgrad=block, wgrad=block,
-                                  batch_invariant=True),
-                  description="jet with a batch-invariant forward: rollout log-probs equal the "
-                              "training forward's bit for bit")
+    return Recipe(
+      name,
+      Precision("bfloat16", fprop=block, dgrad=block, wgrad=block, batch_invariant=True),
+      description="jet with a batch-invariant forward: rollout log-probs equal the "
+      "training forward's bit for bit",
+    )
   if name == "fp8_tensor":
-    return Recipe(name, Precision("bfloat16", fprop=tensor, dgrad=tensor, wgrad=tensor),
-                  description="FP8 per-tensor current scaling (batch-dependent baseline)")
+    return Recipe(
+      name,
+      Precision("bfloat16", fprop=tensor, dgrad=tensor, wgrad=tensor),
+      description="FP8 per-tensor current scaling (batch-dependent baseline)",
+    )
   raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
 
 
@@ -185,9 +205,14 @@ def with_gemm_backend(obj: Union[Fp8Gemm, Precision, Recipe, None], name: str):
       if id(g) not in memo:
         memo[id(g)] = dataclasses.replace(g, gemm_backend=name)
       return memo[id(g)]
-    return dataclasses.replace(obj, fprop=sub(obj.fprop), dgrad=sub(obj.dgrad),
-                               wgrad=sub(obj.wgrad))
+
+    return dataclasses.replace(
+      obj, fprop=sub(obj.fprop), dgrad=sub(obj.dgrad), wgrad=sub(obj.wgrad)
+    )
   if isinstance(obj, Recipe):
-    return dataclasses.replace(obj, train=with_gemm_backend(obj.train, name),
-                               rollout_override=with_gemm_backend(obj.rollout_override, name))
+    return dataclasses.replace(
+      obj,
+      train=with_gemm_backend(obj.train, name),
+      rollout_override=with_gemm_backend(obj.rollout_override, name),
+    )
   raise TypeError(f"with_gemm_backend: expected an Fp8Gemm, Precision or Recipe, got {type(obj)}")

@@ -36,8 +36,9 @@ def quantize_weight(w: jax.Array, g):
   return q, s, block
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=("q", "scale"),
-                   meta_fields=("k_major",))
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=("q", "scale"), meta_fields=("k_major",)
+)
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
   """A weight's FP8 values and block scales.
@@ -47,6 +48,7 @@ class QuantizedWeight:
     transposed when k_major; [..., 1, 1] for one tensor scale).
   k_major: static. Leading axes (stacked layers) slice like the weight's.
   """
+
   q: jax.Array
   scale: jax.Array
   k_major: bool = False

@@ -4,35 +4,72 @@ from jetrl.rl.advantages import batch_normalize, dynamic_sampling_mask, group_ad
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics, equal_width_edges, position_bins
 from jetrl.rl.correction import IS_METHODS, importance_weights
 from jetrl.rl.losses import (
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    aggregate,
-    entropy_bonus,
-    finalize_loss,
-    kl_penalty,
-    overlong_penalty,
-    ppo_clip_loss,
-    truncation_mask,
+  AGGREGATIONS,
+  KL_ESTIMATORS,
+  aggregate,
+  entropy_bonus,
+  finalize_loss,
+  kl_penalty,
+  overlong_penalty,
+  ppo_clip_loss,
+  truncation_mask,
 )
 
 __all__ = [
-    "batch_normalize", "dynamic_sampling_mask", "group_advantages",
-    "DEFAULT_EDGES", "agreement_metrics", "equal_width_edges", "position_bins",
-    "IS_METHODS", "importance_weights",
-    "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "entropy_bonus", "finalize_loss",
-    "kl_penalty", "overlong_penalty", "ppo_clip_loss", "truncation_mask",
+  "batch_normalize",
+  "dynamic_sampling_mask",
+  "group_advantages",
+  "DEFAULT_EDGES",
+  "agreement_metrics",
+  "equal_width_edges",
+  "position_bins",
+  "IS_METHODS",
+  "importance_weights",
+  "AGGREGATIONS",
+  "KL_ESTIMATORS",
+  "aggregate",
+  "entropy_bonus",
+  "finalize_loss",
+  "kl_penalty",
+  "overlong_penalty",
+  "ppo_clip_loss",
+  "truncation_mask",
 ]
 
 from jetrl.rl.batch import TrainBatch, make_train_batch, policy_logprobs  # noqa: E402
 from jetrl.rl.optimizer import (  # noqa: E402
-    SCHEDULES, OptimizerConfig, learning_rate_schedule, make_optimizer, skip_non_finite)
+  SCHEDULES,
+  OptimizerConfig,
+  learning_rate_schedule,
+  make_optimizer,
+  skip_non_finite,
+)
 from jetrl.rl.update import (  # noqa: E402
-    LOSSES, OLD_LOGP_SOURCES, TrainState, UpdateConfig, check_batch_divisible, init_train_state,
-    jit_update_step, update_step)
+  LOSSES,
+  OLD_LOGP_SOURCES,
+  TrainState,
+  UpdateConfig,
+  check_batch_divisible,
+  init_train_state,
+  jit_update_step,
+  update_step,
+)
 
 __all__ += [
-    "TrainBatch", "make_train_batch", "policy_logprobs", "SCHEDULES", "OptimizerConfig",
-    "learning_rate_schedule", "make_optimizer", "skip_non_finite", "LOSSES", "OLD_LOGP_SOURCES",
-    "TrainState", "UpdateConfig", "check_batch_divisible", "init_train_state", "jit_update_step",
-    "update_step",
+  "TrainBatch",
+  "make_train_batch",
+  "policy_logprobs",
+  "SCHEDULES",
+  "OptimizerConfig",
+  "learning_rate_schedule",
+  "make_optimizer",
+  "skip_non_finite",
+  "LOSSES",
+  "OLD_LOGP_SOURCES",
+  "TrainState",
+  "UpdateConfig",
+  "check_batch_divisible",
+  "init_train_state",
+  "jit_update_step",
+  "update_step",
 ]

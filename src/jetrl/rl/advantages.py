@@ -20,20 +20,20 @@ def _as_groups(rewards: chex.Array, group_size: int) -> chex.Array:
   rewards = jnp.asarray(rewards)
   if rewards.ndim == 2:
     if rewards.shape[1] != group_size:
-      raise ValueError(
-          f"rewards of shape {rewards.shape} must be [P, group_size={group_size}]")
+      raise ValueError(f"rewards of shape {rewards.shape} must be [P, group_size={group_size}]")
   elif rewards.shape[0] % group_size:
     raise ValueError(
-        f"rewards of length {rewards.shape[0]} is not a multiple of group_size={group_size}")
+      f"rewards of length {rewards.shape[0]} is not a multiple of group_size={group_size}"
+    )
   return rewards.astype(jnp.float32).reshape(-1, group_size)
 
 
 def group_advantages(
-    rewards: chex.Array,
-    group_size: int,
-    *,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
+  rewards: chex.Array,
+  group_size: int,
+  *,
+  normalize_std: bool = True,
+  eps: float = 1e-6,
 ) -> chex.Array:
   """Group-relative advantages, one per completion.
 
@@ -71,11 +71,11 @@ def group_advantages(
 
 
 def batch_normalize(
-    adv: chex.Array,
-    mask: chex.Array | None = None,
-    *,
-    eps: float = 1e-6,
-    center: bool = True,
+  adv: chex.Array,
+  mask: chex.Array | None = None,
+  *,
+  eps: float = 1e-6,
+  center: bool = True,
 ) -> chex.Array:
   """Normalises advantages over the whole batch: (A - mean) / (std + eps).
 
@@ -107,8 +107,7 @@ def batch_normalize(
   return jnp.where(m, out, 0.0)
 
 
-def dynamic_sampling_mask(
-    rewards: chex.Array, group_size: int) -> tuple[chex.Array, chex.Array]:
+def dynamic_sampling_mask(rewards: chex.Array, group_size: int) -> tuple[chex.Array, chex.Array]:
   """DAPO dynamic sampling: drops the groups whose rewards are all equal.
 
   Such groups (all correct or all wrong) have zero group-relative advantage and give no

@@ -67,11 +67,13 @@ def _check_edges(bin_edges: Sequence[int]) -> tuple[int, ...]:
     edges = tuple(int(e) for e in bin_edges)
   except TypeError as e:
     raise ValueError(f"bin_edges must be a sequence of ints, got {bin_edges!r}") from e
-  if (not edges or edges[0] != 0
-      or any(b <= a for a, b in zip(edges, edges[1:]))
-      or any(int(e) != e for e in bin_edges)):
-    raise ValueError(
-        f"bin_edges must be strictly increasing ints starting at 0, got {bin_edges!r}")
+  if (
+    not edges
+    or edges[0] != 0
+    or any(b <= a for a, b in zip(edges, edges[1:]))
+    or any(int(e) != e for e in bin_edges)
+  ):
+    raise ValueError(f"bin_edges must be strictly increasing ints starting at 0, got {bin_edges!r}")
   return edges
 
 
@@ -84,11 +86,11 @@ def equal_width_edges(num_bins: int, length: int) -> tuple[int, ...]:
 
 
 def position_bins(
-    values: chex.Array,
-    mask: chex.Array,
-    *,
-    bin_edges: Sequence[int] | None = None,
-    num_bins: int | None = None,
+  values: chex.Array,
+  mask: chex.Array,
+  *,
+  bin_edges: Sequence[int] | None = None,
+  num_bins: int | None = None,
 ) -> tuple[chex.Array, chex.Array]:
   """Masked mean of a per-token quantity per bin of token positions.
 
@@ -107,8 +109,7 @@ def position_bins(
   if (bin_edges is None) == (num_bins is None):
     raise ValueError("give exactly one of bin_edges or num_bins")
   length = values.shape[1]
-  edges = _check_edges(bin_edges) if bin_edges is not None else equal_width_edges(
-      num_bins, length)
+  edges = _check_edges(bin_edges) if bin_edges is not None else equal_width_edges(num_bins, length)
   ids = np.searchsorted(np.asarray(edges), np.arange(length), side="right") - 1
   m = as_mask(mask)
   col_sum = jnp.sum(masked(values, m), axis=0)
@@ -120,12 +121,12 @@ def position_bins(
 
 
 def agreement_metrics(
-    rollout_logp: chex.Array,
-    train_logp: chex.Array,
-    mask: chex.Array,
-    *,
-    bin_edges: Sequence[int] = DEFAULT_EDGES,
-    log_clamp: float = 20.0,
+  rollout_logp: chex.Array,
+  train_logp: chex.Array,
+  mask: chex.Array,
+  *,
+  bin_edges: Sequence[int] = DEFAULT_EDGES,
+  log_clamp: float = 20.0,
 ) -> dict[str, chex.Array]:
   """Rollout/training agreement metrics (see the module docstring for each key).
 
@@ -173,9 +174,10 @@ def agreement_metrics(
 
   degenerate = constant(p_roll) | constant(p_train) | (denom <= 0)
   pearson = jnp.where(
-      degenerate,
-      jnp.where(identical, _F32(1.0), _F32(0.0)),
-      jnp.clip(cov / jnp.where(degenerate, 1.0, denom), -1.0, 1.0))
+    degenerate,
+    jnp.where(identical, _F32(1.0), _F32(0.0)),
+    jnp.clip(cov / jnp.where(degenerate, 1.0, denom), -1.0, 1.0),
+  )
   # Keep NaN visible: a NaN probability makes denom NaN, and NaN > 0 is false.
   pearson = jnp.where(jnp.isnan(denom), jnp.nan, pearson)
 
@@ -190,15 +192,15 @@ def agreement_metrics(
 
   bin_mean, bin_count = position_bins(abs_delta, m, bin_edges=bin_edges)
   return {
-      "abs_diff_mean": mean(abs_delta),
-      "abs_diff_max": jnp.max(jnp.where(m, abs_delta, 0.0)),
-      "kl_k3": mean(k3),
-      "prob_ratio_error": mean(ratio_err),
-      "prob_pearson": pearson.astype(_F32),
-      "ratio_out_frac": mean(outside),
-      "seq_abs_sum_mean": seq_abs_mean,
-      "seq_abs_sum_max": jnp.max(jnp.where(has_tok, seq_abs, 0.0)),
-      "n_tokens": n,
-      "bin_abs_diff_mean": bin_mean,
-      "bin_count": bin_count,
+    "abs_diff_mean": mean(abs_delta),
+    "abs_diff_max": jnp.max(jnp.where(m, abs_delta, 0.0)),
+    "kl_k3": mean(k3),
+    "prob_ratio_error": mean(ratio_err),
+    "prob_pearson": pearson.astype(_F32),
+    "ratio_out_frac": mean(outside),
+    "seq_abs_sum_mean": seq_abs_mean,
+    "seq_abs_sum_max": jnp.max(jnp.where(has_tok, seq_abs, 0.0)),
+    "n_tokens": n,
+    "bin_abs_diff_mean": bin_mean,
+    "bin_count": bin_count,
   }

@@ -17,31 +17,37 @@ from jetrl.models.cache import positions_from_mask
 
 class TrainBatch(NamedTuple):
   """Per-row arrays for the update. R rows; S = P + T - 1 input positions."""
-  inputs: jax.Array           # [R, S] int32
-  targets: jax.Array          # [R, T] int32: the completion tokens
-  positions: jax.Array        # [R, S] int32
-  attention_mask: jax.Array   # [R, S] bool
-  mask: jax.Array             # [R, T] float32: completion tokens that count in the loss
+
+  inputs: jax.Array  # [R, S] int32
+  targets: jax.Array  # [R, T] int32: the completion tokens
+  positions: jax.Array  # [R, S] int32
+  attention_mask: jax.Array  # [R, S] bool
+  mask: jax.Array  # [R, T] float32: completion tokens that count in the loss
   rollout_logprobs: jax.Array  # [R, T] float32
-  advantages: jax.Array       # [R] float32
+  advantages: jax.Array  # [R] float32
 
 
-def make_train_batch(prompt_tokens, prompt_mask, tokens, mask, rollout_logprobs,
-                     advantages) -> TrainBatch:
+def make_train_batch(
+  prompt_tokens, prompt_mask, tokens, mask, rollout_logprobs, advantages
+) -> TrainBatch:
   """Assemble a TrainBatch from the sampler's arrays and per-row advantages."""
   seq = jnp.concatenate([prompt_tokens, tokens], axis=1).astype(jnp.int32)
   seq_mask = jnp.concatenate([prompt_mask, mask], axis=1).astype(bool)
   positions = positions_from_mask(seq_mask)
-  return TrainBatch(inputs=seq[:, :-1], targets=tokens.astype(jnp.int32),
-                    positions=positions[:, :-1], attention_mask=seq_mask[:, :-1],
-                    mask=mask.astype(jnp.float32),
-                    rollout_logprobs=rollout_logprobs.astype(jnp.float32),
-                    advantages=jnp.asarray(advantages, jnp.float32))
+  return TrainBatch(
+    inputs=seq[:, :-1],
+    targets=tokens.astype(jnp.int32),
+    positions=positions[:, :-1],
+    attention_mask=seq_mask[:, :-1],
+    mask=mask.astype(jnp.float32),
+    rollout_logprobs=rollout_logprobs.astype(jnp.float32),
+    advantages=jnp.asarray(advantages, jnp.float32),
+  )
 
 
 def completion_logprobs(logp_all: jax.Array, num_completion: int) -> jax.Array:
   """The last `num_completion` columns of per-position log-probs [R, S] -> [R, T]."""
-  return logp_all[:, logp_all.shape[1] - num_completion:]
+  return logp_all[:, logp_all.shape[1] - num_completion :]
 
 
 def pad_targets(batch: TrainBatch) -> jax.Array:
@@ -51,13 +57,29 @@ def pad_targets(batch: TrainBatch) -> jax.Array:
   return jnp.concatenate([jnp.zeros((r, s - t), jnp.int32), batch.targets], axis=1)
 
 
-def policy_logprobs(params, model_config, batch: TrainBatch, precision, temperature: float = 1.0,
-                    chunk_size: int = 256, remat: bool = False):
+def policy_logprobs(
+  params,
+  model_config,
+  batch: TrainBatch,
+  precision,
+  temperature: float = 1.0,
+  chunk_size: int = 256,
+  remat: bool = False,
+):
   """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T])."""
   from jetrl.models import token_logprobs  # local: keeps jetrl.rl importable without a model
-  logp, ent = token_logprobs(params, model_config, batch.inputs, pad_targets(batch),
-                             precision=precision, positions=batch.positions,
-                             attention_mask=batch.attention_mask, temperature=temperature,
-                             chunk_size=chunk_size, remat=remat)
+
+  logp, ent = token_logprobs(
+    params,
+    model_config,
+    batch.inputs,
+    pad_targets(batch),
+    precision=precision,
+    positions=batch.positions,
+    attention_mask=batch.attention_mask,
+    temperature=temperature,
+    chunk_size=chunk_size,
+    remat=remat,
+  )
   t = batch.targets.shape[1]
   return completion_logprobs(logp, t), completion_logprobs(ent, t)

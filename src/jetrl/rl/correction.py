@@ -37,13 +37,13 @@ _F32 = jnp.float32
 
 
 def importance_weights(
-    train_logp: chex.Array,
-    rollout_logp: chex.Array,
-    mask: chex.Array,
-    *,
-    method: str = "none",
-    cap: float = 2.0,
-    log_clamp: float = 20.0,
+  train_logp: chex.Array,
+  rollout_logp: chex.Array,
+  mask: chex.Array,
+  *,
+  method: str = "none",
+  cap: float = 2.0,
+  log_clamp: float = 20.0,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
   """Detached per-token importance weights correcting rollout/training mismatch.
 
@@ -65,7 +65,8 @@ def importance_weights(
   """
   if method not in IS_METHODS:
     raise ValueError(
-        f"unknown importance-sampling method {method!r}; accepted: {', '.join(IS_METHODS)}")
+      f"unknown importance-sampling method {method!r}; accepted: {', '.join(IS_METHODS)}"
+    )
   if not cap >= 1:
     raise ValueError(f"cap must be >= 1, got {cap!r}")
   if not log_clamp > 0:
@@ -103,9 +104,8 @@ def importance_weights(
       truncated, dropped = no, jnp.logical_not(keep) & jnp.logical_not(bad)
   w = jax.lax.stop_gradient(jnp.where(m, w, _F32(0.0)))
   metrics = {
-      "frac_truncated": masked_mean(truncated, m),
-      "frac_dropped": masked_mean(dropped, m),
-      "mean_weight": masked_mean(w, m),
+    "frac_truncated": masked_mean(truncated, m),
+    "frac_dropped": masked_mean(dropped, m),
+    "mean_weight": masked_mean(w, m),
   }
   return w, metrics
-

@@ -44,8 +44,7 @@ _F32 = jnp.float32
 
 def _check_aggregation(aggregation: str) -> None:
   if aggregation not in AGGREGATIONS:
-    raise ValueError(
-        f"unknown aggregation {aggregation!r}; accepted: {', '.join(AGGREGATIONS)}")
+    raise ValueError(f"unknown aggregation {aggregation!r}; accepted: {', '.join(AGGREGATIONS)}")
 
 
 def _check_tokens(*arrays: chex.Array, mask: chex.Array) -> None:
@@ -56,11 +55,11 @@ def _check_tokens(*arrays: chex.Array, mask: chex.Array) -> None:
 
 
 def aggregate(
-    per_token: chex.Array,
-    mask: chex.Array,
-    aggregation: str = "token",
-    *,
-    max_tokens: int | None = None,
+  per_token: chex.Array,
+  mask: chex.Array,
+  aggregation: str = "token",
+  *,
+  max_tokens: int | None = None,
 ) -> tuple[chex.Array, chex.Array]:
   """Reduces a per-token quantity [B, T] to `(num, den)` (see the module docstring).
 
@@ -100,17 +99,17 @@ def finalize_loss(num: chex.Array, den: chex.Array) -> chex.Array:
 
 
 def ppo_clip_loss(
-    logp: chex.Array,
-    old_logp: chex.Array,
-    advantages: chex.Array,
-    mask: chex.Array,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: str = "token",
-    max_tokens: int | None = None,
-    is_weights: chex.Array | None = None,
-    dual_clip: float | None = None,
+  logp: chex.Array,
+  old_logp: chex.Array,
+  advantages: chex.Array,
+  mask: chex.Array,
+  *,
+  clip_low: float = 0.2,
+  clip_high: float = 0.2,
+  aggregation: str = "token",
+  max_tokens: int | None = None,
+  is_weights: chex.Array | None = None,
+  dual_clip: float | None = None,
 ) -> tuple[chex.Array, chex.Array, dict[str, chex.Array]]:
   """PPO clipped surrogate loss, as used by GRPO, DAPO (clip-higher) and Dr.GRPO.
 
@@ -187,22 +186,22 @@ def ppo_clip_loss(
   else:
     dual = jnp.zeros_like(m)
   metrics = {
-      "clip_frac_low": masked_mean(low, m),
-      "clip_frac_high": masked_mean(high, m),
-      "dual_clip_frac": masked_mean(dual, m),
-      "ratio_mean": masked_mean(r, m),
-      "n_tokens": jnp.sum(m, dtype=_F32),
+    "clip_frac_low": masked_mean(low, m),
+    "clip_frac_high": masked_mean(high, m),
+    "dual_clip_frac": masked_mean(dual, m),
+    "ratio_mean": masked_mean(r, m),
+    "n_tokens": jnp.sum(m, dtype=_F32),
   }
   return num, den, metrics
 
 
 def kl_penalty(
-    logp: chex.Array,
-    ref_logp: chex.Array,
-    mask: chex.Array,
-    *,
-    estimator: str = "k3",
-    clamp: float | None = 20.0,
+  logp: chex.Array,
+  ref_logp: chex.Array,
+  mask: chex.Array,
+  *,
+  estimator: str = "k3",
+  clamp: float | None = 20.0,
 ) -> chex.Array:
   """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi.
 
@@ -221,8 +220,7 @@ def kl_penalty(
   """
   _check_tokens(logp, ref_logp, mask=mask)
   if estimator not in KL_ESTIMATORS:
-    raise ValueError(
-        f"unknown KL estimator {estimator!r}; accepted: {', '.join(KL_ESTIMATORS)}")
+    raise ValueError(f"unknown KL estimator {estimator!r}; accepted: {', '.join(KL_ESTIMATORS)}")
   if clamp is not None and not clamp > 0:
     raise ValueError(f"clamp must be > 0 or None, got {clamp!r}")
   m = as_mask(mask)
@@ -239,11 +237,11 @@ def kl_penalty(
 
 
 def entropy_bonus(
-    entropy: chex.Array,
-    mask: chex.Array,
-    aggregation: str = "token",
-    *,
-    max_tokens: int | None = None,
+  entropy: chex.Array,
+  mask: chex.Array,
+  aggregation: str = "token",
+  *,
+  max_tokens: int | None = None,
 ) -> tuple[chex.Array, chex.Array]:
   """Aggregated per-token policy entropy, `(num, den)`.
 
@@ -254,10 +252,10 @@ def entropy_bonus(
 
 
 def overlong_penalty(
-    lengths: chex.Array,
-    max_len: int,
-    buffer_len: int,
-    penalty_factor: float = 1.0,
+  lengths: chex.Array,
+  max_len: int,
+  buffer_len: int,
+  penalty_factor: float = 1.0,
 ) -> chex.Array:
   """DAPO soft overlong punishment: a per-sequence reward term (0 or negative).
 
@@ -277,7 +275,8 @@ def overlong_penalty(
   """
   if not 0 < buffer_len <= max_len:
     raise ValueError(
-        f"need 0 < buffer_len <= max_len, got buffer_len={buffer_len!r}, max_len={max_len!r}")
+      f"need 0 < buffer_len <= max_len, got buffer_len={buffer_len!r}, max_len={max_len!r}"
+    )
   if isinstance(penalty_factor, (int, float)) and not penalty_factor >= 0:
     raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor!r}")
   chex.assert_rank(lengths, 1)
@@ -285,8 +284,7 @@ def overlong_penalty(
   start = _F32(max_len - buffer_len)
   factor = _F32(penalty_factor)
   soft = (start - length) / _F32(buffer_len) * factor
-  return jnp.where(length <= start, _F32(0.0),
-                   jnp.where(length <= _F32(max_len), soft, -factor))
+  return jnp.where(length <= start, _F32(0.0), jnp.where(length <= _F32(max_len), soft, -factor))
 
 
 def truncation_mask(truncated: chex.Array, mask: chex.Array) -> chex.Array:
@@ -305,4 +303,3 @@ def truncation_mask(truncated: chex.Array, mask: chex.Array) -> chex.Array:
   keep = jnp.logical_not(jnp.asarray(truncated).astype(bool))[:, None]
   mask = jnp.asarray(mask)
   return jnp.where(keep, mask, jnp.zeros_like(mask))
-

@@ -1,8 +1,21 @@
 """The jitted rollout sampler."""
 
 from jetrl.sampling.categorical import sample_categorical
-from jetrl.sampling.sampler import (STOP_LENGTH, STOP_TOKEN, Rollout, SamplingConfig, pad_prompts,
-                                    sample)
+from jetrl.sampling.sampler import (
+  STOP_LENGTH,
+  STOP_TOKEN,
+  Rollout,
+  SamplingConfig,
+  pad_prompts,
+  sample,
+)
 
-__all__ = ["STOP_LENGTH", "STOP_TOKEN", "Rollout", "SamplingConfig", "pad_prompts", "sample",
-           "sample_categorical"]
+__all__ = [
+  "STOP_LENGTH",
+  "STOP_TOKEN",
+  "Rollout",
+  "SamplingConfig",
+  "pad_prompts",
+  "sample",
+  "sample_categorical",
+]

@@ -46,9 +46,11 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
   probs = jnp.pad(probs, ((0, 0), (0, pad))).reshape(r, -1, BLOCK)
   block_mass = jnp.sum(probs, axis=-1)
   k_block, k_token = jax.random.split(key)
-  block = _pick(jnp.cumsum(block_mass, axis=-1), block_mass,
-                jax.random.uniform(k_block, (r, 1), jnp.float32))
+  block = _pick(
+    jnp.cumsum(block_mass, axis=-1), block_mass, jax.random.uniform(k_block, (r, 1), jnp.float32)
+  )
   in_block = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
-  token = _pick(jnp.cumsum(in_block, axis=-1), in_block,
-                jax.random.uniform(k_token, (r, 1), jnp.float32))
+  token = _pick(
+    jnp.cumsum(in_block, axis=-1), in_block, jax.random.uniform(k_token, (r, 1), jnp.float32)
+  )
   return (block * BLOCK + token).astype(jnp.int32)

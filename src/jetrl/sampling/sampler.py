@@ -32,8 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.config import check_fields, field
-from jetrl.models import (KVCache, ModelConfig, forward_cached, init_cache, positions_from_mask,
-                          rollout_weights)
+from jetrl.models import (
+  KVCache,
+  ModelConfig,
+  forward_cached,
+  init_cache,
+  positions_from_mask,
+  rollout_weights,
+)
 from jetrl.models.exact_ops import token_logprobs_from_logits
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import sample_categorical
@@ -47,18 +53,29 @@ class SamplingConfig:
   """How to sample. Static under jit (frozen, hashable). The run's `sampling` config: its
   flags are `--sampling.<field>`; the run fills in the last three from the tokenizer and the
   task."""
+
   max_new_tokens: int = field(128, "Generation budget: tokens per sample.", lo=1)
   temperature: float = field(1.0, "Softmax temperature (0: greedy).", lo=0.0)
-  top_k: int = field(0, "Sample from the k most likely tokens only (0: all). Leave off for "
-                     "on-policy RL: the recorded log-probs are the untruncated ones.", lo=0)
-  top_p: float = field(1.0, "Nucleus mass (1: all tokens). Leave off for on-policy RL.",
-                       lo=0.0, hi=1.0, lo_open=True)
+  top_k: int = field(
+    0,
+    "Sample from the k most likely tokens only (0: all). Leave off for "
+    "on-policy RL: the recorded log-probs are the untruncated ones.",
+    lo=0,
+  )
+  top_p: float = field(
+    1.0, "Nucleus mass (1: all tokens). Leave off for on-policy RL.", lo=0.0, hi=1.0, lo_open=True
+  )
   n: int = field(1, "Samples per prompt (the GRPO group), sharing one prefill.", lo=1)
-  stop_ids: tuple[int, ...] = field((), "Token ids that end a sample (kept, masked in).",
-                                    flag=False)
+  stop_ids: tuple[int, ...] = field(
+    (), "Token ids that end a sample (kept, masked in).", flag=False
+  )
   pad_id: int = field(0, "Filler for prompt padding and after a sample stopped.", flag=False)
-  prompt_len: Optional[int] = field(None, "Static prompt width (None: the longest prompt "
-                                    "rounded up to a multiple of 16).", lo=1, flag=False)
+  prompt_len: Optional[int] = field(
+    None,
+    "Static prompt width (None: the longest prompt rounded up to a multiple of 16).",
+    lo=1,
+    flag=False,
+  )
 
   def __post_init__(self):
     if isinstance(self.stop_ids, (tuple, list)):
@@ -72,29 +89,32 @@ class SamplingConfig:
 
 class Rollout(NamedTuple):
   """Samples, row-major by prompt then sample: row i*n + j is sample j of prompt i."""
-  prompt_tokens: jax.Array   # [R, P] int32, left-padded
-  prompt_mask: jax.Array     # [R, P] bool
-  tokens: jax.Array          # [R, T] int32, pad_id after the sample stopped
-  logprobs: jax.Array        # [R, T] float32, 0 where masked
-  mask: jax.Array            # [R, T] bool: generated tokens (the stop token included)
-  lengths: jax.Array         # [R] int32
-  stop_reason: jax.Array     # [R] int32: STOP_TOKEN or STOP_LENGTH
+
+  prompt_tokens: jax.Array  # [R, P] int32, left-padded
+  prompt_mask: jax.Array  # [R, P] bool
+  tokens: jax.Array  # [R, T] int32, pad_id after the sample stopped
+  logprobs: jax.Array  # [R, T] float32, 0 where masked
+  mask: jax.Array  # [R, T] bool: generated tokens (the stop token included)
+  lengths: jax.Array  # [R] int32
+  stop_reason: jax.Array  # [R] int32: STOP_TOKEN or STOP_LENGTH
 
 
 class DecodeState(NamedTuple):
   """The decode loop's carry: R rows, T = max_new_tokens."""
-  step: jax.Array       # int32 scalar: decode steps taken
+
+  step: jax.Array  # int32 scalar: decode steps taken
   cache: KVCache
-  logits: jax.Array     # [R, V] the next token's logits
-  tokens: jax.Array     # [R, T] int32
-  logprobs: jax.Array   # [R, T] float32
-  done: jax.Array       # [R] bool: the row hit a stop token
-  lengths: jax.Array    # [R] int32
+  logits: jax.Array  # [R, V] the next token's logits
+  tokens: jax.Array  # [R, T] int32
+  logprobs: jax.Array  # [R, T] float32
+  done: jax.Array  # [R] bool: the row hit a stop token
+  lengths: jax.Array  # [R] int32
   key: jax.Array
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], config: SamplingConfig, max_seq_len: int,
-                vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_prompts(
+  prompts: Sequence[Sequence[int]], config: SamplingConfig, max_seq_len: int, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
   """Left-pad token lists to the static width; clear errors for what cannot be sampled."""
   if len(prompts) == 0:
     raise ValueError("sample: no prompts given")
@@ -107,16 +127,17 @@ def pad_prompts(prompts: Sequence[Sequence[int]], config: SamplingConfig, max_se
     raise ValueError(f"sample: prompt {i} has {lens[i]} tokens, more than prompt_len={width}")
   if width + config.max_new_tokens > max_seq_len:
     raise ValueError(
-        f"sample: prompt width {width} + max_new_tokens {config.max_new_tokens} exceeds the "
-        f"model's max_seq_len {max_seq_len}: shorten the prompts or the budget")
+      f"sample: prompt width {width} + max_new_tokens {config.max_new_tokens} exceeds the "
+      f"model's max_seq_len {max_seq_len}: shorten the prompts or the budget"
+    )
   tokens = np.full((len(prompts), width), config.pad_id, np.int32)
   mask = np.zeros((len(prompts), width), bool)
   for i, p in enumerate(prompts):
     p = np.asarray(p, np.int64)
     if p.size and (p.min() < 0 or p.max() >= vocab_size):
       raise ValueError(f"sample: prompt {i} has token ids outside [0, {vocab_size})")
-    tokens[i, width - len(p):] = p
-    mask[i, width - len(p):] = True
+    tokens[i, width - len(p) :] = p
+    mask[i, width - len(p) :] = True
   return tokens, mask
 
 
@@ -132,8 +153,7 @@ def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     probs = jax.nn.softmax(sorted_x, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep_sorted = mass_before < config.top_p  # always keeps the most likely token
-    keep = jnp.zeros_like(keep_sorted).at[
-        jnp.arange(x.shape[0])[:, None], order].set(keep_sorted)
+    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(x.shape[0])[:, None], order].set(keep_sorted)
     x = jnp.where(keep, x, -jnp.inf)
   return x
 
@@ -161,8 +181,9 @@ def _repeat_cache(cache, n: int):
   if n == 1:
     return cache
   rep = lambda layers: tuple(jnp.repeat(a, n, axis=0) for a in layers)
-  return cache._replace(k=rep(cache.k), v=rep(cache.v), mask=jnp.repeat(cache.mask, n, axis=0),
-                        v_exp=rep(cache.v_exp))
+  return cache._replace(
+    k=rep(cache.k), v=rep(cache.v), mask=jnp.repeat(cache.mask, n, axis=0), v_exp=rep(cache.v_exp)
+  )
 
 
 def _constrain(cache, cache_sharding):
@@ -172,18 +193,35 @@ def _constrain(cache, cache_sharding):
   return jax.lax.with_sharding_constraint(cache, cache_sharding)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype",
-                                             "cache_sharding"))
-def _prefill(params, tokens, mask, *, model_config: ModelConfig, config: SamplingConfig,
-             precision: Optional[Precision], cache_dtype, cache_sharding=None):
+@functools.partial(
+  jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype", "cache_sharding")
+)
+def _prefill(
+  params,
+  tokens,
+  mask,
+  *,
+  model_config: ModelConfig,
+  config: SamplingConfig,
+  precision: Optional[Precision],
+  cache_dtype,
+  cache_sharding=None,
+):
   b, p = tokens.shape
-  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype,
-                     precision=precision)
+  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype, precision=precision)
   positions = positions_from_mask(mask)
   # The cache is empty: the prompt attends to its own p slots, not the whole cache.
-  logits, cache = forward_cached(params, model_config, tokens, cache, positions=positions,
-                                 token_mask=mask, precision=precision, last_only=True,
-                                 attend_slots=p)
+  logits, cache = forward_cached(
+    params,
+    model_config,
+    tokens,
+    cache,
+    positions=positions,
+    token_mask=mask,
+    precision=precision,
+    last_only=True,
+    attend_slots=p,
+  )
   cache = _constrain(_repeat_cache(cache, config.n), cache_sharding)
   return cache, jnp.repeat(logits[:, -1], config.n, axis=0)
 
@@ -204,21 +242,39 @@ def decode_segments(max_new_tokens: int) -> tuple[int, ...]:
   return (t // 4, t // 2, t)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config", "precision",
-                                             "cache_sharding", "segments"),
-                   donate_argnames=("cache",))
-def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfig,
-            config: SamplingConfig, precision: Optional[Precision], cache_sharding=None,
-            segments: Optional[tuple[int, ...]] = None):
+@functools.partial(
+  jax.jit,
+  static_argnames=("model_config", "config", "precision", "cache_sharding", "segments"),
+  donate_argnames=("cache",),
+)
+def _decode(
+  params,
+  cache,
+  logits,
+  prompt_lens,
+  key,
+  *,
+  model_config: ModelConfig,
+  config: SamplingConfig,
+  precision: Optional[Precision],
+  cache_sharding=None,
+  segments: Optional[tuple[int, ...]] = None,
+):
   r, t_max = logits.shape[0], config.max_new_tokens
   segments = segments or (t_max,)
   width = cache.mask.shape[1] - t_max  # the prompts' padded width P
   cache = _constrain(cache, cache_sharding)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
-  init = DecodeState(step=jnp.int32(0), cache=cache, logits=logits,
-                     tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
-                     logprobs=jnp.zeros((r, t_max), jnp.float32), done=jnp.zeros((r,), bool),
-                     lengths=jnp.zeros((r,), jnp.int32), key=key)
+  init = DecodeState(
+    step=jnp.int32(0),
+    cache=cache,
+    logits=logits,
+    tokens=jnp.full((r, t_max), config.pad_id, jnp.int32),
+    logprobs=jnp.zeros((r, t_max), jnp.float32),
+    done=jnp.zeros((r,), bool),
+    lengths=jnp.zeros((r,), jnp.int32),
+    key=key,
+  )
 
   def cond(end):
     return lambda s: (s.step < end) & ~jnp.all(s.done)
@@ -233,12 +289,27 @@ def _decode(params, cache, logits, prompt_lens, key, *, model_config: ModelConfi
       hit = active & jnp.isin(tok, stop_ids)
       # Step k writes slot P + k and reads slots up to it: within the segment's `slots`.
       new_logits, new_cache = forward_cached(
-          params, model_config, tok[:, None], s.cache, positions=(prompt_lens + s.step)[:, None],
-          token_mask=active[:, None], precision=precision, last_only=True, attend_slots=slots)
-      return DecodeState(step=s.step + 1, cache=_constrain(new_cache, cache_sharding),
-                         logits=new_logits[:, -1], tokens=s.tokens.at[:, s.step].set(tok),
-                         logprobs=s.logprobs.at[:, s.step].set(lp), done=s.done | hit,
-                         lengths=s.lengths + active.astype(jnp.int32), key=key)
+        params,
+        model_config,
+        tok[:, None],
+        s.cache,
+        positions=(prompt_lens + s.step)[:, None],
+        token_mask=active[:, None],
+        precision=precision,
+        last_only=True,
+        attend_slots=slots,
+      )
+      return DecodeState(
+        step=s.step + 1,
+        cache=_constrain(new_cache, cache_sharding),
+        logits=new_logits[:, -1],
+        tokens=s.tokens.at[:, s.step].set(tok),
+        logprobs=s.logprobs.at[:, s.step].set(lp),
+        done=s.done | hit,
+        lengths=s.lengths + active.astype(jnp.int32),
+        key=key,
+      )
+
     return step
 
   s = init
@@ -261,9 +332,16 @@ def rollout_params(params, precision: Optional[Precision], fuse: bool = True):
   return rollout_weights(params, precision, fuse=fuse)
 
 
-def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], key: jax.Array,
-           config: SamplingConfig, precision: Optional[Precision] = None, *,
-           layout=None) -> Rollout:
+def sample(
+  params,
+  model_config: ModelConfig,
+  prompts: Sequence[Sequence[int]],
+  key: jax.Array,
+  config: SamplingConfig,
+  precision: Optional[Precision] = None,
+  *,
+  layout=None,
+) -> Rollout:
   """Sample `config.n` completions per prompt with the rollout `precision`.
 
   params: the one params pytree (the same one the update trains).
@@ -277,22 +355,42 @@ def sample(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]], 
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
   tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
-  cache_dtype = (jnp.dtype(precision.compute_dtype) if precision is not None
-                 else jax.tree_util.tree_leaves(params)[0].dtype)
+  cache_dtype = (
+    jnp.dtype(precision.compute_dtype)
+    if precision is not None
+    else jax.tree_util.tree_leaves(params)[0].dtype
+  )
   tokens_in, mask_in, cache_sharding = tokens, mask, None
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
-    cache_sharding = layout.cache_sharding(len(tokens) * config.n,
-                                           value_exponents=is_batch_invariant(precision))
+    cache_sharding = layout.cache_sharding(
+      len(tokens) * config.n, value_exponents=is_batch_invariant(precision)
+    )
   # Fused projections change which columns a tensor-parallel layout splits: single device only.
   params = rollout_params(params, precision=precision, fuse=layout is None)
-  cache, logits = _prefill(params, tokens_in, mask_in, model_config=model_config, config=config,
-                           precision=precision, cache_dtype=cache_dtype,
-                           cache_sharding=cache_sharding)
+  cache, logits = _prefill(
+    params,
+    tokens_in,
+    mask_in,
+    model_config=model_config,
+    config=config,
+    precision=precision,
+    cache_dtype=cache_dtype,
+    cache_sharding=cache_sharding,
+  )
   prompt_lens = jnp.repeat(jnp.asarray(mask.sum(1), jnp.int32), config.n)
-  out, _ = _decode(params, cache, logits, prompt_lens, key, model_config=model_config,
-                   config=config, precision=precision, cache_sharding=cache_sharding,
-                   segments=decode_segments(config.max_new_tokens))
+  out, _ = _decode(
+    params,
+    cache,
+    logits,
+    prompt_lens,
+    key,
+    model_config=model_config,
+    config=config,
+    precision=precision,
+    cache_sharding=cache_sharding,
+    segments=decode_segments(config.max_new_tokens),
+  )
   rep = lambda a: jnp.repeat(jnp.asarray(a), config.n, axis=0)
   return Rollout(rep(tokens), rep(mask), *out)

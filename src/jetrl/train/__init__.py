@@ -1,9 +1,25 @@
 """The RL experiment runner: configs, loop, supervised warm start, checkpoints, writers, plots."""
 
-from jetrl.train.config import (CheckpointConfig, EvalConfig, LoggingConfig, ModelSpec,
-                                SFTConfig, TaskConfig, TrainConfig)
+from jetrl.train.config import (
+  CheckpointConfig,
+  EvalConfig,
+  LoggingConfig,
+  ModelSpec,
+  SFTConfig,
+  TaskConfig,
+  TrainConfig,
+)
 from jetrl.train.loop import run
 from jetrl.train.sft import run_sft
 
-__all__ = ["TrainConfig", "SFTConfig", "ModelSpec", "TaskConfig", "EvalConfig",
-           "CheckpointConfig", "LoggingConfig", "run", "run_sft"]
+__all__ = [
+  "TrainConfig",
+  "SFTConfig",
+  "ModelSpec",
+  "TaskConfig",
+  "EvalConfig",
+  "CheckpointConfig",
+  "LoggingConfig",
+  "run",
+  "run_sft",
+]

@@ -53,9 +53,11 @@ class Checkpointer:
 
   def _manager(self):
     return ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=self.create,
-                                             enable_async_checkpointing=False))
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=self.keep, create=self.create, enable_async_checkpointing=False
+      ),
+    )
 
   def latest_step(self) -> Optional[int]:
     return self._mngr.latest_step()
@@ -69,18 +71,30 @@ class Checkpointer:
     if bad:
       raise ValueError(f"refusing to save checkpoint {step}: non-finite values in {bad[:4]}")
     meta = dict(meta, checksums=checksum.tree_checksums(state))
-    self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                  meta=ocp.args.JsonSave(meta)), force=True)
+    self._mngr.save(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      force=True,
+    )
     self._mngr.wait_until_finished()
 
   def restore(self, step: int, target: Any) -> tuple[Any, dict]:
     """Restore the state into the structure, dtypes and shardings of `target`, verified
     against its checksums (ValueError naming the arrays that differ or are not finite)."""
     abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-        if hasattr(x, "shape") else x, target)
-    out = self._mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      lambda x: (
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+        if hasattr(x, "shape")
+        else x
+      ),
+      target,
+    )
+    out = self._mngr.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+      ),
+    )
     meta = dict(out.meta)
     verify(out.state, meta, f"{self.directory}/{step}")
     return out.state, meta
@@ -94,17 +108,24 @@ class Checkpointer:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     is_array = lambda m: hasattr(m, "shape") and hasattr(m, "dtype")
     abstract = jax.tree_util.tree_map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device) if is_array(m) else m,
-        getattr(meta, "tree", meta), is_leaf=is_array)
-    return self._mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract))).state
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device) if is_array(m) else m,
+      getattr(meta, "tree", meta),
+      is_leaf=is_array,
+    )
+    return self._mngr.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+    ).state
 
   def restore_meta(self, step: int) -> dict:
     out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(out.meta)
 
-  def restore_latest(self, target: Any, check_meta: Callable[[dict], None] = lambda m: None,
-                     log: Callable[[str], None] = print) -> Optional[tuple[Any, dict]]:
+  def restore_latest(
+    self,
+    target: Any,
+    check_meta: Callable[[dict], None] = lambda m: None,
+    log: Callable[[str], None] = print,
+  ) -> Optional[tuple[Any, dict]]:
     """(state, meta) of the newest intact checkpoint, or None when there is none at all.
 
     `check_meta(meta)` runs before the arrays are read (a configuration check); what it raises
@@ -135,14 +156,17 @@ class Checkpointer:
       self._set_aside(step, failures[-1][1], log)
     if failures:
       raise CheckpointError(
-          f"no intact checkpoint in {self.directory}; damaged ones were moved to "
-          f"{os.path.join(self.workdir, DAMAGED_DIR)}:\n  " +
-          "\n  ".join(f"step {s}: {why}" for s, why in failures))
+        f"no intact checkpoint in {self.directory}; damaged ones were moved to "
+        f"{os.path.join(self.workdir, DAMAGED_DIR)}:\n  "
+        + "\n  ".join(f"step {s}: {why}" for s, why in failures)
+      )
     return None
 
   def _set_aside(self, step: int, why: str, log: Callable[[str], None]) -> None:
-    message = (f"checkpoint {self.directory}/{step} is damaged ({why[:300]}); moved to "
-               f"{DAMAGED_DIR}/ and trying the one before it")
+    message = (
+      f"checkpoint {self.directory}/{step} is damaged ({why[:300]}); moved to "
+      f"{DAMAGED_DIR}/ and trying the one before it"
+    )
     warnings.warn(message, RuntimeWarning, stacklevel=3)
     log(f"warning: {message}")
     if parallel.is_primary():
@@ -164,8 +188,10 @@ def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
   if saved is not None:
     wrong = checksum.mismatches(saved, state, prefix)
     if wrong:
-      raise ValueError(f"{where}: {len(wrong)} arrays do not match their checksums: "
-                       f"{wrong[:4]}{' ...' if len(wrong) > 4 else ''}")
+      raise ValueError(
+        f"{where}: {len(wrong)} arrays do not match their checksums: "
+        f"{wrong[:4]}{' ...' if len(wrong) > 4 else ''}"
+      )
   bad = checksum.non_finite(state)
   if bad:
     raise ValueError(f"{where}: non-finite values (NaN or Inf) in {bad[:4]}")
@@ -184,23 +210,35 @@ def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None
   if not steps and is_hf_folder(workdir):
     return _hf_params(workdir, target_params, log)
   if not steps:
-    raise FlagError("init_from",
-                    f"no checkpoint found under {os.path.join(workdir, 'checkpoints')}")
+    raise FlagError(
+      "init_from", f"no checkpoint found under {os.path.join(workdir, 'checkpoints')}"
+    )
   params, meta = read_params(workdir, log=log)
   kind = meta.get("kind", "rl")
   total = meta.get("config", {}).get("steps")
   if kind == "sft" and total is not None and int(meta["step"]) < int(total):
-    raise FlagError("init_from", f"the SFT run in {workdir} stopped at step {meta['step']} of "
-                    f"{total}; rerun it to finish (it resumes) before warm-starting from it")
+    raise FlagError(
+      "init_from",
+      f"the SFT run in {workdir} stopped at step {meta['step']} of "
+      f"{total}; rerun it to finish (it resumes) before warm-starting from it",
+    )
   try:
     return jax.tree_util.tree_map(lambda t, p: np.asarray(p).astype(t.dtype), target_params, params)
   except ValueError as e:
-    raise FlagError("init_from", f"the {kind} checkpoint's params do not match this model "
-                    f"(--model.name / --model.n_layers / tokenizer): {e}") from None
+    raise FlagError(
+      "init_from",
+      f"the {kind} checkpoint's params do not match this model "
+      f"(--model.name / --model.n_layers / tokenizer): {e}",
+    ) from None
 
 
-def read_params(workdir: str, step: Optional[int] = None, *, flag: str = "init_from",
-                log: Callable[[str], None] = print) -> tuple[Any, dict]:
+def read_params(
+  workdir: str,
+  step: Optional[int] = None,
+  *,
+  flag: str = "init_from",
+  log: Callable[[str], None] = print,
+) -> tuple[Any, dict]:
   """(params as stored, meta) of checkpoint `step` of a run's workdir (None: the newest intact
   one; a damaged one is skipped with a warning), verified against their checksums; nothing in
   `workdir` is changed. FlagErrors name `flag` (a checkpoint given by step must be intact)."""
@@ -228,8 +266,9 @@ def read_params(workdir: str, step: Optional[int] = None, *, flag: str = "init_f
         log(f"warning: {message}")
         continue
       return restored["params"], meta
-    raise FlagError(flag, f"no intact checkpoint under {ckpt.directory}:\n  " +
-                    "\n  ".join(problems))
+    raise FlagError(
+      flag, f"no intact checkpoint under {ckpt.directory}:\n  " + "\n  ".join(problems)
+    )
   finally:
     ckpt.close()
 
@@ -250,13 +289,19 @@ def _hf_params(path: str, target_params: Any, log: Callable[[str], None]) -> Any
   params = dict(params, layers=jax.tree_util.tree_map(lambda a: a[:n], params["layers"]))
   want = jax.tree_util.tree_structure(target_params)
   if jax.tree_util.tree_structure(params) != want:
-    raise FlagError("init_from", f"the weights in {path} are not those of this model "
-                    "(--model.name / --model.n_layers): their tensors differ")
+    raise FlagError(
+      "init_from",
+      f"the weights in {path} are not those of this model "
+      "(--model.name / --model.n_layers): their tensors differ",
+    )
   flat_t = jax.tree_util.tree_flatten_with_path(target_params)[0]
   for (where, t), p in zip(flat_t, jax.tree_util.tree_leaves(params)):
     if tuple(p.shape) != tuple(t.shape):
-      raise FlagError("init_from", f"the weights in {path} do not fit this model: "
-                      f"params{jax.tree_util.keystr(where)} is {tuple(p.shape)} there, "
-                      f"{tuple(t.shape)} here (--model.name / --model.n_layers / tokenizer)")
+      raise FlagError(
+        "init_from",
+        f"the weights in {path} do not fit this model: "
+        f"params{jax.tree_util.keystr(where)} is {tuple(p.shape)} there, "
+        f"{tuple(t.shape)} here (--model.name / --model.n_layers / tokenizer)",
+      )
   log(f"warm start from the weights in {path}")
   return jax.tree_util.tree_map(lambda t, p: np.asarray(p).astype(t.dtype), target_params, params)

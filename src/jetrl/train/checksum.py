@@ -46,8 +46,9 @@ def _words(x) -> jax.Array:
 def _digest(x) -> jax.Array:
   words = _words(x)
   index = jnp.arange(words.shape[0], dtype=jnp.uint32)
-  halves = [jnp.sum(_fmix32(words ^ _fmix32(index ^ jnp.uint32(seed))), dtype=jnp.uint32)
-            for seed in _SEEDS]
+  halves = [
+    jnp.sum(_fmix32(words ^ _fmix32(index ^ jnp.uint32(seed))), dtype=jnp.uint32) for seed in _SEEDS
+  ]
   return jnp.stack(halves)
 
 
@@ -58,9 +59,11 @@ def _digests(leaves):
 
 def tree_checksums(tree: Any, prefix: str = "") -> dict[str, str]:
   """{prefix + leaf path (jax keystr): 16 hex digits} for every array leaf of `tree`."""
-  flat = [(prefix + jax.tree_util.keystr(path), leaf)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-          if hasattr(leaf, "shape")]
+  flat = [
+    (prefix + jax.tree_util.keystr(path), leaf)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if hasattr(leaf, "shape")
+  ]
   digests = jax.device_get(_digests([leaf for _, leaf in flat]))
   return {path: f"{int(d[0]):08x}{int(d[1]):08x}" for (path, _), d in zip(flat, digests)}
 
@@ -77,9 +80,11 @@ def mismatches(saved: dict[str, str], tree: Any, prefix: str = "") -> list[str]:
 
 def non_finite(tree: Any) -> list[str]:
   """Leaf paths of floating-point arrays holding a NaN or an Inf."""
-  flat = [(jax.tree_util.keystr(path), leaf)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-          if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+  flat = [
+    (jax.tree_util.keystr(path), leaf)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
+  ]
   ok = jax.device_get(_all_finite([leaf for _, leaf in flat]))
   return [path for (path, _), good in zip(flat, ok) if not good]
 

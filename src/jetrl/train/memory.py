@@ -20,21 +20,30 @@ from jetrl.models.cache import cache_bytes
 from jetrl.models.config import ModelConfig
 from jetrl.train.validation import FlagError
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
-def step_bytes(mcfg: ModelConfig, *, rows: int, seq_len: int, micro_rows: int,
-               master_bytes: int = 4, compute_bytes: int = 2, ref_params: bool = False,
-               chunk: int = 256, value_exponents: bool = False) -> dict[str, int]:
+def step_bytes(
+  mcfg: ModelConfig,
+  *,
+  rows: int,
+  seq_len: int,
+  micro_rows: int,
+  master_bytes: int = 4,
+  compute_bytes: int = 2,
+  ref_params: bool = False,
+  chunk: int = 256,
+  value_exponents: bool = False,
+) -> dict[str, int]:
   """Bytes by part (see the module docstring); every part is needed at some point of a step."""
   n = mcfg.n_params
-  per_token = (2 * mcfg.d_model + 2 * mcfg.q_dim + 2 * mcfg.kv_dim + 3 * mcfg.d_ff)
+  per_token = 2 * mcfg.d_model + 2 * mcfg.q_dim + 2 * mcfg.kv_dim + 3 * mcfg.d_ff
   return {
-      "params, AdamW state, gradients": n * (master_bytes * (2 if ref_params else 1) + 8 + 4),
-      "rollout KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, value_exponents),
-      "rollout logits": rows * mcfg.vocab_size * 4,
-      "update activations": micro_rows * seq_len * mcfg.n_layers * per_token * compute_bytes,
-      "update log-prob chunk": micro_rows * min(chunk, seq_len) * mcfg.vocab_size * 4,
+    "params, AdamW state, gradients": n * (master_bytes * (2 if ref_params else 1) + 8 + 4),
+    "rollout KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, value_exponents),
+    "rollout logits": rows * mcfg.vocab_size * 4,
+    "update activations": micro_rows * seq_len * mcfg.n_layers * per_token * compute_bytes,
+    "update log-prob chunk": micro_rows * min(chunk, seq_len) * mcfg.vocab_size * 4,
   }
 
 
@@ -52,15 +61,19 @@ def available_bytes() -> tuple[int, str]:
   return int(ram), "host RAM"
 
 
-def check_step_memory(parts: dict[str, int], flags: str, *, available: tuple[int, str] = None,
-                      processes: int = 1) -> int:
+def check_step_memory(
+  parts: dict[str, int], flags: str, *, available: tuple[int, str] = None, processes: int = 1
+) -> int:
   """FlagError naming `flags` when the parts (divided over `processes`) exceed the memory."""
   total = sum(parts.values()) // max(processes, 1)
   limit, what = available if available is not None else available_bytes()
   if total > limit:
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     detail = ", ".join(f"{k} {v / GIB:,.1f} GiB" for k, v in largest)
-    raise FlagError(None, f"{flags}: one step needs at least {total / GIB:,.1f} GiB ({detail}), "
-                    f"more than the {limit / GIB:,.1f} GiB of {what}; lower them (or raise "
-                    "--micro_batches)")
+    raise FlagError(
+      None,
+      f"{flags}: one step needs at least {total / GIB:,.1f} GiB ({detail}), "
+      f"more than the {limit / GIB:,.1f} GiB of {what}; lower them (or raise "
+      "--micro_batches)",
+    )
   return total

@@ -26,9 +26,16 @@ from jetrl.train.config import check_compatible
 CHANGES_FILE = "config_changes.jsonl"
 
 
-def resume_check(cfg: Any, directory: str, changes: list, *,
-                 schedule_of: Callable[[int], Any], schedule: str, resumable: tuple,
-                 kind: str) -> Callable[[dict], None]:
+def resume_check(
+  cfg: Any,
+  directory: str,
+  changes: list,
+  *,
+  schedule_of: Callable[[int], Any],
+  schedule: str,
+  resumable: tuple,
+  kind: str,
+) -> Callable[[dict], None]:
   """The check a checkpoint's metadata must pass before it is restored.
 
   `schedule_of(steps)` is what the learning-rate schedule depends on for a given `--steps`;
@@ -36,29 +43,36 @@ def resume_check(cfg: Any, directory: str, changes: list, *,
   `cfg.allow_schedule_change`, and then the change is put in `changes` (to be recorded once the
   checkpoint is restored).
   """
+
   def check(meta: dict) -> None:
     check_compatible(meta, cfg, directory, resumable, kind)
     saved = int(meta.get("config", {}).get("steps", cfg.steps))
     if schedule_of(saved) == schedule_of(cfg.steps):
       return
     if not cfg.allow_schedule_change:
-      raise FlagError("steps", f"the checkpoint in {directory} was written with "
-                      f"--steps={saved}, and the learning-rate schedule ({schedule}) depends on "
-                      f"it; rerun with --steps={saved}, or pass --allow_schedule_change to "
-                      "resume on the new schedule (the change is recorded)")
-    changes[:] = [{"field": "steps", "checkpoint": saved, "now": cfg.steps,
-                   "schedule": schedule}]
+      raise FlagError(
+        "steps",
+        f"the checkpoint in {directory} was written with "
+        f"--steps={saved}, and the learning-rate schedule ({schedule}) depends on "
+        f"it; rerun with --steps={saved}, or pass --allow_schedule_change to "
+        "resume on the new schedule (the change is recorded)",
+      )
+    changes[:] = [{"field": "steps", "checkpoint": saved, "now": cfg.steps, "schedule": schedule}]
+
   return check
 
 
-def record_changes(workdir: str, step: int, changes: list,
-                   log: Callable[[str], None] = print) -> None:
+def record_changes(
+  workdir: str, step: int, changes: list, log: Callable[[str], None] = print
+) -> None:
   """Appends forced configuration changes to workdir/config_changes.jsonl, with a warning."""
   if not changes or jax.process_index() != 0:
     return
   with open(os.path.join(workdir, CHANGES_FILE), "a", encoding="utf-8") as f:
     for c in changes:
       f.write(json.dumps({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **c}) + "\n")
-      log(f"warning: resuming at step {step} with --{c['field']}={c['now']} (the checkpoint "
-          f"had {c['checkpoint']}): the learning-rate schedule changes from here; recorded "
-          f"in {CHANGES_FILE}")
+      log(
+        f"warning: resuming at step {step} with --{c['field']}={c['now']} (the checkpoint "
+        f"had {c['checkpoint']}): the learning-rate schedule changes from here; recorded "
+        f"in {CHANGES_FILE}"
+      )

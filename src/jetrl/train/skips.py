@@ -33,7 +33,8 @@ class SkipTracker:
       self.run = 0
     if self.run >= self.limit:
       raise SkippedUpdatesError(
-          f"stopped at step {step}: every update of the last {self.run} steps ({self.first}.."
-          f"{step}) was skipped because the loss, the gradients or the updated params were "
-          f"not finite; the params are still those from before step {self.first} and nothing "
-          f"non-finite was saved. {self.hint}".strip())
+        f"stopped at step {step}: every update of the last {self.run} steps ({self.first}.."
+        f"{step}) was skipped because the loss, the gradients or the updated params were "
+        f"not finite; the params are still those from before step {self.first} and nothing "
+        f"non-finite was saved. {self.hint}".strip()
+      )

@@ -61,8 +61,12 @@ class WorkdirLock:
         busy = True
       elif e.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # no flock here: judge by the pid
         pid = self._pid()
-        busy = pid is not None and pid != os.getpid() and _pid_alive(pid) and (
-            self._text().split(" ")[1:2] in ([], [socket.gethostname()]))
+        busy = (
+          pid is not None
+          and pid != os.getpid()
+          and _pid_alive(pid)
+          and (self._text().split(" ")[1:2] in ([], [socket.gethostname()]))
+        )
       else:
         os.close(self.fd)
         raise
@@ -70,8 +74,11 @@ class WorkdirLock:
       holder = self._holder()
       os.close(self.fd)
       self.fd = None
-      raise FlagError("workdir", f"{workdir!r} is in use by another run ({holder}); wait for "
-                      "it to finish, stop it, or use another --workdir")
+      raise FlagError(
+        "workdir",
+        f"{workdir!r} is in use by another run ({holder}); wait for "
+        "it to finish, stop it, or use another --workdir",
+      )
     previous = self._holder()
     pid = self._pid()
     if pid is not None and pid != os.getpid():
@@ -134,9 +141,16 @@ def _steps(path: str) -> list[int]:
   return [int(r.get("step", 0)) for r in read_jsonl(path)]
 
 
-def start_fresh(workdir: str, metric_files: Sequence[str], other_files: Sequence[str], *,
-                first_checkpoint: int, overwrite: bool, log: Callable[[str], None] = print,
-                move: bool = True) -> None:
+def start_fresh(
+  workdir: str,
+  metric_files: Sequence[str],
+  other_files: Sequence[str],
+  *,
+  first_checkpoint: int,
+  overwrite: bool,
+  log: Callable[[str], None] = print,
+  move: bool = True,
+) -> None:
   """Prepare a workdir for a run from step 0 (called when it has no checkpoint).
 
   `metric_files` hold the step records; `other_files` are moved along with them (config,
@@ -151,12 +165,16 @@ def start_fresh(workdir: str, metric_files: Sequence[str], other_files: Sequence
     return
   last = max(max(s) for s in found.values())
   if last > first_checkpoint and not overwrite:
-    listing = ", ".join(f"{name} (steps {min(s)}..{max(s)}, {len(s)} records)"
-                        for name, s in found.items())
-    raise FlagError("workdir", f"{workdir!r} holds metrics of an earlier run ({listing}) but no "
-                    "checkpoint to resume from; pass --overwrite to start afresh (the old "
-                    f"files are moved to {os.path.join(workdir, PREVIOUS_DIR)}/, not deleted), "
-                    "or use another --workdir")
+    listing = ", ".join(
+      f"{name} (steps {min(s)}..{max(s)}, {len(s)} records)" for name, s in found.items()
+    )
+    raise FlagError(
+      "workdir",
+      f"{workdir!r} holds metrics of an earlier run ({listing}) but no "
+      "checkpoint to resume from; pass --overwrite to start afresh (the old "
+      f"files are moved to {os.path.join(workdir, PREVIOUS_DIR)}/, not deleted), "
+      "or use another --workdir",
+    )
   if not move:
     return
   dest = move_aside(workdir, list(metric_files) + list(other_files))

@@ -45,6 +45,7 @@ class TensorBoard:
   def scalars(self, step: int, values: dict[str, float]) -> None:
     if self._writer is None:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
       self._writer = SummaryWriter(self.directory)
     for tag, v in values.items():
       self._writer.add_scalar(tag, v, step)
@@ -63,9 +64,15 @@ class MetricWriter:
   `enabled=False` (every process of a multi-process run but the primary): nothing is written
   or truncated, so the file has one record per step however many processes run."""
 
-  def __init__(self, workdir: str, name: str = "metrics",
-               tensorboard: "Optional[TensorBoard] | bool" = None,
-               tag: Callable[[str], str] = lambda key: key, *, enabled: bool = True):
+  def __init__(
+    self,
+    workdir: str,
+    name: str = "metrics",
+    tensorboard: "Optional[TensorBoard] | bool" = None,
+    tag: Callable[[str], str] = lambda key: key,
+    *,
+    enabled: bool = True,
+  ):
     os.makedirs(workdir, exist_ok=True)
     self.enabled = enabled
     self.path = os.path.join(workdir, f"{name}.jsonl")
@@ -92,9 +99,17 @@ class MetricWriter:
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     if self._tb is not None:
-      self._tb.scalars(step, {self._tag(k): v for k, v in record.items()
-                              if k != "step" and isinstance(v, (int, float))
-                              and not isinstance(v, bool) and math.isfinite(v)})
+      self._tb.scalars(
+        step,
+        {
+          self._tag(k): v
+          for k, v in record.items()
+          if k != "step"
+          and isinstance(v, (int, float))
+          and not isinstance(v, bool)
+          and math.isfinite(v)
+        },
+      )
     return record
 
   def write_many(self, records: list[dict]) -> None:
@@ -119,8 +134,11 @@ def read_jsonl(path: str) -> list[dict]:
         raise ValueError("not a JSON object")
     except ValueError as e:
       if k == len(lines) - 1:
-        warnings.warn(f"{path}:{n}: dropping a torn last line ({e}): {line[:80]!r}",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+          f"{path}:{n}: dropping a torn last line ({e}): {line[:80]!r}",
+          RuntimeWarning,
+          stacklevel=2,
+        )
         break
       raise ValueError(f"{path}:{n}: not a JSON record ({e}); the file is damaged") from None
     records.append(record)
@@ -133,9 +151,14 @@ class Progress:
   The ETA is the mean time per step since the end of this process's first step (which
   compiles) times the steps left; until a second step has run it says so instead."""
 
-  def __init__(self, total: int, start: int = 0, stream=None,
-               clock: Callable[[], float] = time.monotonic,
-               write: Optional[Callable[[str], None]] = None):
+  def __init__(
+    self,
+    total: int,
+    start: int = 0,
+    stream=None,
+    clock: Callable[[], float] = time.monotonic,
+    write: Optional[Callable[[str], None]] = None,
+  ):
     self.total, self.start = total, start
     self.clock = clock
     self.t0 = clock()
@@ -160,9 +183,11 @@ class Progress:
     parts = " ".join(f"{k} {v:.3g}" for k, v in fields.items())
     bar_n = int(20 * step / max(self.total, 1))
     bar = "#" * bar_n + "." * (20 - bar_n)
-    when = ("ETA at the next line (this one includes compilation)"
-            if eta is None and step < self.total
-            else f"ETA {eta or 0:.0f}s")
+    when = (
+      "ETA at the next line (this one includes compilation)"
+      if eta is None and step < self.total
+      else f"ETA {eta or 0:.0f}s"
+    )
     line = f"[{bar}] step {step}/{self.total} {parts} | {elapsed:.0f}s elapsed, {when}"
     if extra:
       line += f" | {extra}"
