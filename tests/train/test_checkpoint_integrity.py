@@ -106,3 +106,59 @@ def test_non_finite_state_is_never_saved(tmp_path):
   ):
     ck.save(1, bad, {"step": 1})
   assert ck.latest_step() is None
+
+
+SAVER = """
+import sys
+import jax.numpy as jnp
+from jetrl.train.checkpoint import Checkpointer
+
+ck = Checkpointer(sys.argv[1], keep=3)
+tree = lambda v: {"w": jnp.full((48, 1024, 1024), v, jnp.float32), "step": jnp.int32(v)}
+ck.save(1, tree(1.0), {"step": 1})
+print("saved 1", flush=True)
+ck.save(2, tree(2.0), {"step": 2})
+print("saved 2", flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.3])
+def test_a_save_killed_midway_never_becomes_the_latest(tmp_path, delay_s):
+  """kill -9 while step 2's 200 MB are being written: a fresh Checkpointer lists only complete
+  checkpoints and restores step 1 (its values checked by hand), or step 2 whole if the save
+  had finished by the time the signal landed."""
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=os.path.join(root, "src"), JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(
+    [sys.executable, "-c", SAVER, str(tmp_path)],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  assert proc.stdout.readline().strip() == "saved 1", proc.stderr.read()[-2000:]
+  ckdir = tmp_path / "checkpoints"
+  deadline = time.time() + 120
+  while not [n for n in os.listdir(ckdir) if n != "1"] and time.time() < deadline:
+    time.sleep(0.001)  # step 2's save has started once anything but "1" is there
+  time.sleep(delay_s)
+  in_flight = sorted(os.listdir(ckdir))
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  ck = Checkpointer(str(tmp_path), keep=3)
+  template = {"w": jnp.zeros((48, 1024, 1024), jnp.float32), "step": jnp.int32(0)}
+  state, meta = ck.restore_latest(template, log=lambda m: None)
+  if delay_s == 0.0:  # Orbax writes into a temporary directory and renames it when complete
+    assert any(n.startswith("2.") for n in in_flight), in_flight
+  if ck.steps() == [1]:
+    assert meta["step"] == 1 and int(state["step"]) == 1
+    assert float(state["w"].min()) == float(state["w"].max()) == 1.0
+  else:  # the save completed before the kill: it must then be whole
+    assert ck.steps() == [1, 2], (ck.steps(), in_flight)
+    assert meta["step"] == 2 and float(state["w"].min()) == float(state["w"].max()) == 2.0
+  ck.close()
