@@ -41,6 +41,7 @@ from jetrl.models import (
   rollout_weights,
 )
 from jetrl.models.exact_ops import token_logprobs_from_logits
+from jetrl.models.layers import activation_dtype
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import sample_categorical
 
@@ -355,11 +356,7 @@ def sample(
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
   tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
-  cache_dtype = (
-    jnp.dtype(precision.compute_dtype)
-    if precision is not None
-    else jax.tree_util.tree_leaves(params)[0].dtype
-  )
+  cache_dtype = activation_dtype(precision, params)
   tokens_in, mask_in, cache_sharding = tokens, mask, None
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))
