@@ -17,6 +17,7 @@ from jetrl.config import (
   node,
   replace,
   to_dict,
+  upgrade,
 )
 
 
@@ -99,3 +100,30 @@ def test_dicts_and_paths():
   assert flatten(d)["other.kind"] == "b" and flatten(d)["name"] == "x"
   assert leaf_paths(root) == flatten(d)
   assert from_dict(Root, d) == root
+
+
+@dataclasses.dataclass(frozen=True)
+class Renewed:
+  limit: Optional[int] = field(None, "a limit (none: no limit)", lo=1, legacy=((0, None),))
+  leaf: Leaf = node(Leaf, "a leaf")
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+def test_legacy_values_read_from_stored_trees_only():
+  # A stored tree (config file, checkpoint config) reads the old spelling as what it meant.
+  assert from_dict(Renewed, {"limit": 0}) == Renewed(limit=None)
+  assert from_dict(Renewed, {"limit": 4}).limit == 4
+  assert upgrade(Renewed, {"limit": 0, "leaf": {"count": 0}, "gone": 1}) == {
+    "limit": None,
+    "leaf": {"count": 0},  # a field without legacy values is left alone (and refused later)
+    "gone": 1,  # unknown keys are kept for the caller to name
+  }
+  # Only a value of the old value's type is mapped: False is not 0 here.
+  assert upgrade(Renewed, {"limit": False}) == {"limit": False}
+  # Given directly, or as a change, the old spelling is an error.
+  with pytest.raises(ConfigError, match=r"^limit: must be in \[1, "):
+    Renewed(limit=0)
+  with pytest.raises(ConfigError, match=r"^limit: must be in \[1, "):
+    replace(Renewed(), {"limit": 0})

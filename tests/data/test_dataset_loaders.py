@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jetrl.data import GSM8K, Math500, Problem, get_task
+from jetrl.data import GSM8K, CharTokenizer, Math500, Problem, get_task
 from jetrl.data.prompts import CHAT_INSTRUCTION
 from shared_data import GSM8K_DIR, MATH500_FILE, needs_shared, read_jsonl
 
@@ -176,12 +176,23 @@ def test_math_rows_without_solution(tmp_path):
   assert task.reward(None, ["\\boxed{x}"], [p.answer]) == [0.0]
 
 
-class FakeChatTokenizer:
+class FakeChatTokenizer(CharTokenizer):
+  """The character tokenizer with a chat template of its own."""
+
   chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
 
   def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False):
     assert tokenize is False and add_generation_prompt is True
     return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+def test_the_chat_template_needs_a_tokenizer(tmp_path):
+  path = write_jsonl(tmp_path / "train.jsonl", gsm_rows(10))
+  for tok in (None, object()):
+    with pytest.raises(
+      ValueError, match="template='chat' needs tokenizer= \\(a jetrl.data.Tokenizer"
+    ):
+      get_task("gsm8k", path=path, template="chat", tokenizer=tok)
 
 
 def test_chat_template(tmp_path):

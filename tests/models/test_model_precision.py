@@ -74,7 +74,7 @@ def test_every_projection_calls_linear_with_the_precision(params, tokens, monkey
     ("fp8_tensor", jnp.bfloat16),
   ],
 )
-def test_compute_dtypes(params, tokens, recipe, dtype):
+def test_activation_dtypes(params, tokens, recipe, dtype):
   prec = get_recipe(recipe).train
   h = jax.eval_shape(lambda p: M.hidden_states(p, CONFIG, tokens, precision=prec), params)
   assert h.dtype == dtype and h.shape == (B, T, CONFIG.d_model)

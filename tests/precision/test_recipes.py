@@ -63,3 +63,14 @@ def test_recipe_shapes():
   ft = get_recipe("fp8_tensor")
   assert ft.train.fprop.scaling == "tensor" and ft.unified
   assert get_recipe("jet", grad_fmt="e5m2").train.dgrad.grad_fmt == "e5m2"
+
+
+def test_dtype_from_name_maps_compute_dtype_names():
+  import jax.numpy as jnp
+
+  from jetrl.precision.formats import dtype_from_name
+
+  assert dtype_from_name("float32") == jnp.float32
+  assert dtype_from_name("bfloat16") == jnp.bfloat16
+  with pytest.raises(ValueError, match=r"'float16'.*\['bfloat16', 'float32'\]"):
+    dtype_from_name("float16")

@@ -172,3 +172,25 @@ def test_config_errors():
     SamplingConfig(top_p=0.0)
   with pytest.raises(ValueError, match="max_new_tokens"):
     SamplingConfig(max_new_tokens=0)
+  # top_k: None is "no top-k"; 0 (the old spelling of that) and negatives are refused.
+  assert SamplingConfig().top_k is None and SamplingConfig(top_k=3).top_k == 3
+  for k in (0, -2):
+    with pytest.raises(ValueError, match="^top_k: must be a positive number of tokens, or none"):
+      SamplingConfig(top_k=k)
+
+
+def test_top_k_none_keeps_every_token_and_k_keeps_the_k_largest():
+  from jetrl.sampling.sampler import _process_logits
+
+  logits = np.array([[0.5, 3.0, -1.0, 2.0, 1.0], [4.0, -2.0, 0.0, 1.0, 3.5]], np.float32)
+  t = 2.0
+  full = np.asarray(_process_logits(jnp.asarray(logits), SamplingConfig(temperature=t)))
+  np.testing.assert_array_equal(full, logits / t)
+  two = np.asarray(_process_logits(jnp.asarray(logits), SamplingConfig(temperature=t, top_k=2)))
+  expected = np.full_like(logits, -np.inf)
+  for r, keep in enumerate(([1, 3], [0, 4])):  # the two largest of each row, by hand
+    expected[r, keep] = logits[r, keep] / t
+  np.testing.assert_array_equal(two, expected)
+  # k at least the vocabulary: nothing is cut.
+  big = _process_logits(jnp.asarray(logits), SamplingConfig(temperature=t, top_k=5))
+  np.testing.assert_array_equal(np.asarray(big), logits / t)

@@ -51,6 +51,8 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
   # Flags not given keep the defaults of their node.
   assert cfg.optimizer.schedule == "constant" and cfg.update.clip_high is not None
   assert parse(["--update.clip_high=none"]).update.clip_high is None
+  assert parse(["--sampling.top_k=none"]).sampling.top_k is None
+  assert parse(["--sampling.top_k=40"]).sampling.top_k == 40
   # Tuples: comma-separated, each element checked.
   from jetrl.train.study import GRID_FIELDS, StudyConfig
 
@@ -80,12 +82,37 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
     (["--optimizer.lr=nan"], "--optimizer.lr: must be a finite number in (0, 1], got nan"),
     (["--task.difficulty=100"], "--task.difficulty: must be in [1, 9], got 100"),
     (["--mesh=data:x"], "--mesh: "),
+    (
+      ["--sampling.top_k=0"],
+      "--sampling.top_k: must be a positive number of tokens, or none for no top-k",
+    ),
+    (["--sampling.top_k=-1"], "--sampling.top_k: must be a positive number of tokens"),
   ],
 )
 def test_bad_values_are_flag_errors(argv, message):
   with pytest.raises(FlagError) as e:
     parse(argv)
   assert str(e.value).startswith(message), str(e.value)
+
+
+def test_an_old_config_with_top_k_0_reads_as_none(tmp_path):
+  """`sampling.top_k` 0 meant every token before the field became Optional: a config file or a
+  checkpoint's config that stores it reads as None, so the run resumes."""
+  from jetrl.train.config import incompatible_fields
+
+  old = TrainConfig().to_dict()
+  old["sampling"]["top_k"] = 0
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert parse([f"--config={tmp_path / 'config.json'}"]) == TrainConfig()
+  assert incompatible_fields(json.loads(json.dumps(old)), TrainConfig()) == []
+  assert incompatible_fields(old, TrainConfig().replace(sampling={"top_k": 5})) == [
+    "--sampling.top_k: checkpoint has None, this run has 5"
+  ]
+  # A value that was never a legacy spelling still counts as a difference.
+  old["sampling"]["top_k"] = 7
+  assert incompatible_fields(old, TrainConfig()) == [
+    "--sampling.top_k: checkpoint has 7, this run has None"
+  ]
 
 
 @pytest.mark.parametrize(

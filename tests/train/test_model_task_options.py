@@ -131,7 +131,7 @@ def test_flags_set_the_new_fields(tmp_path):
       {"task.prompt_format": "chat"},
       "--task.prompt_format: chat needs a tokenizer with a chat "
       "template (in tokenizer_config.json, chat_template.jinja or chat_template.json); this run's "
-      "tokenizer (the character tokenizer) has none",
+      "tokenizer (CharTokenizer) has none",
     ),
     (
       {"task.prompt_format": "chat", "model.tokenizer": "{tmp}/plain_tok"},

@@ -23,6 +23,7 @@ from jetrl.config.fields import (
   node,
   replace,
   to_dict,
+  upgrade,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
   "node",
   "replace",
   "to_dict",
+  "upgrade",
 ]

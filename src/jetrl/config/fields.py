@@ -70,12 +70,16 @@ def field(
   hi: Optional[float] = None,
   lo_open: bool = False,
   flag: bool = True,
+  legacy: tuple = (),
 ) -> Any:
   """A config field: its default, help text and accepted values.
 
   choices: the accepted values (listed in the help and in the error).
   lo, hi: an inclusive range for an int or float (lo_open: exclude lo).
   flag: False for fields a run fills in itself (never set from the command line).
+  legacy: (old, new) pairs: a value an older version stored for this field (`old`, no longer
+    accepted) and what it meant (`new`). A stored tree (a config file, a checkpoint's config)
+    is read with `old` as `new` (`upgrade`); a flag or a constructor given `old` is an error.
   """
   metadata = {
     "help": help,
@@ -84,6 +88,7 @@ def field(
     "hi": hi,
     "lo_open": lo_open,
     "flag": flag,
+    "legacy": tuple(legacy),
   }
   return dataclasses.field(default=default, metadata=metadata)
 
@@ -298,13 +303,42 @@ def replace(
   return _build(lambda: dataclasses.replace(config, **direct), prefix.rstrip("."), error)
 
 
+def _current_value(md: Mapping, value: Any) -> Any:
+  """`value` with a legacy value of its field (`field(legacy=...)`) replaced by what it meant."""
+  for old, new in md.get("legacy", ()):
+    if type(value) is type(old) and value == old:
+      return new
+  return value
+
+
+def upgrade(cls: type, data: Mapping) -> dict:
+  """A stored tree (nested mappings, as a config file or a checkpoint's config holds it) of a
+  `cls`, with every legacy value (`field(legacy=...)`) replaced by what it meant; keys that are
+  not fields of `cls` are kept as they are (for the caller to report)."""
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  out = {}
+  for key, value in data.items():
+    f = fields.get(key)
+    if f is None:
+      out[key] = value
+      continue
+    kind = kinds(cls)[key]
+    if kind.is_node and isinstance(value, Mapping):
+      out[key] = upgrade(kind.base, value)
+    else:
+      out[key] = _current_value(f.metadata, value)
+  return out
+
+
 def from_dict(
   cls: type, data: Mapping, *, error: type = ConfigError, prefix: str = "", base: Any = None
 ) -> Any:
   """A `cls` built from nested mappings (a config file, a saved config.json); fields left out
-  keep their defaults (or `base`'s values); an unknown key is an error naming it."""
+  keep their defaults (or `base`'s values); an unknown key is an error naming it; a legacy
+  value (`field(legacy=...)`) is read as what it meant."""
   if not isinstance(data, Mapping):
     raise error(prefix.rstrip(".") or None, f"must be a mapping of fields, got {data!r}")
+  data = upgrade(cls, data)
   base = cls() if base is None else base
   changes = {}
   for key, value in data.items():

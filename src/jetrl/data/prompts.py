@@ -17,7 +17,9 @@ tokenize=True)` (tested on SmolLM2's template).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from jetrl.data.tokenizer import Tokenizer
 
 TEMPLATES = ("base", "chat", "message")
 
@@ -37,23 +39,20 @@ BASE = {
 CHAT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-def check_template(template: str, tokenizer: Any) -> str:
+def check_template(template: str, tokenizer: Optional[Tokenizer]) -> str:
   if template not in TEMPLATES:
     raise ValueError(f"unknown template {template!r}; accepted: {list(TEMPLATES)}")
-  if template == "chat" and tokenizer is None:
+  if template == "chat" and not isinstance(tokenizer, Tokenizer):
     raise ValueError(
-      "template='chat' needs tokenizer= (an object with apply_chat_template, "
-      "e.g. a transformers tokenizer)"
+      "template='chat' needs tokenizer= (a jetrl.data.Tokenizer, e.g. a checkpoint "
+      f"tokenizer or a transformers tokenizer), got {type(tokenizer).__name__}"
     )
   return template
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-  return (
-    tokenizer is not None
-    and callable(getattr(tokenizer, "apply_chat_template", None))
-    and bool(getattr(tokenizer, "chat_template", None))
-  )
+def has_chat_template(tokenizer: Optional[Tokenizer]) -> bool:
+  """True for a tokenizer whose `chat_template` is set (None: False)."""
+  return tokenizer is not None and bool(tokenizer.chat_template)
 
 
 def user_message(question: str) -> str:
@@ -83,25 +82,32 @@ def conversation(content: str, system_prompt: str | None = None) -> list[dict[st
   return turns + [{"role": "user", "content": content}]
 
 
-def chat_prompt_ids(tokenizer: Any, content: str, *, system_prompt: str | None = None) -> list[int]:
+def chat_prompt_ids(
+  tokenizer: Tokenizer, content: str, *, system_prompt: str | None = None
+) -> list[int]:
   """Token ids of the chat prompt that asks `content` as the user, with a system turn holding
   `system_prompt` (None: no system turn, so the template's default applies, e.g. SmolLM2's
   "You are a helpful AI assistant named SmolLM..."; "" is an empty system turn), ending in the
   assistant's generation prompt. The rendered text is encoded without adding special tokens on
   top of the template's, as `transformers`' `apply_chat_template(..., tokenize=True)` does.
-  `tokenizer`: a `jetrl.models.HFTokenizer` with a chat template (ValueError otherwise)."""
-  if not has_chat_template(tokenizer) or not callable(getattr(tokenizer, "encode_chat", None)):
+  `tokenizer`: a `Tokenizer` with a chat template (ValueError otherwise)."""
+  if not has_chat_template(tokenizer):
     raise ValueError(
       "the chat prompt format needs a checkpoint tokenizer with a chat template "
       "(tokenizer_config.json, chat_template.jinja or chat_template.json); this "
       "tokenizer has none: use the plain prompt format"
     )
-  return list(
-    tokenizer.encode_chat(conversation(content, system_prompt), add_generation_prompt=True)
+  text = tokenizer.apply_chat_template(
+    conversation(content, system_prompt), tokenize=False, add_generation_prompt=True
   )
+  if not isinstance(text, str):
+    raise ValueError("tokenizer.apply_chat_template(..., tokenize=False) did not return a str")
+  return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def render_prompt(kind: str, question: str, template: str = "base", tokenizer: Any = None) -> str:
+def render_prompt(
+  kind: str, question: str, template: str = "base", tokenizer: Optional[Tokenizer] = None
+) -> str:
   """The prompt text for a question of `kind` ("gsm8k" or "math")."""
   if template == "message":
     return user_message(question)

@@ -5,7 +5,10 @@ checkpoint tokenizer of `jetrl.models.load_tokenizer` (over the `tokenizers` lib
 `transformers` tokenizer all satisfy it, with the same names for the same ids. `encode(text)`
 gives the token ids of a sequence as the model expects it to start (bos first where the
 tokenizer adds one); `encode(text, add_special_tokens=False)` gives the bare ids (a completion).
-`stop_token_ids(tok)` gives every id that ends a generation.
+`stop_token_ids(tok)` gives every id that ends a generation. `chat_template` is the template's
+source or None; `apply_chat_template(messages, tokenize=False, add_generation_prompt=True)`
+renders it (a ValueError when there is none). `save_pretrained(directory)` writes the files
+`transformers` reads the tokenizer back from.
 
 The character tokenizer:
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
@@ -55,6 +58,22 @@ class Tokenizer(Protocol):
   def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+  @property
+  def chat_template(self) -> Optional[str]:
+    """The chat template's source (jinja), or None when the tokenizer has none."""
+    ...
+
+  def apply_chat_template(self, conversation, **kwargs) -> Any:
+    """The chat template rendered for `conversation` ([{"role": ..., "content": ...}, ...]).
+    Callers pass `tokenize=False` and `add_generation_prompt` and get the text; a tokenizer
+    without a template raises ValueError."""
+    ...
+
+  def save_pretrained(self, directory: str) -> Any:
+    """Writes the tokenizer's files (tokenizer.json, tokenizer_config.json, ...) to
+    `directory`, where `transformers.AutoTokenizer.from_pretrained` reads them."""
+    ...
 
 
 def stop_token_ids(tok: Tokenizer) -> tuple[int, ...]:
@@ -91,6 +110,7 @@ class CharTokenizer:
   bos_token_id = 1
   eos_token_id = 2
   eos_token_ids = (2,)
+  chat_template = None  # plain text only: the synthetic tasks and tasks of your own
 
   @property
   def vocab_size(self) -> int:
@@ -210,6 +230,33 @@ class CharTokenizer:
     with open(path, "w", encoding="utf-8") as f:
       json.dump(self.to_json(), f, ensure_ascii=False, indent=1)
     return path
+
+  def save_pretrained(self, directory: str | os.PathLike) -> tuple[str, str]:
+    """Writes tokenizer.json and a tokenizer_config.json naming the special tokens, so that
+    `transformers.AutoTokenizer.from_pretrained(directory)` gives the same ids; returns the
+    two paths."""
+    path = self.save(directory)
+    config = os.path.join(directory, "tokenizer_config.json")
+    with open(config, "w", encoding="utf-8") as f:
+      json.dump(
+        {
+          "tokenizer_class": "PreTrainedTokenizerFast",
+          "bos_token": BOS,
+          "eos_token": EOS,
+          "pad_token": PAD,
+        },
+        f,
+        indent=1,
+      )
+    return path, config
+
+  def apply_chat_template(self, conversation, **kwargs):
+    """The character tokenizer has no chat template: always a ValueError."""
+    del conversation, kwargs
+    raise ValueError(
+      "the character tokenizer has no chat template: use the plain prompt format, or a "
+      "checkpoint tokenizer with a chat template"
+    )
 
   @classmethod
   def load(cls, directory: str | os.PathLike) -> "CharTokenizer":

@@ -18,7 +18,7 @@ from jetrl.models.rollout_weights import (
   prequantize_linear_weights,
   rollout_weights,
 )
-from jetrl.models.tokenizer import (
+from jetrl.models.hf_tokenizer import (
   HFTokenizer,
   check_vocab,
   generation_eos_ids,

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jetrl.models import attention as attn
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
-from jetrl.models.layers import compute_dtype, lm_head, rms_norm, rope_tables, swiglu
+from jetrl.models.layers import activation_dtype, lm_head, rms_norm, rope_tables, swiglu
 from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision, is_batch_invariant
 
@@ -75,7 +75,7 @@ def hidden_states(
   b, t = tokens.shape
   _check_like("positions", positions, (b, t))
   _check_like("attention_mask", attention_mask, (b, t))
-  cd = compute_dtype(precision, params)
+  cd = activation_dtype(precision, params)
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   cos, sin = rope_tables(config, positions, cd)
@@ -111,7 +111,9 @@ def forward(
     attention_mask=attention_mask,
     remat=remat,
   )
-  return lm_head(h, params, config, compute_dtype(precision, params), is_batch_invariant(precision))
+  return lm_head(
+    h, params, config, activation_dtype(precision, params), is_batch_invariant(precision)
+  )
 
 
 def forward_cached(
@@ -196,7 +198,7 @@ def forward_cached(
       f"slots, got {attend_slots}"
     )
 
-  cd = compute_dtype(precision, params)
+  cd = activation_dtype(precision, params)
   exact = is_batch_invariant(precision)
   index = jnp.asarray(cache.index, jnp.int32)
   zero = jnp.zeros((), jnp.int32)

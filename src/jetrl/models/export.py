@@ -28,7 +28,7 @@ import numpy as np
 from jetrl.models.config import ModelConfig
 from jetrl.models.hf_io import resolve_path, save_pretrained
 from jetrl.models.params import check_params
-from jetrl.models.tokenizer import load_tokenizer
+from jetrl.models.hf_tokenizer import load_tokenizer
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 

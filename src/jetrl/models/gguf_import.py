@@ -21,7 +21,7 @@ Hugging Face folders. `convert_gguf(gguf_path, out_dir)` writes one:
 Only what a GGUF of the llama architecture with a byte-level BPE ("gpt2") vocabulary needs is
 supported; anything else is a ValueError naming it. The GGUF is read as data (numpy memory
 maps); nothing in it is executed, and the chat template is rendered later in jinja2's sandbox
-(`jetrl.models.tokenizer`).
+(`jetrl.models.hf_tokenizer`).
 """
 
 from __future__ import annotations

@@ -19,15 +19,14 @@ from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import Precision, linear
-from jetrl.precision.formats import compute_dtype as _dtype_of
-from jetrl.precision.formats import dot_precision
+from jetrl.precision.formats import dot_precision, dtype_from_name
 
 
-def compute_dtype(precision: Optional[Precision], params) -> jnp.dtype:
+def activation_dtype(precision: Optional[Precision], params) -> jnp.dtype:
   """The dtype activations live in: the precision's compute dtype, else the params' dtype."""
   if precision is None:
     return jnp.dtype(params["embed"].dtype)
-  return jnp.dtype(_dtype_of(precision.compute_dtype))
+  return jnp.dtype(dtype_from_name(precision.compute_dtype))
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, exact: bool = False) -> jax.Array:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.decoder import hidden_states
-from jetrl.models.layers import compute_dtype, lm_head
+from jetrl.models.layers import activation_dtype, lm_head
 from jetrl.precision import Precision, is_batch_invariant
 
 DEFAULT_CHUNK = 128
@@ -61,7 +61,7 @@ def logprobs_from_hidden(
   b, t, d = h.shape
   if tuple(targets.shape) != (b, t):
     raise ValueError(f"targets must have shape {(b, t)} (like tokens), got {tuple(targets.shape)}")
-  cd = compute_dtype(precision, params)
+  cd = activation_dtype(precision, params)
   temperature = jnp.asarray(temperature, jnp.float32)
   targets = targets.astype(jnp.int32)
   stats = jax.checkpoint(

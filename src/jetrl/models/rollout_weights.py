@@ -25,7 +25,7 @@ from typing import Optional
 import jax.numpy as jnp
 
 from jetrl.models import exact_ops
-from jetrl.models.layers import compute_dtype
+from jetrl.models.layers import activation_dtype
 from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
 from jetrl.precision import Precision, is_batch_invariant, prequantize_weight
 from jetrl.precision.backend import wants_k_major
@@ -76,5 +76,5 @@ def grid_lm_head(params, precision: Precision):
   """params with LM_HEAD_GRID: the exact LM head's gridded weights (tied: from "embed")."""
   tied = "lm_head" not in params
   w = params["embed"] if tied else params["lm_head"]
-  cd = compute_dtype(precision, params)
+  cd = activation_dtype(precision, params)
   return dict(params, **{LM_HEAD_GRID: exact_ops.grid_lm_head(w, tied, cd)})

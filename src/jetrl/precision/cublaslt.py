@@ -3,10 +3,10 @@
 cuBLASLt (12.9 and later) runs FP8 GEMMs with exactly jetrl's scaling: 1x128 groups along the
 contraction axis (its VEC128_32F scale mode) on one or both operands and 128x128 blocks
 (BLK128x128_32F) on a weight, promoting each 128-product block to float32 (docs/numerics.md,
-"The cuBLASLt GEMM"). This module builds the small C++ handler in `csrc/` on first use (a C++
-compiler and jaxlib's FFI headers; no CUDA headers or libraries at build time), loads it next
-to the cuBLASLt that XLA itself uses, registers it with XLA, and checks it once against the
-XLA path on a small problem before anything uses it.
+"The GPU GEMMs and their tolerance"). This module builds the small C++ handler in `csrc/` on
+first use (a C++ compiler and jaxlib's FFI headers; no CUDA headers or libraries at build
+time), loads it next to the cuBLASLt that XLA itself uses, registers it with XLA, and checks it
+once against the XLA path on a small problem before anything uses it.
 
   gemm(a, a_scale, b, b_scale, b_blocks=..., out_dtype=...)
     a [P, C], b [Q, C]: FP8, contiguous along C;  a_scale [P, ceil(C/128)] float32;

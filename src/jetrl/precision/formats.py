@@ -34,8 +34,8 @@ def format_dtype(name: str):
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def compute_dtype(name: str):
-  """The dtype of a compute-dtype name ('float32' or 'bfloat16')."""
+def dtype_from_name(name: str):
+  """The jnp dtype a `Precision.compute_dtype` name stands for ('float32' or 'bfloat16')."""
   try:
     return COMPUTE_DTYPES[name]
   except KeyError:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jetrl.precision import backend as _backend
 from jetrl.precision import exact as _exact
 from jetrl.precision import gemms as _gemms
-from jetrl.precision.formats import compute_dtype as _compute_dtype
+from jetrl.precision.formats import dtype_from_name
 from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.recipes import Fp8Gemm, Precision
 from jetrl.precision.weights import QuantizedWeight, quantize_2d
@@ -66,7 +66,7 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
     raise TypeError(
       f"linear: precision must be a jetrl.precision.Precision or None, got {type(precision)}"
     )
-  cd = _compute_dtype(precision.compute_dtype)
+  cd = dtype_from_name(precision.compute_dtype)
   if not precision.is_fp8:
     lead = x.shape[:-1]
     y = _gemms.matmul_f32(x.reshape(-1, x.shape[-1]).astype(cd), w.astype(cd))
@@ -87,7 +87,7 @@ def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
       f"linear: QuantizedWeight has dtype {w.q.dtype}, but the precision's fprop "
       f"quantizes weights to {g.fmt}"
     )
-  cd = _compute_dtype(precision.compute_dtype)
+  cd = dtype_from_name(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
   y = _fprop(x.reshape(-1, k).astype(cd), w, g, cd, precision.batch_invariant)
   return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
@@ -99,7 +99,7 @@ def _fp8_linear(x, w, precision):
 
 
 def _fwd(x, w, precision: Precision):
-  cd = _compute_dtype(precision.compute_dtype)
+  cd = dtype_from_name(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
   x2 = x.reshape(-1, k).astype(cd)
   g = precision.fprop
@@ -115,7 +115,7 @@ def _fwd(x, w, precision: Precision):
 
 def _bwd(precision: Precision, res, dy):
   x2, w, wq = res
-  cd = _compute_dtype(precision.compute_dtype)
+  cd = dtype_from_name(precision.compute_dtype)
   x_shape = dy.shape[:-1] + (w.shape[0],)
   dy2 = dy.reshape(-1, w.shape[1]).astype(cd)
 

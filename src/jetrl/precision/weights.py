@@ -7,7 +7,7 @@ transposed blocks gives exactly the transpose of quantizing w (the same tiles, t
 the same elementwise cast), so the two layouts hold bit-identical FP8 values and scales.
 
 `QuantizedWeight` is what the rollout passes to `linear` instead of the weight: quantized once
-per rollout with the training fprop's own quantizer (docs/numerics.md, invariant "Same source
+per rollout with the training fprop's own quantizer (docs/design.md, invariant "Same source
 values"). Its `shape` is the logical weight shape [..., K, N] in either layout.
 """
 

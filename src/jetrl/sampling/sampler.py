@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.config import check_fields, field
+from jetrl.config import ConfigError, check_fields, field
 from jetrl.models import (
   KVCache,
   ModelConfig,
@@ -41,6 +41,7 @@ from jetrl.models import (
   rollout_weights,
 )
 from jetrl.models.exact_ops import token_logprobs_from_logits
+from jetrl.models.layers import activation_dtype
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import sample_categorical
 
@@ -56,11 +57,12 @@ class SamplingConfig:
 
   max_new_tokens: int = field(128, "Generation budget: tokens per sample.", lo=1)
   temperature: float = field(1.0, "Softmax temperature (0: greedy).", lo=0.0)
-  top_k: int = field(
-    0,
-    "Sample from the k most likely tokens only (0: all). Leave off for "
+  top_k: Optional[int] = field(
+    None,
+    "Sample from the k most likely tokens only (none: all). Leave off for "
     "on-policy RL: the recorded log-probs are the untruncated ones.",
-    lo=0,
+    lo=1,
+    legacy=((0, None),),  # before it was Optional, 0 meant all tokens
   )
   top_p: float = field(
     1.0, "Nucleus mass (1: all tokens). Leave off for on-policy RL.", lo=0.0, hi=1.0, lo_open=True
@@ -80,6 +82,12 @@ class SamplingConfig:
   def __post_init__(self):
     if isinstance(self.stop_ids, (tuple, list)):
       object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+    k = self.top_k
+    if isinstance(k, int) and not isinstance(k, bool) and k < 1:
+      raise ConfigError(
+        "top_k",
+        f"must be a positive number of tokens, or none for no top-k (every token), got {k}",
+      )
     check_fields(self)
 
   @property
@@ -144,7 +152,7 @@ def pad_prompts(
 def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   """Temperature-scaled logits with top-k / top-p truncation (float32)."""
   x = logits.astype(jnp.float32) / (config.temperature if config.temperature > 0 else 1.0)
-  if config.top_k > 0 and config.top_k < x.shape[-1]:
+  if config.top_k is not None and config.top_k < x.shape[-1]:
     kth = jax.lax.top_k(x, config.top_k)[0][..., -1:]
     x = jnp.where(x < kth, -jnp.inf, x)
   if config.top_p < 1.0:
@@ -355,11 +363,7 @@ def sample(
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
   tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
-  cache_dtype = (
-    jnp.dtype(precision.compute_dtype)
-    if precision is not None
-    else jax.tree_util.tree_leaves(params)[0].dtype
-  )
+  cache_dtype = activation_dtype(precision, params)
   tokens_in, mask_in, cache_sharding = tokens, mask, None
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))

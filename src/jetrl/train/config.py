@@ -42,6 +42,7 @@ from jetrl.config import (
   node,
   replace,
   to_dict,
+  upgrade,
 )
 from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
 from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
@@ -526,10 +527,11 @@ def incompatible_fields(saved: dict, current, resumable=RESUMABLE) -> list[str]:
   """The fields whose values differ between a checkpoint's config (nested dict) and the
   current one, as `--path: checkpoint has x, this run has y` lines. A field the checkpoint
   does not record counts as its default (older checkpoints stay usable); one the current
-  config does not have is a line of its own."""
+  config does not have is a line of its own. A value an older version stored for what is now
+  another value (`field(legacy=...)`: `sampling.top_k` 0 for none) compares as the new one."""
   now = leaf_paths(current)
   defaults = leaf_paths(type(current)())
-  saved = flatten(saved)
+  saved = flatten(upgrade(type(current), saved))
   free = lambda path: any(path == r or path.startswith(r + ".") for r in resumable)
   lines = [
     f"--{k}: the checkpoint has this field ({saved[k]!r}), this version has no such field"

@@ -16,13 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import tempfile
 from typing import Optional
 
 from jetrl.config import FlagError, check_fields, field, from_dict
 from jetrl.models.export import EXPORT_DTYPES, export_hf
-from jetrl.models.hf_io import TOKENIZER_FILES
 from jetrl.train import setup
 from jetrl.train.checkpoint import read_params
 from jetrl.train.config import ModelSpec, Tree
@@ -94,33 +92,24 @@ def run_model_spec(meta: dict, workdir: str) -> ModelSpec:
 
 
 def _stage_tokenizer(model: ModelSpec, tok, stop: tuple, dest: str) -> None:
-  """The run's tokenizer files in `dest`, with a generation_config.json naming `stop`."""
-  gen = {}
-  if hasattr(tok, "alphabet"):  # the character tokenizer of a preset run
-    tok.save(dest)
-    with open(os.path.join(dest, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-      json.dump(
-        {
-          "tokenizer_class": "PreTrainedTokenizerFast",
-          "bos_token": "<|bos|>",
-          "eos_token": "<|eos|>",
-          "pad_token": "<|pad|>",
-        },
-        f,
-        indent=1,
-      )
-    gen = {"bos_token_id": tok.bos_token_id, "pad_token_id": tok.pad_token_id}
-  else:
-    source = model.tokenizer or model.name
-    for name in TOKENIZER_FILES:
-      if name != "generation_config.json" and os.path.isfile(os.path.join(source, name)):
-        shutil.copy(os.path.join(source, name), os.path.join(dest, name))
-    for folder in (model.name, model.tokenizer):  # the model's generation config first
-      path = os.path.join(folder or "", "generation_config.json")
-      if folder and os.path.isdir(folder) and os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-          gen = json.load(f)
-        break
+  """The run's tokenizer files in `dest` (`tok.save_pretrained`), with a
+  generation_config.json naming `stop`: the model's (or else the tokenizer folder's) own
+  generation config with its eos ids replaced, or, where neither has one, the tokenizer's bos
+  and pad ids."""
+  tok.save_pretrained(dest)
+  gen = {
+    key: value
+    for key, value in (("bos_token_id", tok.bos_token_id), ("pad_token_id", tok.pad_token_id))
+    if value is not None
+  }
+  from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
+
+  for folder in (model.name, model.tokenizer):  # the model's generation config first
+    path = os.path.join(folder or "", "generation_config.json")
+    if folder and folder not in PRESETS and os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        gen = json.load(f)
+      break
   gen["eos_token_id"] = [int(i) for i in stop]
   with open(os.path.join(dest, "generation_config.json"), "w", encoding="utf-8") as f:
     json.dump(gen, f, indent=2)

@@ -152,12 +152,12 @@ def prompt_encoder(task, tok: Tokenizer) -> Encoder:
   tokenizer has no chat template)."""
   if task.prompt_format == "plain":
     return lambda text: encode_prompt(tok, text)
-  if not has_chat_template(tok) or not callable(getattr(tok, "encode_chat", None)):
+  if not has_chat_template(tok):
     raise FlagError(
       "task.prompt_format",
       "chat needs a tokenizer with a chat template (in tokenizer_config.json, "
       "chat_template.jinja or chat_template.json); this run's tokenizer "
-      f"({describe_tokenizer(tok)}) has none: pass --task.prompt_format=plain, or "
+      f"({type(tok).__name__}) has none: pass --task.prompt_format=plain, or "
       "--model.tokenizer=DIR with a template",
     )
 
@@ -170,10 +170,6 @@ def prompt_encoder(task, tok: Tokenizer) -> Encoder:
       raise ValueError(f"the chat template failed on a prompt: {type(e).__name__}: {e}") from None
 
   return chat
-
-
-def describe_tokenizer(tok: Tokenizer) -> str:
-  return "the character tokenizer" if hasattr(tok, "alphabet") else type(tok).__name__
 
 
 PROBE_ALL = 50_000

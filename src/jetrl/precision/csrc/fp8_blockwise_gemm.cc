@@ -11,7 +11,7 @@
 // Row-major out [P, Q] is column-major out^T [Q, P], so cuBLAS computes
 //   D (Q x P) = op(A) (Q x C) * op(B) (C x P),  A = b (C x Q col-major, transposed),
 //                                               B = a (C x P col-major, not transposed).
-// Scale layouts cuBLASLt reads (docs/numerics.md, "The cuBLASLt GEMM"):
+// Scale layouts cuBLASLt reads (docs/numerics.md, "The GPU GEMMs and their tolerance"):
 //   VEC128 of an operand with outer size R: float [ceil(C/128), R], R contiguous;
 //   BLK128x128 of A (outer size Q):         float [ceil(Q/128), ld], ld >= ceil(C/128).
 //

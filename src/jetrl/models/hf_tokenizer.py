@@ -7,7 +7,7 @@ end-of-generation ids of generation_config.json, as an `HFTokenizer` (a
 `load_model_tokenizer(model, tokenizer)` is what a run uses: the tokenizer of one folder (the
 model's, or a separate tokenizer folder), with the end-of-generation ids of both, so that
 sampling stops on every id the model's generation config names, not only on the eos token
-(`stop_ids`).
+(`stop_ids`). `HFTokenizer.save_pretrained(dir)` writes the tokenizer's files back out.
 Chat templates are rendered with jinja2 in a sandbox, the way `transformers` renders them.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 from typing import Optional, Sequence
 
 from jetrl.data.tokenizer import Tokenizer, stop_token_ids
@@ -50,7 +51,11 @@ def _chat_template(path: str, tok_cfg: dict) -> Optional[str]:
 
 
 class HFTokenizer:
-  """A `tokenizers.Tokenizer` with the checkpoint's special tokens and chat template."""
+  """A `tokenizers.Tokenizer` with the checkpoint's special tokens and chat template.
+
+  source: the folder its files were read from (`load_tokenizer`), which `save_pretrained`
+    copies; None for one built in memory.
+  """
 
   def __init__(
     self,
@@ -61,11 +66,13 @@ class HFTokenizer:
     pad_token=None,
     chat_template: Optional[str] = None,
     extra_eos_ids: Sequence[int] = (),
+    source: Optional[str] = None,
   ):
     self.backend = backend
     self.extra_eos_ids = tuple(int(i) for i in extra_eos_ids)
     self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
     self.chat_template = chat_template
+    self.source = source
     self._compiled = None
 
   def _id(self, token):
@@ -104,13 +111,16 @@ class HFTokenizer:
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-  def apply_chat_template(self, messages, *, add_generation_prompt: bool = True, **kwargs) -> str:
-    """The chat template rendered for `messages` ([{"role": ..., "content": ...}, ...])."""
-    if self.chat_template is None:
+  def apply_chat_template(
+    self, messages, *, add_generation_prompt: bool = True, tokenize: bool = False, **kwargs
+  ):
+    """The chat template rendered for `messages` ([{"role": ..., "content": ...}, ...]): the
+    text, or with `tokenize` its ids (`encode_chat`). Other keywords reach the template."""
+    if not self.chat_template:
       raise ValueError("this tokenizer has no chat template")
     if self._compiled is None:
       self._compiled = _compile(self.chat_template)
-    return self._compiled.render(
+    text = self._compiled.render(
       messages=list(messages),
       add_generation_prompt=add_generation_prompt,
       bos_token=self.bos_token or "",
@@ -118,11 +128,41 @@ class HFTokenizer:
       pad_token=self.pad_token or "",
       **kwargs,
     )
+    return self.encode(text, add_special_tokens=False) if tokenize else text
 
   def encode_chat(self, messages, *, add_generation_prompt: bool = True, **kwargs) -> list:
     """Token ids of the rendered chat template (no special tokens added on top)."""
-    text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-    return self.encode(text, add_special_tokens=False)
+    return self.apply_chat_template(
+      messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs
+    )
+
+  def save_pretrained(self, directory: str) -> tuple:
+    """The tokenizer's files in `directory`, for `transformers` to read: those of `source`
+    copied as they are (every tokenizer file but generation_config.json, which belongs to the
+    model), or, for a tokenizer built in memory, tokenizer.json and a tokenizer_config.json
+    with its special tokens and chat template. Returns the paths written."""
+    from jetrl.models.hf_io import TOKENIZER_FILES  # pylint: disable=import-outside-toplevel
+
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    if self.source is not None:
+      for name in TOKENIZER_FILES:
+        src = os.path.join(self.source, name)
+        if name != "generation_config.json" and os.path.isfile(src):
+          written.append(shutil.copy(src, os.path.join(directory, name)))
+      return tuple(written)
+    path = os.path.join(directory, "tokenizer.json")
+    self.backend.save(path)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    for name in ("bos_token", "eos_token", "pad_token"):
+      if getattr(self, name) is not None:
+        config[name] = getattr(self, name)
+    if self.chat_template:
+      config["chat_template"] = self.chat_template
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    with open(config_path, "w", encoding="utf-8") as f:
+      json.dump(config, f, ensure_ascii=False, indent=1)
+    return (path, config_path)
 
 
 def _compile(template: str):
@@ -263,6 +303,7 @@ def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFToke
     pad_token=token("pad_token"),
     chat_template=_chat_template(path, tok_cfg),
     extra_eos_ids=gen_eos,
+    source=path,
   )
   if config is not None:
     check_vocab(config, tok)
