@@ -2,21 +2,29 @@
 the unified FP8 flow (`jet`), and print the held-out greedy accuracy before and after RL.
 
   python experiments/demo.py                       # the default, a few minutes on 2 CPU cores
-  python experiments/demo.py --rl_steps=80 --workdir=runs/demo_long
+  python experiments/demo.py --steps=160 --eval.every=40 --workdir=runs/demo_long
+  python experiments/demo.py --seed=1 --recipe=bf16 --optimizer.lr=5e-5 --workdir=runs/demo_1
 
-It is a thin wrapper over experiments/sft.py and experiments/train.py (same library calls; the
-configs are those of experiments/configs/addition_sft.py and addition_jet.py); the workdir is
-cleared first unless --keep.
+Its flags are experiments/train.py's, named by their path in jetrl.train.TrainConfig (--steps,
+--recipe, --seed, --optimizer.lr, --sampling.temperature, --eval.size, --task.length, ...), with
+the defaults of experiments/configs/addition_jet.py; they set the RL half. The warm start has
+its own --sft.steps, --sft.batch_size and --sft.optimizer.*, and shares the model, the task,
+the seed, the mesh, the generation budget (--sampling.max_new_tokens) and the evaluation
+(--eval.*, at its end only) with the RL half: with the defaults it is
+experiments/configs/addition_sft.py. Both halves are the library calls of experiments/sft.py
+and experiments/train.py, written to <workdir>/sft and <workdir>/rl (the RL run starts from
+the warm start); --workdir is cleared first unless --keep.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
+from typing import Optional
 
-from absl import app, flags
-
+from jetrl.config import FlagError, check_fields, field, node
 from jetrl.rl import OptimizerConfig
 from jetrl.sampling import SamplingConfig
 from jetrl.train import (
@@ -28,70 +36,121 @@ from jetrl.train import (
   run,
   run_sft,
 )
-from jetrl.train.cli import quiet_third_party_logs
+from jetrl.train.checkpoint import CheckpointError
+from jetrl.train.cli import main
+from jetrl.train.config import SFT_OPTIMIZER
+from jetrl.train.skips import SkippedUpdatesError
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", "runs/demo", "Output directory (cleared first unless --keep).")
-flags.DEFINE_bool("keep", False, "Keep (resume) an existing workdir instead of clearing it.")
-flags.DEFINE_string("recipe", "jet", "Precision recipe of the RL phase.")
-flags.DEFINE_string("task", "addition", "Synthetic task.")
-flags.DEFINE_integer("difficulty", 1, "Task difficulty knob.")
-flags.DEFINE_integer("length", 3, "Task length knob.")
-flags.DEFINE_integer("max_new_tokens", 64, "Generation budget.")
-flags.DEFINE_integer("sft_steps", 150, "Supervised warm-start steps.")
-flags.DEFINE_integer("rl_steps", 100, "RL steps.")
-flags.DEFINE_float("lr", 3e-5, "RL learning rate.")
-flags.DEFINE_float("temperature", 0.7, "Rollout temperature.")
-flags.DEFINE_integer("eval_size", 256, "Held-out problems for the greedy evaluation.")
-flags.DEFINE_integer("seed", 0, "Random seed.")
+# Set by the demo: the RL half starts from the warm start.
+EXCLUDE = ("init_from",)
+# The demo's flags before it took the configuration's.
+RENAMED = {
+  "task": "task.name",
+  "difficulty": "task.difficulty",
+  "length": "task.length",
+  "max_new_tokens": "sampling.max_new_tokens",
+  "sft_steps": "sft.steps",
+  "rl_steps": "steps",
+  "lr": "optimizer.lr",
+  "temperature": "sampling.temperature",
+  "eval_size": "eval.size",
+}
 
 
-def main(argv):
-  del argv
-  quiet_third_party_logs()
-  if os.path.isdir(FLAGS.workdir) and not FLAGS.keep:
-    shutil.rmtree(FLAGS.workdir)
+@dataclasses.dataclass(frozen=True)
+class DemoWarmStart:
+  """What the warm start does not share with the RL run."""
+
+  steps: int = field(150, "Supervised warm-start steps.", lo=1)
+  batch_size: int = field(32, "Problems per SFT step.", lo=1)
+  optimizer: OptimizerConfig = node(SFT_OPTIMIZER, "The warm start's optimizer.")
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig(TrainConfig):
+  """The RL run's configuration (its workdir: the demo's, holding both halves), whether to keep
+  an existing workdir, and the warm start's own fields."""
+
+  workdir: Optional[str] = field(
+    "runs/demo",
+    "Output directory of both halves: <workdir>/sft (the warm start), <workdir>/rl (the RL run).",
+  )
+  keep: bool = field(False, "Keep (resume) an existing --workdir instead of clearing it.")
+  sft: DemoWarmStart = node(
+    DemoWarmStart,
+    "The supervised warm start (it shares --model.*, --task.*, --seed, --mesh, "
+    "--sampling.max_new_tokens and --eval.* with the RL run).",
+  )
+
+
+def get_config() -> DemoConfig:
+  """`make demo`: experiments/configs/addition_sft.py, then addition_jet.py from it."""
+  return DemoConfig(
+    recipe="jet",
+    steps=100,
+    prompts_per_step=16,
+    task=TaskConfig(name="addition", difficulty=1, length=3),
+    sampling=SamplingConfig(max_new_tokens=64, temperature=0.7, n=8),
+    optimizer=OptimizerConfig(lr=3e-5, warmup_steps=5),
+    eval=EvalConfig(every=25, size=256),
+    checkpoint=CheckpointConfig(every=50),
+  )
+
+
+def sft_config(cfg: DemoConfig) -> SFTConfig:
+  """The warm start: its own fields, and those it shares with the RL run."""
+  return SFTConfig(
+    workdir=os.path.join(cfg.workdir, "sft"),
+    steps=cfg.sft.steps,
+    batch_size=cfg.sft.batch_size,
+    optimizer=cfg.sft.optimizer,
+    max_new_tokens=cfg.sampling.max_new_tokens,
+    seed=cfg.seed,
+    mesh=cfg.mesh,
+    model=cfg.model,
+    task=cfg.task,
+    eval=dataclasses.replace(cfg.eval, every=None, also_bf16=False),
+  )
+
+
+def rl_config(cfg: DemoConfig) -> TrainConfig:
+  """The RL run: the TrainConfig fields of `cfg`, in <workdir>/rl, from the warm start."""
+  fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)}
+  fields.update(workdir=os.path.join(cfg.workdir, "rl"), init_from=os.path.join(cfg.workdir, "sft"))
+  return TrainConfig(**fields)
+
+
+def demo(cfg: DemoConfig) -> None:
+  if not cfg.workdir:
+    raise FlagError("workdir", "is required (the warm start and the RL run go under it)")
+  sft, rl = sft_config(cfg), rl_config(cfg)  # both checked before anything is deleted
+  if os.path.isdir(cfg.workdir) and not cfg.keep:
+    shutil.rmtree(cfg.workdir)
   t0 = time.time()
-  sft_dir, rl_dir = os.path.join(FLAGS.workdir, "sft"), os.path.join(FLAGS.workdir, "rl")
-  task = TaskConfig(name=FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length)
-  print(f"== 1/2 supervised warm start: {FLAGS.sft_steps} steps on {FLAGS.task} gold solutions")
-  run_sft(
-    SFTConfig(
-      task=task,
-      steps=FLAGS.sft_steps,
-      max_new_tokens=FLAGS.max_new_tokens,
-      eval=EvalConfig(every=None, size=FLAGS.eval_size),
-      seed=FLAGS.seed,
-      workdir=sft_dir,
-    )
-  )
-  print(f"== 2/2 GRPO under recipe {FLAGS.recipe!r}: {FLAGS.rl_steps} steps")
-  summary = run(
-    TrainConfig(
-      task=task,
-      recipe=FLAGS.recipe,
-      init_from=sft_dir,
-      steps=FLAGS.rl_steps,
-      seed=FLAGS.seed,
-      sampling=SamplingConfig(
-        max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature, n=8
-      ),
-      optimizer=OptimizerConfig(lr=FLAGS.lr, warmup_steps=5),
-      eval=EvalConfig(every=max(FLAGS.rl_steps // 4, 1), size=FLAGS.eval_size),
-      checkpoint=CheckpointConfig(every=max(FLAGS.rl_steps // 2, 1)),
-      workdir=rl_dir,
-    )
-  )
+  print(f"== 1/2 supervised warm start: {sft.steps} steps on {sft.task.name} gold solutions")
+  run_sft(sft)
+  print(f"== 2/2 GRPO under recipe {rl.recipe!r}: {rl.steps} steps")
+  summary = run(rl)
   before, after = summary["eval_before"], summary["eval_after"]
   print()
   print(
-    f"held-out greedy accuracy ({FLAGS.eval_size} problems): before RL {before:.3f}, "
+    f"held-out greedy accuracy ({rl.eval.size} problems): before RL {before:.3f}, "
     f"after RL {after:.3f} ({100 * (after - before):+.1f} points)"
   )
-  print(f"metrics: {os.path.join(rl_dir, 'metrics.jsonl')}")
+  print(f"metrics: {os.path.join(rl.workdir, 'metrics.jsonl')}")
   print("plots:   " + "\n         ".join(summary.get("plots", [])))
   print(f"total {time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(
+    get_config(),
+    demo,
+    doc=__doc__,
+    exclude=EXCLUDE,
+    renamed=RENAMED,
+    errors=(SkippedUpdatesError, CheckpointError),
+  )

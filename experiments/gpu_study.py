@@ -1,33 +1,45 @@
-"""The precision-flow study at >= 1024 generated tokens, sized for one GPU and a few minutes.
+"""The precision-flow study at >= 1024 generated tokens, sized for one GPU and at most 9 minutes.
 
-  PYTHONPATH=src python3 experiments/gpu_study.py --out=$OUT           # the GPU design
-  PYTHONPATH=src python3 experiments/gpu_study.py --out=/tmp/toy --toy # seconds, on a CPU
+  PYTHONPATH=src python3 experiments/gpu_study.py --out=$OUT       # the GPU design
+  PYTHONPATH=src python3 experiments/gpu_study.py --out=/tmp/toy \\
+      --config=experiments/configs/gpu_study_toy.py                 # minutes, on a CPU
 
 The design of docs/precision_study.md (`jetrl.train.study`) at a length whose generation budget
-is at least --min_tokens: 1-digit-carry addition with `length` digits per addend (the
-scratchpad grows with it), the `tiny` preset with --n_layers layers, the recipes bf16,
-fp8_rollout (old log-probs recomputed, no correction), fp8_rollout+tis and jet, --seeds seeds,
-every run's accuracy measured on --eval_size held-out problems x --eval_samples samples at the
-RL temperature, in its own rollout precision and in bf16. The RL settings are the CPU study's (GRPO, 16
-prompts x 8 samples, temperature 0.5, lr 5e-5, old log-probs recomputed) with --steps steps,
-and so is the warm start's answer noise (half of its gold solutions misreport the final
-answer's last digit, so RL has a clear signal to learn from); the length, the model's depth and
-the warm start's length differ, so the two studies are not one length sweep.
+is at least --min_tokens: 1-digit-carry addition with --length digits per addend (none: the
+smallest length reaching --min_tokens; the scratchpad grows with it), the `tiny` preset with
+--model.n_layers=4 layers, the recipes bf16, fp8_rollout (old log-probs recomputed, no
+correction), fp8_rollout+tis and jet, --seeds 0-4, every run's accuracy measured on
+--eval.size held-out problems x --eval.samples samples at the RL temperature, in its own
+rollout precision and in bf16. The RL settings are the CPU study's (GRPO, 16 prompts x 8
+samples, temperature 0.5, lr 5e-5, old log-probs recomputed) with --steps=24 steps, and so is
+the warm start's answer noise (--sft.answer_noise=0.5: half of its gold solutions misreport the
+final answer's last digit, so RL has a clear signal to learn from); the length, the model's
+depth and the warm start's length differ, so the two studies are not one length sweep.
 
-1. The warm start, shared by every run: bf16 SFT at a constant learning rate in chunks of
-   --sft_chunk steps, each ending with an evaluation, until the accuracy reaches
-   --sft_target (or --sft_max_steps, or --sft_budget_s).
+1. The warm start, shared by every run: bf16 SFT at a constant learning rate
+   (--sft.optimizer.*) in chunks of --sft.steps steps, each ending with an evaluation, until
+   the accuracy reaches --sft.target (or --sft.max_steps steps; no chunk starts after
+   --sft.budget_s seconds).
 2. The runs: one worker process per recipe (--workers), each going through its seeds in order;
-   with --workers=1, `jetrl.train.study.run_study` runs them all in this process. A worker starts no run after --start_by_s seconds
-   from the script's start, so that the report is written within the time the GPU is lent;
-   the report says what was not run (paired statistics use the seeds both recipes finished).
+   with --workers=1 they all run in this process. No run starts after --start_by_s seconds
+   from the script's start, and a run still going at --end_by_s seconds stops at its next step
+   (its final evaluation, once begun, completes): it is recorded as cut short, and a rerun
+   resumes it from its last checkpoint. So the report is written within the time the GPU is
+   lent (--end_by_s, plus one step or evaluation, plus the report); the report says what was
+   not run or was cut short (paired statistics use the seeds both recipes finished).
 3. The report: <out>/study/report.md (tables, verdicts, figures) and <out>/gpu_study.json
    (device, configuration, the warm start's accuracies, per-run summaries without their step
-   series, aggregates with their intervals, verdicts, timings, what was not run); everything
-   printed also goes to <out>/gpu_study.log, each worker's own lines to <out>/worker<i>.log.
+   series, aggregates with their intervals, verdicts, timings, what was not run and what was
+   cut short); everything printed also goes to <out>/gpu_study.log, each worker's own lines to
+   <out>/worker<i>.log. Rerunning the command resumes: finished runs are skipped.
 
---toy shrinks everything (a 1-layer model, length 1, two steps of two prompts, four problems)
-so that the whole path runs on a CPU in seconds; the test suite runs it that way.
+Every flag is a field of the configuration, named by its path: the study's own
+(experiments/compare_precisions.py's: --recipes, --seeds, --steps, --optimizer.lr,
+--sampling.n, --sampling.temperature, --eval.size, --eval.temperature, --sft.*, ...) and this
+script's (--out, --workers, --start_by_s, --end_by_s, --min_tokens, --length, --sft.target,
+--sft.max_steps, --sft.budget_s). experiments/configs/gpu_study_toy.py shrinks everything (a
+1-layer model, length 1, two steps of two prompts, four problems) so that the whole path runs
+on a CPU in a minute or two; the test suite runs it that way.
 """
 
 from __future__ import annotations
@@ -40,81 +52,136 @@ import dataclasses
 import json
 import multiprocessing
 import platform
+import re
+import shlex
 import sys
 import time
 import traceback
+from typing import Optional
 
-from absl import app, flags
+from jetrl.config import ConfigError, FlagError, field, node
+from jetrl.rl import OptimizerConfig
+from jetrl.train import ModelSpec, TaskConfig
+from jetrl.train.study import GRID_FIELDS, StudyConfig, WarmStartConfig
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Output directory (report, JSON, logs).", required=True)
-flags.DEFINE_bool("toy", False, "A toy size that runs on a CPU in seconds (for the tests).")
-flags.DEFINE_integer("workers", 4, "Worker processes (1: everything in this process).")
-flags.DEFINE_float("start_by_s", 400.0, "Start no run after this many seconds.")
-flags.DEFINE_integer("min_tokens", 1024, "Smallest generation budget: sets the task length.")
-flags.DEFINE_integer("length", 0, "Task length knob (0: the smallest reaching --min_tokens).")
-flags.DEFINE_integer("n_layers", 4, "Layers of the tiny preset.")
-flags.DEFINE_list("recipes", ["bf16", "fp8_rollout", "fp8_rollout+tis", "jet"], "Recipe specs.")
-flags.DEFINE_list("seeds", [], "RL seeds (empty: 0-4, or 0-1 with --toy).")
-flags.DEFINE_integer("steps", 24, "RL steps per run.")
-flags.DEFINE_integer("prompts_per_step", 16, "Prompts per RL step.")
-flags.DEFINE_integer("group_size", 8, "Samples per prompt.")
-flags.DEFINE_float("temperature", 0.5, "Sampling temperature of RL and of the evaluation.")
-flags.DEFINE_float("lr", 5e-5, "RL learning rate.")
-flags.DEFINE_integer("warmup_steps", 0, "RL warmup steps.")
-flags.DEFINE_integer("eval_size", 256, "Held-out problems per evaluation.")
-flags.DEFINE_integer("eval_samples", 4, "Samples per problem in the evaluation.")
-flags.DEFINE_float("sft_lr", 1e-3, "Warm start learning rate (constant after a warmup).")
-flags.DEFINE_float("answer_noise", 0.5, "Warm start: fraction of misreported final answers.")
-flags.DEFINE_integer("sft_batch", 32, "Warm start problems per step.")
-flags.DEFINE_integer("sft_chunk", 100, "Warm start steps between evaluations.")
-flags.DEFINE_integer("sft_max_steps", 3000, "Most warm start steps.")
-flags.DEFINE_float("sft_target", 0.3, "Warm start accuracy to reach.")
-flags.DEFINE_float("sft_budget_s", 150.0, "Start no warm start chunk after this many seconds.")
-
-
-@dataclasses.dataclass
-class Options:
-  """The flags above as a value (`run(Options(out=..., toy=True))` from Python)."""
-
-  out: str
-  toy: bool = False
-  workers: int = 4
-  start_by_s: float = 400.0
-  min_tokens: int = 1024
-  length: int = 0
-  n_layers: int = 4
-  recipes: tuple = ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet")
-  seeds: tuple = ()
-  steps: int = 24
-  prompts_per_step: int = 16
-  group_size: int = 8
-  temperature: float = 0.5
-  lr: float = 5e-5
-  warmup_steps: int = 0
-  eval_size: int = 256
-  eval_samples: int = 4
-  sft_lr: float = 1e-3
-  answer_noise: float = 0.5
-  sft_batch: int = 32
-  sft_chunk: int = 100
-  sft_max_steps: int = 3000
-  sft_target: float = 0.3
-  sft_budget_s: float = 150.0
-
-  @classmethod
-  def from_flags(cls) -> "Options":
-    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(cls)}
-    values["recipes"] = tuple(values["recipes"])
-    values["seeds"] = tuple(int(x) for x in values["seeds"])
-    return cls(**values)
+# StudyConfig's fields that this script sets itself (from --out, --length / --min_tokens,
+# --start_by_s), and the warm start's mix (the study has one length).
+EXCLUDE = GRID_FIELDS + ("report_dir", "lengths", "time_budget_s", "quiet_runs", "sft.mix")
+# The flags of this script before it took the configuration's.
+RENAMED = {
+  "toy": "config=experiments/configs/gpu_study_toy.py",
+  "n_layers": "model.n_layers",
+  "group_size": "sampling.n",
+  "temperature": "sampling.temperature (and --eval.temperature)",
+  "lr": "optimizer.lr",
+  "warmup_steps": "optimizer.warmup_steps",
+  "eval_size": "eval.size (and --eval.batch)",
+  "eval_samples": "eval.samples",
+  "sft_lr": "sft.optimizer.lr",
+  "answer_noise": "sft.answer_noise",
+  "sft_batch": "sft.batch_size",
+  "sft_chunk": "sft.steps",
+  "sft_max_steps": "sft.max_steps",
+  "sft_target": "sft.target",
+  "sft_budget_s": "sft.budget_s",
+}
 
 
-_T0 = [time.time()]
+@dataclasses.dataclass(frozen=True)
+class ChunkedWarmStart(WarmStartConfig):
+  """The study's warm start, trained in chunks until it reaches a target accuracy."""
+
+  steps: int = field(100, "SFT steps per chunk; each chunk ends with an evaluation.", lo=1)
+  length: Optional[int] = field(
+    None, "Task length of the warm start (none: the runs' length, --length).", lo=0
+  )
+  optimizer: OptimizerConfig = node(
+    OptimizerConfig(lr=1e-3, warmup_steps=20),
+    "The warm start's optimizer; its schedule must be constant (the chunks extend one run).",
+  )
+  target: float = field(0.3, "Stop the warm start once its accuracy reaches this.", lo=0.0, hi=1.0)
+  max_steps: int = field(3000, "Stop the warm start after this many steps.", lo=1)
+  budget_s: float = field(
+    150.0, "Start no warm-start chunk after this many seconds from the script's start.", lo=0.0
+  )
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.optimizer.schedule != "constant":
+      raise ConfigError(
+        "optimizer.schedule",
+        f"{self.optimizer.schedule!r}: the warm start grows in chunks of --sft.steps, so its "
+        "schedule must not depend on its length; use constant",
+      )
 
 
-def elapsed() -> float:
-  return time.time() - _T0[0]
+@dataclasses.dataclass(frozen=True)
+class GPUStudyConfig(StudyConfig):
+  """The study's configuration with the GPU design's defaults, and this script's fields."""
+
+  recipes: tuple[str, ...] = field(
+    ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet"),
+    "Recipe specs: a recipe name, optionally '+' and an importance-sampling correction "
+    "(fp8_rollout+tis).",
+  )
+  steps: int = field(24, "RL steps per run.", lo=1)
+  model: ModelSpec = node(ModelSpec(n_layers=4), "The policy model.")
+  task: TaskConfig = node(
+    TaskConfig(difficulty=1), "A synthetic task (its length: --length, or from --min_tokens)."
+  )
+  sft: ChunkedWarmStart = node(ChunkedWarmStart, "The warm start shared by every run.")
+  out: Optional[str] = field(
+    None, "Output directory: gpu_study.json, the logs, study/ (the runs, the report); required."
+  )
+  workers: int = field(
+    4, "Worker processes, each running whole recipes (1: every run in this process).", lo=1
+  )
+  start_by_s: float = field(
+    400.0, "Start no run after this many seconds from the script's start.", lo=0.0
+  )
+  end_by_s: float = field(
+    480.0,
+    "Stop a run at its next step after this many seconds from the script's start (recorded "
+    "as cut short; a rerun resumes it).",
+    lo=0.0,
+  )
+  min_tokens: int = field(
+    1024, "Smallest generation budget: sets the task length when --length is none.", lo=1
+  )
+  length: Optional[int] = field(
+    None, "Task length knob (none: the smallest whose budget reaches --min_tokens).", lo=0
+  )
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.length is not None:
+      self.task.check_lengths("length", [self.length])
+    if self.end_by_s < self.start_by_s:
+      raise ConfigError(
+        "end_by_s", f"must be >= --start_by_s ({self.start_by_s:g}), got {self.end_by_s:g}"
+      )
+    if self.sft.budget_s > self.start_by_s:
+      raise ConfigError(
+        "sft.budget_s",
+        f"must be <= --start_by_s ({self.start_by_s:g}): the warm start comes before the runs, "
+        f"got {self.sft.budget_s:g}",
+      )
+
+
+def study_config(cfg: GPUStudyConfig) -> StudyConfig:
+  """The library's StudyConfig of `cfg` (its fields, without this script's)."""
+
+  def fields_of(cls, value):
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
+
+  return StudyConfig(
+    **dict(fields_of(StudyConfig, cfg), sft=WarmStartConfig(**fields_of(WarmStartConfig, cfg.sft)))
+  )
+
+
+def clock() -> float:
+  """Seconds since the epoch: every deadline of the script is read from here."""
+  return time.time()
 
 
 class Log:
@@ -130,133 +197,141 @@ class Log:
       f.write(line + "\n")
 
 
-def task_length(min_tokens: int, margin: int) -> int:
-  """The smallest addition length whose generation budget reaches `min_tokens`."""
-  from jetrl.data import get_task  # pylint: disable=import-outside-toplevel
+def task_length(cfg: StudyConfig, min_tokens: int) -> int:
+  """The smallest task length whose generation budget reaches `min_tokens`."""
+  from jetrl.data.registry import task_class  # pylint: disable=import-outside-toplevel
+  from jetrl.train.study import max_new_tokens_for  # pylint: disable=import-outside-toplevel
 
-  for length in range(1, 301):
-    task = get_task("addition", difficulty=1, length=length, seed=0)
-    if task.max_completion_chars + 1 + margin >= min_tokens:
+  lo, hi = task_class(cfg.task.name).length_range
+  for length in range(lo, hi + 1):
+    if max_new_tokens_for(cfg, length) >= min_tokens:
       return length
-  raise ValueError(f"no addition length reaches {min_tokens} tokens")
-
-
-def design(o: Options):
-  """The StudyConfig of this run (the options, or the toy sizes)."""
-  from jetrl.rl import OptimizerConfig, UpdateConfig  # pylint: disable=import-outside-toplevel
-  from jetrl.sampling import SamplingConfig  # pylint: disable=import-outside-toplevel
-  from jetrl.train import EvalConfig, ModelSpec, TaskConfig  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import StudyConfig, WarmStartConfig  # pylint: disable=import-outside-toplevel
-
-  toy = o.toy
-  margin = 2 if toy else 8
-  length = 1 if toy else (o.length or task_length(o.min_tokens, margin))
-  return StudyConfig(
-    report_dir=os.path.join(o.out, "study"),
-    recipes=tuple(o.recipes),
-    lengths=(length,),
-    seeds=tuple(o.seeds) or ((0, 1) if toy else (0, 1, 2, 3, 4)),
-    steps=2 if toy else o.steps,
-    prompts_per_step=2 if toy else o.prompts_per_step,
-    token_margin=margin,
-    quiet_runs=True,
-    model=ModelSpec(n_layers=1 if toy else o.n_layers),
-    task=TaskConfig(name="addition", difficulty=1, length=length),
-    sampling=SamplingConfig(n=2 if toy else o.group_size, temperature=o.temperature),
-    optimizer=OptimizerConfig(lr=o.lr, warmup_steps=0 if toy else o.warmup_steps),
-    update=UpdateConfig(),
-    eval=EvalConfig(
-      every=None,
-      size=4 if toy else o.eval_size,
-      temperature=o.temperature,
-      samples=2 if toy else o.eval_samples,
-      batch=4 if toy else o.eval_size,
-    ),
-    sft=WarmStartConfig(
-      steps=4 if toy else o.sft_chunk,
-      batch_size=4 if toy else o.sft_batch,
-      length=length,
-      answer_noise=o.answer_noise,
-      optimizer=OptimizerConfig(lr=o.sft_lr, warmup_steps=0 if toy else 20),
-    ),
+  raise ConfigError(
+    "min_tokens",
+    f"{min_tokens}: no length of {cfg.task.name} (difficulty {cfg.task.difficulty}) reaches it; "
+    f"its longest budget is {max_new_tokens_for(cfg, hi)} tokens (or set --length)",
   )
 
 
-def warm_start(o: Options, cfg, log) -> dict:
+def warm_start(cfg: GPUStudyConfig, study: StudyConfig, log, t0: float) -> dict:
   """SFT in chunks until the accuracy reaches the target; the shared warm start."""
   from jetrl.train.sft import run_sft  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import sft_config  # pylint: disable=import-outside-toplevel
+  from jetrl.train.study import sft_config, sft_name  # pylint: disable=import-outside-toplevel
 
-  length = cfg.lengths[0]
-  chunk = cfg.sft.steps
-  most = chunk if o.toy else o.sft_max_steps
+  length = study.lengths[0]
+  w = cfg.sft
   history, steps = [], 0
   while True:
-    steps += chunk
-    t0 = time.time()
-    res = run_sft(sft_config(cfg, length).replace(steps=steps), log=lambda *a, **k: None)
-    history.append(dict(steps=steps, accuracy=res["eval_accuracy"], s=time.time() - t0))
+    steps += w.steps
+    start = clock()
+    res = run_sft(sft_config(study, length).replace(steps=steps), log=lambda *a, **k: None)
+    history.append(dict(steps=steps, accuracy=res["eval_accuracy"], s=clock() - start))
     log(
-      f"warm start: {steps} steps, {cfg.eval.label} {res['eval_accuracy']:.3f} "
-      f"({time.time() - t0:.0f}s)"
+      f"warm start: {steps} steps, {study.eval.label} {res['eval_accuracy']:.3f} "
+      f"({clock() - start:.0f}s)"
     )
-    if res["eval_accuracy"] >= o.sft_target or steps >= most or elapsed() > o.sft_budget_s:
+    if res["eval_accuracy"] >= w.target or steps >= w.max_steps or clock() - t0 > w.budget_s:
       break
-  return dict(length=length, steps=steps, accuracy=history[-1]["accuracy"], history=history)
+  return dict(
+    name=sft_name(study, length),
+    length=length,
+    steps=steps,
+    accuracy=history[-1]["accuracy"],
+    history=history,
+  )
 
 
-def worker(cfg, combos, deadline: float, log_path: str, t0: float) -> dict:
-  """Runs `combos` in order, none started after `deadline`; {tag: wall seconds}, not run."""
+class CutShort(Exception):
+  """A run stopped at the overall deadline after `step` of its `steps` steps."""
+
+  def __init__(self, step: int, steps: int):
+    super().__init__(f"cut short after step {step} of {steps}")
+    self.step, self.steps = step, steps
+
+
+class StopAt:
+  """A run's `log`: drops its lines, and once the clock is past `deadline` raises CutShort at
+  the next line the run logs (after a step's record is written), except the line of the final
+  evaluation after the last step."""
+
+  STEP_LINE = re.compile(r"\] step (\d+)/(\d+) ")  # jetrl.train.writers.Progress's line
+
+  def __init__(self, deadline: float, steps: int):
+    self.deadline, self.steps = deadline, steps
+    self.step = 0  # the last step whose record the run wrote (0: none yet)
+
+  def __call__(self, line="", *args, **kwargs) -> None:
+    m = self.STEP_LINE.search(str(line))
+    if m:
+      self.step = int(m.group(1))
+    elif self.step == self.steps:
+      return  # the final evaluation: it has run, let the run save it
+    if clock() > self.deadline:
+      raise CutShort(self.step, self.steps)
+
+
+def worker(study: StudyConfig, combos, start_by: float, end_by: float, log, t0: float) -> dict:
+  """Runs `combos` in order: none started after `start_by`, each stopped at `end_by`.
+
+  Returns {"timing": {tag: wall seconds}, "not_run": [...], "cut_short": [...]}."""
   from jetrl.train.loop import run  # pylint: disable=import-outside-toplevel
   from jetrl.train.study import is_done, train_config  # pylint: disable=import-outside-toplevel
 
-  log = Log(log_path)
-  timing, not_run = {}, []
-  for length, spec, seed in combos:
+  timing, not_run, cut_short = {}, [], []
+  for i, (length, spec, seed) in enumerate(combos):
     tag = f"L{length}/{spec}/seed{seed}"
-    if is_done(cfg, length, spec, seed):
+    head = f"[{i + 1}/{len(combos)}] {tag}"
+    if is_done(study, length, spec, seed):
+      log(f"{head}: done already, skipped")
       continue
-    if time.time() > deadline:
+    if clock() > start_by:
       not_run.append(tag)
-      log(f"{tag}: not started (past --start_by_s)")
+      log(f"{head}: not started (past --start_by_s)")
       continue
-    start = time.time()
+    log(f"{head}: running ({clock() - t0:.0f}s since the start)")
+    start = clock()
     try:
-      summary = run(train_config(cfg, length, spec, seed), log=lambda *a, **k: None)
+      summary = run(train_config(study, length, spec, seed), log=StopAt(end_by, study.steps))
+    except CutShort as e:
+      cut_short.append(dict(run=tag, steps_done=e.step, steps=e.steps, s=clock() - start))
+      not_run.append(f"{tag} (cut short after step {e.step} of {e.steps} at --end_by_s)")
+      log(f"{head}: {e} at --end_by_s ({clock() - t0:.0f}s since the start)")
+      continue
     except Exception:  # pylint: disable=broad-except
-      log(f"{tag}: failed\n{traceback.format_exc()}")
+      log(f"{head}: failed\n{traceback.format_exc()}")
       not_run.append(tag + " (failed)")
       continue
-    timing[tag] = time.time() - start
+    timing[tag] = clock() - start
     log(
-      f"{tag}: {cfg.eval.label} {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} "
-      f"({timing[tag]:.0f}s, {time.time() - t0:.0f}s since the start)"
+      f"{head}: {study.eval.label} {summary['eval_before']:.3f} -> "
+      f"{summary['eval_after']:.3f} ({timing[tag]:.0f}s, {clock() - t0:.0f}s since the start)"
     )
-  return dict(timing=timing, not_run=not_run)
+  return dict(timing=timing, not_run=not_run, cut_short=cut_short)
 
 
-def _worker_main(cfg, combos, deadline, log_path, result_path, t0):
+def _worker_main(study, combos, start_by, end_by, log_path, result_path, t0):
   try:
-    res = worker(cfg, combos, deadline, log_path, t0)
+    res = worker(study, combos, start_by, end_by, Log(log_path), t0)
   except Exception:  # pylint: disable=broad-except
     res = dict(
       timing={},
       not_run=[f"L{c[0]}/{c[1]}/seed{c[2]} (worker failed)" for c in combos],
+      cut_short=[],
       error=traceback.format_exc(),
     )
   with open(result_path, "w") as f:
     json.dump(res, f)
 
 
-def split_combos(cfg, workers: int) -> list[list]:
+def split_combos(study: StudyConfig, workers: int) -> list[list]:
   """Each recipe's runs to one worker (round-robin over recipes), seeds in order."""
   from jetrl.train.study import combinations  # pylint: disable=import-outside-toplevel
 
-  groups = [[] for _ in range(min(workers, len(cfg.recipes)))]
-  for i, spec in enumerate(cfg.recipes):
-    groups[i % len(groups)] += [c for c in combinations(cfg) if c[1] == spec]
+  groups = [[] for _ in range(min(workers, len(study.recipes)))]
+  for i, spec in enumerate(study.recipes):
+    groups[i % len(groups)] += [c for c in combinations(study) if c[1] == spec]
   for g in groups:
-    g.sort(key=lambda c: (c[2], cfg.recipes.index(c[1])))  # seed-major: seeds finish together
+    g.sort(key=lambda c: (c[2], study.recipes.index(c[1])))  # seed-major: seeds finish together
   return groups
 
 
@@ -264,18 +339,64 @@ def _strip(row: dict) -> dict:
   return {k: v for k, v in row.items() if not k.endswith("_series")}
 
 
-def run(o: Options, command: str = "(from Python)") -> dict:
+def _in_processes(study, cfg, start_by, end_by, t0, log) -> list[dict]:
+  """One spawned process per group of recipes; their results."""
+  ctx = multiprocessing.get_context("spawn")
+  procs = []
+  for i, combos in enumerate(split_combos(study, cfg.workers)):
+    path = os.path.join(cfg.out, f"worker{i}.json")
+    if os.path.exists(path):
+      os.remove(path)
+    log_path = os.path.join(cfg.out, f"worker{i}.log")
+    p = ctx.Process(target=_worker_main, args=(study, combos, start_by, end_by, log_path, path, t0))
+    p.start()
+    procs.append((p, path, combos))
+  results = []
+  for p, path, combos in procs:
+    p.join()
+    if os.path.exists(path):
+      with open(path) as f:
+        results.append(json.load(f))
+    else:
+      results.append(
+        dict(
+          timing={},
+          not_run=[f"L{c[0]}/{c[1]}/seed{c[2]} (worker exit code {p.exitcode})" for c in combos],
+          cut_short=[],
+        )
+      )
+  for r in results:
+    if r.get("error"):
+      log(r["error"])
+  return results
+
+
+def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
   """The whole study; returns what gpu_study.json holds."""
-  _T0[0] = time.time()
-  os.makedirs(o.out, exist_ok=True)
-  log = Log(os.path.join(o.out, "gpu_study.log"))
+  t0 = clock()
+  if not cfg.out:
+    raise FlagError("out", "is required (where the report, the JSON and the runs go)")
+  from jetrl.train.validation import check_local  # pylint: disable=import-outside-toplevel
+
+  check_local("out", cfg.out)
+  length = cfg.length if cfg.length is not None else task_length(cfg, cfg.min_tokens)
+  cfg = cfg.replace(
+    report_dir=os.path.join(cfg.out, "study"),
+    lengths=(length,),
+    time_budget_s=cfg.start_by_s,
+    quiet_runs=True,
+    command=command,
+  )
+  study = study_config(cfg)
+  os.makedirs(cfg.out, exist_ok=True)
+  log = Log(os.path.join(cfg.out, "gpu_study.log"))
   import jax  # pylint: disable=import-outside-toplevel
 
   from jetrl.train.study import (  # pylint: disable=import-outside-toplevel
     aggregate,
     collect,
     max_new_tokens_for,
-    run_study,
+    sft_name,
     verdicts,
     write_report,
   )
@@ -288,60 +409,38 @@ def run(o: Options, command: str = "(from Python)") -> dict:
     python=platform.python_version(),
   )
   log(f"gpu_study: {device}")
-  cfg = design(o).replace(command=command, time_budget_s=o.start_by_s)
-  os.makedirs(cfg.report_dir, exist_ok=True)
-  with open(os.path.join(cfg.report_dir, "study_config.json"), "w") as f:
-    json.dump(cfg.to_dict(), f, indent=1)
+  os.makedirs(study.report_dir, exist_ok=True)
+  with open(os.path.join(study.report_dir, "study_config.json"), "w") as f:
+    json.dump(study.to_dict(), f, indent=1)
   log(
-    f"length {cfg.lengths[0]} (max_new_tokens {max_new_tokens_for(cfg, cfg.lengths[0])}), "
-    f"recipes {list(cfg.recipes)}, seeds {list(cfg.seeds)}, {cfg.steps} steps of "
-    f"{cfg.prompts_per_step} x {cfg.sampling.n}"
+    f"length {length} (max_new_tokens {max_new_tokens_for(study, length)}), "
+    f"recipes {list(study.recipes)}, seeds {list(study.seeds)}, {study.steps} steps of "
+    f"{study.prompts_per_step} x {study.sampling.n}; no run starts after {cfg.start_by_s:.0f}s, "
+    f"runs stop at {cfg.end_by_s:.0f}s"
   )
-  ws = warm_start(o, cfg, log)
-  deadline = _T0[0] + o.start_by_s
-  if o.workers <= 1:  # the library's runner, in this process
-    timing = read_timing(cfg)
-    timing[f"sft/L{ws['length']}"] = sum(h["s"] for h in ws["history"])
-    with open(timing_path(cfg), "w") as f:
-      json.dump(timing, f, indent=1)
-    res = run_study(cfg.replace(time_budget_s=max(0.0, deadline - time.time())), log=log)
-    rows, not_run, report = res["rows"], res["not_run"], res["report"]
-    timing = read_timing(cfg)
+  ws = warm_start(cfg, study, log, t0)
+  timing = read_timing(study)
+  timing[f"sft/{sft_name(study, length)}"] = sum(h["s"] for h in ws["history"])
+  start_by, end_by = t0 + cfg.start_by_s, t0 + cfg.end_by_s
+  if cfg.workers <= 1:
+    results = [
+      worker(study, [c for g in split_combos(study, 1) for c in g], start_by, end_by, log, t0)
+    ]
   else:
-    results = []
-    ctx = multiprocessing.get_context("spawn")
-    procs = []
-    for i, combos in enumerate(split_combos(cfg, o.workers)):
-      path = os.path.join(o.out, f"worker{i}.json")
-      p = ctx.Process(
-        target=_worker_main,
-        args=(cfg, combos, deadline, os.path.join(o.out, f"worker{i}.log"), path, _T0[0]),
-      )
-      p.start()
-      procs.append((p, path))
-    for p, path in procs:
-      p.join()
-      if os.path.exists(path):
-        with open(path) as f:
-          results.append(json.load(f))
-      else:
-        results.append(dict(timing={}, not_run=[f"worker exit code {p.exitcode}"]))
-    timing = read_timing(cfg)
-    timing[f"sft/L{ws['length']}"] = sum(h["s"] for h in ws["history"])
-    not_run = []
-    for r in results:
-      timing.update(r["timing"])
-      not_run += r["not_run"]
-      if r.get("error"):
-        log(r["error"])
-    with open(timing_path(cfg), "w") as f:
-      json.dump(timing, f, indent=1)
-    rows = collect(cfg, timing)
-    report = write_report(
-      cfg, rows, timing, not_run=not_run, budget_hit=bool(not_run), study_wall_s=elapsed()
-    )
+    results = _in_processes(study, cfg, start_by, end_by, t0, log)
+  not_run, cut_short = [], []
+  for r in results:
+    timing.update(r["timing"])
+    not_run += r["not_run"]
+    cut_short += r["cut_short"]
+  with open(timing_path(study), "w") as f:
+    json.dump(timing, f, indent=1)
+  rows = collect(study, timing)
+  report = write_report(
+    study, rows, timing, not_run=not_run, budget_hit=bool(not_run), study_wall_s=clock() - t0
+  )
   agg = aggregate(rows)
-  v = {str(L): verdicts(rows, agg, int(L)) for L in cfg.lengths}
+  v = {str(L): verdicts(rows, agg, int(L)) for L in study.lengths}
   out = dict(
     device=device,
     command=command,
@@ -352,22 +451,34 @@ def run(o: Options, command: str = "(from Python)") -> dict:
     verdicts=v,
     timing=timing,
     not_run=not_run,
-    wall_s=elapsed(),
+    cut_short=cut_short,
+    wall_s=clock() - t0,
   )
-  with open(os.path.join(o.out, "gpu_study.json"), "w") as f:
+  with open(os.path.join(cfg.out, "gpu_study.json"), "w") as f:
     json.dump(out, f, indent=1)
   for L, x in v.items():
     log(f"length {L}: {x['valid']}; mechanism {x['mechanism']}; central effect {x['central']}")
     for k, w in x["why"].items():
       log(f"  {k}: {w}")
-  log(f"report: {report}; {len(rows)} runs, {len(not_run)} not run; {elapsed():.0f}s")
+  log(
+    f"report: {report}; {len(rows)} runs, {len(not_run)} not run ({len(cut_short)} of them cut "
+    f"short); {clock() - t0:.0f}s"
+  )
   return out
 
 
-def main(argv):
-  del argv
-  run(Options.from_flags(), " ".join(["python3", "experiments/gpu_study.py"] + sys.argv[1:]))
+def _main() -> None:
+  from jetrl.train.cli import main  # pylint: disable=import-outside-toplevel
+
+  command = " ".join(shlex.quote(a) for a in ["python3", "experiments/gpu_study.py"] + sys.argv[1:])
+  main(
+    GPUStudyConfig(),
+    lambda cfg: run(cfg, command),
+    doc=__doc__,
+    exclude=EXCLUDE,
+    renamed=RENAMED,
+  )
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _main()

@@ -1,5 +1,6 @@
 """The precision-flow study: the paired statistics and the verdict rules against hand-computed
-values, then a toy-size run (report structure, resume, mismatch ordering) and the flags."""
+values, then a toy-size run (report structure, resume, mismatch ordering), the flags, and
+experiments/gpu_study.py's configuration and deadlines."""
 
 import json
 import math
@@ -137,7 +138,7 @@ def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
 
 
 def _gpu_study(root):
-  """experiments/gpu_study.py as a module (its flags are defined once per process)."""
+  """experiments/gpu_study.py as a module."""
   import importlib.util
 
   if "gpu_study" not in sys.modules:
@@ -145,25 +146,117 @@ def _gpu_study(root):
       "gpu_study", root / "experiments" / "gpu_study.py"
     )
     module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_study"] = module  # before it runs: its dataclass looks itself up there
+    sys.modules["gpu_study"] = module  # before it runs: its dataclasses look themselves up there
     spec.loader.exec_module(module)
   return sys.modules["gpu_study"]
 
 
-@pytest.mark.slow
-def test_gpu_study_toy_report_and_resume(tmp_path, root):
-  """experiments/gpu_study.py --toy: the warm start, the runs through `run_study`, the report,
-  the verdicts and gpu_study.json; a rerun skips what is done. Shapes as the tiny fixtures'."""
+def _gpu_toy(root, out, **changes):
+  """The toy configuration of experiments/configs/gpu_study_toy.py, as --config reads it."""
+  from jetrl.config.flags import load_config_file
+
   gs = _gpu_study(root)
-  opts = gs.Options(
-    out=str(tmp_path),
-    toy=True,
-    workers=1,
+  toy = load_config_file(
+    str(root / "experiments" / "configs" / "gpu_study_toy.py"), gs.GPUStudyConfig()
+  )
+  return toy.replace(out=str(out), workers=1, **changes)
+
+
+def test_gpu_study_flags_are_config_paths_with_the_gpu_design_defaults(root):
+  from absl import flags
+
+  from jetrl.config.flags import config_from_flags, define_flags
+
+  gs = _gpu_study(root)
+  d = gs.GPUStudyConfig()
+  # The GPU design (docs/precision_study.md), written out.
+  assert d.recipes == ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet")
+  assert (d.seeds, d.steps, d.prompts_per_step, d.token_margin) == ((0, 1, 2, 3, 4), 24, 16, 8)
+  assert d.model.n_layers == 4 and (d.task.name, d.task.difficulty) == ("addition", 1)
+  assert (d.sampling.n, d.sampling.temperature, d.optimizer.lr) == (8, 0.5, 5e-5)
+  assert (d.eval.size, d.eval.samples, d.eval.temperature, d.eval.batch) == (256, 4, 0.5, 256)
+  assert (d.sft.steps, d.sft.batch_size, d.sft.answer_noise) == (100, 32, 0.5)
+  assert (d.sft.optimizer.lr, d.sft.optimizer.warmup_steps) == (1e-3, 20)
+  assert d.sft.optimizer.schedule == "constant"
+  assert (d.sft.target, d.sft.max_steps, d.sft.budget_s) == (0.3, 3000, 150.0)
+  assert (d.workers, d.start_by_s, d.end_by_s, d.min_tokens, d.length) == (4, 400, 480, 1024, None)
+
+  fv = flags.FlagValues()
+  names = set(define_flags(d, fv, exclude=gs.EXCLUDE))
+  fv(
+    [
+      "prog",
+      "--out=/tmp/o",
+      "--sampling.n=4",
+      "--sampling.temperature=0.7",
+      "--eval.temperature=0.7",
+      "--optimizer.lr=1e-4",
+      "--eval.size=64",
+      "--sft.optimizer.lr=2e-3",
+      "--sft.steps=50",
+      "--sft.target=0.5",
+      "--end_by_s=500",
+      "--length=9",
+      "--recipes=bf16,jet",
+    ]
+  )
+  cfg = config_from_flags(d, fv, exclude=gs.EXCLUDE)
+  assert cfg.out == "/tmp/o" and cfg.sampling.n == 4 and cfg.optimizer.lr == 1e-4
+  assert cfg.sampling.temperature == 0.7 and cfg.eval.temperature == 0.7 and cfg.eval.size == 64
+  assert cfg.sft.optimizer.lr == 2e-3 and cfg.sft.steps == 50 and cfg.sft.target == 0.5
+  assert cfg.end_by_s == 500 and cfg.length == 9 and cfg.recipes == ("bf16", "jet")
+  assert cfg.sft.optimizer.warmup_steps == 20 and cfg.steps == 24  # not given: the design's
+  # What the script sets itself is not a flag.
+  assert not names & {"lengths", "report_dir", "time_budget_s", "quiet_runs", "sft.mix"}
+  assert not names & {"task.length", "sampling.max_new_tokens", "update.is_method", "command"}
+  # The library's StudyConfig of it: the same values, without the script's fields.
+  study = gs.study_config(cfg.replace(lengths=(9,)))
+  assert type(study) is StudyConfig and study.sampling.n == 4 and study.lengths == (9,)
+  assert study.sft.optimizer.lr == 2e-3 and not hasattr(study.sft, "target")
+  # Bad values name the flag.
+  with pytest.raises(ConfigError, match="end_by_s: must be >= --start_by_s"):
+    d.replace(end_by_s=300)
+  with pytest.raises(ConfigError, match="sft.optimizer.schedule: 'cosine'"):
+    d.replace(sft={"optimizer": {"schedule": "cosine"}})
+  with pytest.raises(ConfigError, match="sft.budget_s: must be <= --start_by_s"):
+    d.replace(sft={"budget_s": 500.0})
+  with pytest.raises(ConfigError, match="length"):
+    d.replace(length=301)  # addition's lengths are 1-300
+
+
+def test_gpu_study_length_reaches_min_tokens(root):
+  gs = _gpu_study(root)
+  cfg = gs.GPUStudyConfig()
+  length = gs.task_length(cfg, 1024)
+  # Addition's longest gold completion + eos + the margin of 8, just reaching 1024 at `length`.
+  assert max_new_tokens_for(cfg.replace(lengths=(length,)), length) >= 1024
+  assert max_new_tokens_for(cfg.replace(lengths=(length - 1,)), length - 1) < 1024
+  with pytest.raises(ConfigError, match="min_tokens: 100000: no length of addition"):
+    gs.task_length(cfg, 100_000)
+
+
+@pytest.fixture(scope="module")
+def gpu_toy_study(tmp_path_factory, root):
+  """experiments/gpu_study.py at the toy size, fp8_rollout and jet, seed 0: (out dir, result)."""
+  gs = _gpu_study(root)
+  out = tmp_path_factory.mktemp("gpu_study")
+  cfg = _gpu_toy(
+    root,
+    out,
     recipes=("fp8_rollout", "jet"),
     seeds=(0,),
-    temperature=0.7,
+    sampling={"temperature": 0.7},
+    eval={"temperature": 0.7},
   )
-  out = gs.run(opts, "python3 experiments/gpu_study.py --toy")
+  return out, gs.run(cfg, "python3 experiments/gpu_study.py --config=gpu_study_toy.py")
+
+
+@pytest.mark.slow
+def test_gpu_study_toy_report_and_resume(gpu_toy_study, root):
+  """experiments/gpu_study.py at the toy size: the warm start, the runs, the report, the
+  verdicts and gpu_study.json; a rerun skips what is done. Shapes as the tiny fixtures'."""
+  tmp_path, out = gpu_toy_study
+  gs = _gpu_study(root)
   report = (tmp_path / "study" / "report.md").read_text()
   for name in (
     "accuracy.png",
@@ -173,10 +266,13 @@ def test_gpu_study_toy_report_and_resume(tmp_path, root):
     "paired_differences.png",
   ):
     assert (tmp_path / "study" / name).stat().st_size > 1000, name
-  assert "gpu_study.py --toy" in report and ACCURACY_HEADER in report and MISMATCH_HEADER in report
+  assert "--config=gpu_study_toy.py" in report
+  assert ACCURACY_HEADER in report and MISMATCH_HEADER in report
   assert "## Length 1" in report and "central effect **not judged**" in report
   saved = json.loads((tmp_path / "gpu_study.json").read_text())
   assert saved["verdicts"]["1"]["valid"] == "not judged" and not saved["not_run"]
+  assert not saved["cut_short"] and saved["config"]["end_by_s"] == 480
+  assert saved["config"]["lengths"] == [1] and saved["config"]["sampling"]["temperature"] == 0.7
   assert saved["warm_start"]["steps"] == 4 and saved["device"]["platform"] == "cpu"
   rows = {r["recipe"]: r for r in out["rows"]}
   assert set(rows) == {"fp8_rollout", "jet"}
@@ -189,9 +285,66 @@ def test_gpu_study_toy_report_and_resume(tmp_path, root):
   log = (tmp_path / "gpu_study.log").read_text()
   assert "[2/2] L1/jet/seed0: running" in log and "mechanism" in log
 
-  # Rerunning resumes: finished combinations are skipped.
-  gs.run(opts)
+  # Rerunning resumes: finished runs are skipped.
+  cfg = _gpu_toy(
+    root,
+    tmp_path,
+    recipes=("fp8_rollout", "jet"),
+    seeds=(0,),
+    sampling={"temperature": 0.7},
+    eval={"temperature": 0.7},
+  )
+  gs.run(cfg)
   assert (tmp_path / "gpu_study.log").read_text().count("done already, skipped") == 2
+
+
+@pytest.mark.slow
+def test_gpu_study_stops_a_run_at_the_end_deadline(gpu_toy_study, root, tmp_path, monkeypatch):
+  """A run still going at --end_by_s stops at its next step and is recorded as cut short; no run
+  starts after it. The clock jumps past every deadline once the first run of seed 1 has written
+  its first step's record."""
+  import shutil
+  import time
+
+  gs = _gpu_study(root)
+  shutil.copytree(gpu_toy_study[0], tmp_path, dirs_exist_ok=True)
+  (tmp_path / "gpu_study.log").unlink()
+  cut = tmp_path / "study" / "runs" / "L1" / "fp8_rollout" / "seed1"
+
+  def clock():
+    written = (cut / "metrics.jsonl").exists() and (cut / "metrics.jsonl").read_text().strip()
+    return time.time() + (1e6 if written else 0.0)
+
+  monkeypatch.setattr(gs, "clock", clock)
+  cfg = _gpu_toy(
+    root,
+    tmp_path,
+    recipes=("fp8_rollout", "jet"),
+    seeds=(0, 1),
+    sampling={"temperature": 0.7},
+    eval={"temperature": 0.7},
+  )
+  out = gs.run(cfg)
+  # Seed 0 was done; fp8_rollout/seed1 ran its step 1 of 2, then stopped; jet/seed1 never began.
+  assert out["cut_short"] == [
+    dict(run="L1/fp8_rollout/seed1", steps_done=1, steps=2, s=out["cut_short"][0]["s"])
+  ]
+  assert out["not_run"] == [
+    "L1/fp8_rollout/seed1 (cut short after step 1 of 2 at --end_by_s)",
+    "L1/jet/seed1",
+  ]
+  records = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == [1]
+  assert not (cut / "summary.json").exists()  # not done: a rerun resumes it
+  assert not (tmp_path / "study" / "runs" / "L1" / "jet" / "seed1").exists()
+  assert sorted((r["recipe"], r["seed"]) for r in out["rows"]) == [("fp8_rollout", 0), ("jet", 0)]
+  saved = json.loads((tmp_path / "gpu_study.json").read_text())
+  assert saved["cut_short"] == out["cut_short"] and saved["not_run"] == out["not_run"]
+  report = (tmp_path / "study" / "report.md").read_text()
+  assert "L1/fp8_rollout/seed1 (cut short after step 1 of 2" in report
+  log = (tmp_path / "gpu_study.log").read_text()
+  assert "L1/fp8_rollout/seed1: cut short after step 1 of 2 at --end_by_s" in log
+  assert "L1/jet/seed1: not started (past --start_by_s)" in log
 
 
 def test_time_budget_stops_new_combinations(tmp_path, tiny_study_config):

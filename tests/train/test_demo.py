@@ -1,0 +1,132 @@
+"""experiments/demo.py's command line: experiments/train.py's flags (named by config path) plus
+the warm start's, parsed into the two runs' configs; its defaults are `make demo`'s. No run."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from jetrl.config import ConfigError
+from jetrl.config.flags import config_from_flags, define_flags, flag_specs, load_config_file
+from jetrl.rl import OptimizerConfig
+from jetrl.sampling import SamplingConfig
+from jetrl.train import CheckpointConfig, EvalConfig, SFTConfig, TaskConfig, TrainConfig
+
+
+@pytest.fixture(scope="module")
+def demo(root):
+  if "demo_script" not in sys.modules:
+    spec = importlib.util.spec_from_file_location("demo_script", root / "experiments" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["demo_script"] = module  # before it runs: its dataclasses look themselves up
+    spec.loader.exec_module(module)
+  return sys.modules["demo_script"]
+
+
+def parse(demo, argv):
+  default = demo.get_config()
+  fv = flags.FlagValues()
+  define_flags(default, fv, exclude=demo.EXCLUDE)
+  fv(["demo.py", *argv])
+  return config_from_flags(default, fv, exclude=demo.EXCLUDE)
+
+
+def test_defaults_are_make_demos_runs(demo, root):
+  cfg = parse(demo, [])
+  task = TaskConfig(name="addition", difficulty=1, length=3)
+  # The two runs as `make demo` ran them before its flags were the configuration's.
+  assert demo.sft_config(cfg) == SFTConfig(
+    task=task,
+    steps=150,
+    max_new_tokens=64,
+    eval=EvalConfig(every=None, size=256),
+    seed=0,
+    workdir="runs/demo/sft",
+  )
+  assert demo.rl_config(cfg) == TrainConfig(
+    task=task,
+    recipe="jet",
+    init_from="runs/demo/sft",
+    steps=100,
+    seed=0,
+    sampling=SamplingConfig(max_new_tokens=64, temperature=0.7, n=8),
+    optimizer=OptimizerConfig(lr=3e-5, warmup_steps=5),
+    eval=EvalConfig(every=25, size=256),
+    checkpoint=CheckpointConfig(every=50),
+    workdir="runs/demo/rl",
+  )
+  assert cfg.keep is False
+  # ... which are the example config files its docstring names.
+  configs = root / "experiments" / "configs"
+  sft = load_config_file(str(configs / "addition_sft.py"), SFTConfig())
+  rl = load_config_file(str(configs / "addition_jet.py"), TrainConfig())
+  assert demo.sft_config(cfg) == sft.replace(workdir="runs/demo/sft")
+  assert demo.rl_config(cfg) == rl.replace(workdir="runs/demo/rl", init_from="runs/demo/sft")
+
+
+def test_flags_set_the_rl_run_and_what_the_warm_start_shares(demo):
+  cfg = parse(
+    demo,
+    [
+      "--workdir=/tmp/d",
+      "--keep",
+      "--steps=80",
+      "--recipe=bf16",
+      "--seed=3",
+      "--optimizer.lr=1e-4",
+      "--sampling.temperature=0.9",
+      "--sampling.max_new_tokens=48",
+      "--eval.size=32",
+      "--eval.every=20",
+      "--task.length=2",
+      "--model.n_layers=1",
+      "--sft.steps=20",
+      "--sft.batch_size=8",
+      "--sft.optimizer.lr=2e-3",
+    ],
+  )
+  assert cfg.keep is True
+  rl, sft = demo.rl_config(cfg), demo.sft_config(cfg)
+  assert (rl.workdir, rl.init_from) == ("/tmp/d/rl", "/tmp/d/sft")
+  assert (rl.steps, rl.recipe, rl.seed, rl.optimizer.lr) == (80, "bf16", 3, 1e-4)
+  assert rl.optimizer.warmup_steps == 5  # not given: the demo's
+  assert (rl.sampling.temperature, rl.sampling.max_new_tokens, rl.sampling.n) == (0.9, 48, 8)
+  assert (rl.eval.size, rl.eval.every, rl.task.length, rl.model.n_layers) == (32, 20, 2, 1)
+  assert (sft.workdir, sft.steps, sft.batch_size, sft.seed) == ("/tmp/d/sft", 20, 8, 3)
+  assert sft.optimizer == OptimizerConfig(
+    lr=2e-3, schedule="cosine", warmup_steps=20, end_lr_ratio=0.05
+  )  # the SFT schedule, its lr changed
+  assert (sft.max_new_tokens, sft.task.length, sft.model.n_layers) == (48, 2, 1)
+  assert (sft.eval.size, sft.eval.every) == (32, None)  # evaluated at its end only
+  assert sft.recipe == "bf16" and sft.task.name == "addition"
+
+
+def test_flag_names_and_errors(demo):
+  names = {s.path for s in flag_specs(demo.get_config(), exclude=demo.EXCLUDE)}
+  assert "init_from" not in names  # the RL run starts from the warm start
+  train_names = {s.path for s in flag_specs(TrainConfig())} - {"init_from"}
+  assert train_names | {"keep", "sft.steps", "sft.batch_size", "sft.optimizer.lr"} <= names
+  # Every old flag names a flag that exists.
+  assert {v for v in demo.RENAMED.values()} <= names
+  with pytest.raises(ConfigError, match="sft.steps: must be in"):
+    parse(demo, ["--sft.steps=0"])
+  with pytest.raises(ConfigError, match="sampling.temperature: must be > 0"):
+    parse(demo, ["--sampling.temperature=0"])
+
+
+def test_an_old_flag_names_its_new_one_and_nothing_is_written(root, tmp_path):
+  out = subprocess.run(
+    [
+      sys.executable,
+      str(root / "experiments" / "demo.py"),
+      f"--workdir={tmp_path / 'demo'}",
+      "--rl_steps=5",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert out.returncode == 2 and "--rl_steps is now --steps" in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr and not (tmp_path / "demo").exists()
