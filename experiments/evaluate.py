@@ -12,9 +12,16 @@ task and eval flags are those of experiments/train.py. --out=FILE also writes th
 (accuracy, mean reward, mean length, seconds) as JSON.
 """
 
+from jetrl.data import RewardError
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
 from jetrl.train.evaluate import EvalRunConfig, run_eval
 
 if __name__ == "__main__":
-  main(EvalRunConfig(), run_eval, doc=__doc__, exclude=("eval.every",), errors=(CheckpointError,))
+  main(
+    EvalRunConfig(),
+    run_eval,
+    doc=__doc__,
+    exclude=("eval.every",),
+    errors=(CheckpointError, RewardError),
+  )

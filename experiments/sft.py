@@ -10,6 +10,7 @@ every --checkpoint.every steps; rerunning the same command resumes from the late
 (see docs/reliability.md).
 """
 
+from jetrl.data import RewardError
 from jetrl.train import SFTConfig, run_sft
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
@@ -22,5 +23,5 @@ if __name__ == "__main__":
     run_sft,
     doc=__doc__,
     renamed=SFT_RENAMED_FLAGS,
-    errors=(SkippedUpdatesError, CheckpointError),
+    errors=(SkippedUpdatesError, CheckpointError, RewardError),
   )

@@ -19,6 +19,7 @@ experiments/export_hf.py writes a checkpoint as a Hugging Face folder; experimen
 evaluates a model or a run's checkpoint on held-out problems.
 """
 
+from jetrl.data import RewardError
 from jetrl.train import TrainConfig, run
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
@@ -40,5 +41,5 @@ if __name__ == "__main__":
     train,
     doc=__doc__,
     renamed=RENAMED_FLAGS,
-    errors=(SkippedUpdatesError, CheckpointError),
+    errors=(SkippedUpdatesError, CheckpointError, RewardError),
   )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
+from jetrl.sampling import SamplingConfig, sample
 from model_helpers import hf_logits, rel_err
 
 CONFIG = M.ModelConfig(
@@ -72,8 +73,29 @@ def test_export_loads_and_generates(params, tmp_path):
     jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), bf16), CONFIG, jnp.asarray(tokens)
   )
   assert rel_err(got, want) < 1e-4
-  generated = model.generate(torch.tensor(tokens), max_new_tokens=3, do_sample=False)
-  assert generated.shape[1] > 4
+  # Greedy decoding: transformers on the exported folder, jetrl on the same (bf16-rounded)
+  # params in float32, both stopping on the folder's eos ids.
+  stop = M.stop_ids(M.load_model_tokenizer(out))
+  assert stop == (4, 5)
+  prompts = [[1, 2, 3, 1], [3, 3, 2], [2]]
+  sc = SamplingConfig(max_new_tokens=8, temperature=0.0, stop_ids=stop, pad_id=0)
+  ours = sample(
+    jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), bf16),
+    CONFIG,
+    prompts,
+    jax.random.PRNGKey(0),
+    sc,
+  )
+  for i, p in enumerate(prompts):
+    with torch.no_grad():
+      want = model.generate(
+        torch.tensor([p]),
+        max_new_tokens=8,
+        do_sample=False,
+        attention_mask=torch.ones(1, len(p), dtype=torch.long),
+      )[0, len(p) :].tolist()
+    got = np.asarray(ours.tokens[i])[: int(ours.lengths[i])].tolist()
+    assert got == want, f"prompt {p}: {got} != {want}"
 
 
 def test_generation_config_written_when_missing(params, tmp_path):

@@ -198,13 +198,26 @@ def test_float32_logits_match_transformers(model, hf_model, gsm8k_prompts):
       assert err <= TOL, f"prompt {i}: relative logit error {err:.2e} vs transformers"
 
 
+GREEDY_WIDTH = 192  # one prompt width for every greedy decoding here: the sampler compiles once
+
+
+def greedy(params, config, prompts, stop_ids, pad_id):
+  """jetrl's greedy decoding of 2 prompts, up to 32 tokens, stopping on `stop_ids`."""
+  assert len(prompts) == 2 and max(len(p) for p in prompts) <= GREEDY_WIDTH
+  sc = SamplingConfig(
+    max_new_tokens=32,
+    temperature=0.0,
+    stop_ids=tuple(stop_ids),
+    pad_id=pad_id,
+    prompt_len=GREEDY_WIDTH,
+  )
+  return sample(params, config, prompts, jax.random.PRNGKey(0), sc, None)
+
+
 def test_greedy_decoding_matches_transformers(model, hf_model, tok, gsm8k_prompts):
   config, params = model
   prompts = gsm8k_prompts[:2]
-  sc = SamplingConfig(
-    max_new_tokens=32, temperature=0.0, stop_ids=M.stop_ids(tok), pad_id=tok.pad_token_id
-  )
-  out = sample(params, config, prompts, jax.random.PRNGKey(0), sc, None)
+  out = greedy(params, config, prompts, M.stop_ids(tok), tok.pad_token_id)
   with one_torch_thread():
     for i, p in enumerate(prompts):
       want = hf_model.generate(
@@ -271,21 +284,35 @@ def test_export_round_trip(model, folder, tmp_path):
   with one_torch_thread():
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(out)
-    ids = ref_tok.apply_chat_template(
-      [{"role": "user", "content": "What is 7 * 6?"}], add_generation_prompt=True, tokenize=True
-    )
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    prompts = []
+    for question in ("What is 7 * 6?", "Name a prime number above 10."):
+      ids = ref_tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+      )
+      prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    ids = prompts[0]
     with torch.no_grad():
       want = hf(torch.tensor([ids])).logits[0].numpy()
-    generated = hf.generate(
-      torch.tensor([ids]),
-      max_new_tokens=4,
-      do_sample=False,
-      attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-    )
+    generated = [
+      hf.generate(
+        torch.tensor([p]),
+        max_new_tokens=8,
+        do_sample=False,
+        attention_mask=torch.ones(1, len(p), dtype=torch.long),
+      )[0, len(p) :].tolist()
+      for p in prompts
+    ]
   forward = jax.jit(M.forward, static_argnames="config")
   got = np.asarray(forward(trained, config, jnp.asarray([ids], jnp.int32)))[0]
   assert rel_err(got, want) <= TOL
   assert rel_err(got, np.asarray(forward(params, config, jnp.asarray([ids], jnp.int32)))[0]) > 1e-3
-  assert generated.shape[1] > len(ids)
   assert list(hf.generation_config.eos_token_id) == [2, 0]
+  # transformers' greedy tokens on the exported folder are jetrl's on the params it was
+  # written from (float32), stopping on the folder's eos ids.
+  tok = M.load_model_tokenizer(out)
+  assert M.stop_ids(tok) == (2, 0)
+  out = greedy(trained, config, prompts, M.stop_ids(tok), tok.pad_token_id)
+  for i, want_ids in enumerate(generated):
+    ours = np.asarray(out.tokens[i])[: int(out.lengths[i])].tolist()
+    ours = ours if want_ids[-1] in (2, 0) else ours[: len(want_ids)]  # generate's 8 tokens
+    assert ours == want_ids, f"{ref_tok.decode(ours)!r} != {ref_tok.decode(want_ids)!r}"

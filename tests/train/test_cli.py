@@ -228,3 +228,71 @@ def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
   )
   assert out.returncode == 0 and "--optimizer.lr=0.0001" in out.stdout
   assert "Try --helpfull" not in out.stdout and "--sampling.*:" in out.stdout
+
+
+def test_a_failing_reward_function_ends_the_command_in_one_line(tmp_path, root):
+  """RewardError (a --task.reward function that cannot be used) is a failed run: exit code 1
+  and its message, no traceback. RL: a function that raises on every batch stops the run at
+  its third batch in a row (the evaluation before step 1, one problem a batch); SFT: a
+  function returning the wrong number of values stops the evaluation at the end."""
+  (tmp_path / "bad.py").write_text(
+    "def raises(prompts, completions, answers):\n"
+    "  return [1 / 0 for _ in completions]\n"
+    "def short(prompts, completions, answers):\n"
+    "  return [0.0]\n"
+  )
+  tiny = [
+    "--model.n_layers=1",
+    "--task.difficulty=1",
+    "--task.length=1",
+    "--eval.size=3",
+    "--logging.tensorboard=false",
+    "--logging.plots=false",
+  ]
+  runs = {
+    "train.py": tiny
+    + [
+      f"--workdir={tmp_path / 'rl'}",
+      f"--task.reward={tmp_path / 'bad.py'}:raises",
+      "--eval.batch=1",
+      "--steps=1",
+      "--prompts_per_step=2",
+      "--sampling.n=2",
+      "--sampling.max_new_tokens=8",
+    ],
+    "sft.py": tiny
+    + [
+      f"--workdir={tmp_path / 'sft'}",
+      f"--task.reward={tmp_path / 'bad.py'}:short",
+      "--steps=1",
+      "--batch_size=2",
+      "--max_new_tokens=24",
+    ],
+  }
+  procs = {  # both at once: most of their time is compiling, on one core each
+    name: subprocess.Popen(
+      [sys.executable, str(root / "experiments" / name), *argv],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for name, argv in runs.items()
+  }
+  want = {
+    "train.py": f"train.py: error: reward '{tmp_path / 'bad.py'}:raises' failed on 3 batches in a "
+    "row; the last: raised ZeroDivisionError: division by zero",
+    "sft.py": f"sft.py: error: reward '{tmp_path / 'bad.py'}:short' returned 1 values for 3 "
+    "completions; it must return one float per completion",
+  }
+  for name, proc in procs.items():
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, (name, err[-3000:])
+    assert "Traceback" not in err, (name, err[-3000:])
+    assert err.strip().splitlines()[-1].startswith(want[name]), (name, err[-3000:])
+  from jetrl.train.validation import checkpoint_steps
+
+  assert checkpoint_steps(str(tmp_path / "rl")) == []  # stopped before step 1
+  # SFT stopped at the evaluation after its step (which comes before the step's checkpoint).
+  metrics = (tmp_path / "sft" / "sft_metrics.jsonl").read_text().splitlines()
+  assert [json.loads(line)["step"] for line in metrics] == [1]
+  assert checkpoint_steps(str(tmp_path / "sft")) == []

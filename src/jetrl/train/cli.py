@@ -12,8 +12,10 @@ config from them and calls `run_fn(config)`.
   given: `--verbosity=0` brings them back.
 * A bad flag value, a bad config file, and what a run refuses at start-up (a workdir in use,
   a checkpoint written with other settings, a step that cannot fit in memory) print
-  `error: --flag: message` and exit with code 2; a run stopped by non-finite updates or with
-  no intact checkpoint prints its message and exits with code 1. No traceback.
+  `error: --flag: message` and exit with code 2; a run stopped by non-finite updates, with
+  no intact checkpoint, or by a `--task.reward` function that cannot be used (a result of the
+  wrong length, failures batch after batch: `jetrl.data.RewardError`) prints its message and
+  exits with code 1. No traceback.
 * A flag name from before the configuration had sub-configs is refused with its new name.
 * In a run of several processes, any other error (a collective that lost a process) prints its
   traceback and ends the process at once with code 1, without waiting for the others at JAX's
