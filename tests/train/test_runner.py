@@ -228,6 +228,12 @@ def test_metrics_without_checkpoints_need_overwrite_and_are_moved_aside(done_run
     ValueError, match="--workdir: .* holds metrics of an earlier run .*pass --overwrite"
   ):
     run(cfg, log=quiet)
+  # A rerun whose own first checkpoint lies past every record is judged by the earlier run's
+  # saved config (a checkpoint every step), not by its own flags.
+  with pytest.raises(
+    ValueError, match=r"first checkpoint was due at step 1 \(its config.json\); pass --overwrite"
+  ):
+    run(cfg.replace(steps=5, checkpoint={"every": 5}), log=quiet)
   assert open(os.path.join(cfg.workdir, "metrics.jsonl")).read() == before
   run(cfg.replace(overwrite=True), log=quiet)
   (moved,) = os.listdir(os.path.join(cfg.workdir, "previous"))

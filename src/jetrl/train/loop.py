@@ -158,6 +158,7 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
         first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
         overwrite=cfg.overwrite,
         log=log,
+        config_file="config.json",
       )
     )
     return state, 0, 0

@@ -232,6 +232,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
         first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
         overwrite=cfg.overwrite,
         log=log,
+        config_file="sft_config.json",
       )
     )
   if primary:
