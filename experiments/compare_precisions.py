@@ -18,7 +18,9 @@ jetrl.train.study.
 import shlex
 import sys
 
+from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
+from jetrl.train.skips import SkippedUpdatesError
 from jetrl.train.study import GRID_FIELDS, StudyConfig, run_study
 
 RENAMED = {
@@ -48,4 +50,11 @@ def study(cfg: StudyConfig) -> None:
 
 
 if __name__ == "__main__":
-  main(StudyConfig(), study, doc=__doc__, exclude=GRID_FIELDS, renamed=RENAMED)
+  main(
+    StudyConfig(),
+    study,
+    doc=__doc__,
+    exclude=GRID_FIELDS,
+    renamed=RENAMED,
+    errors=(SkippedUpdatesError, CheckpointError),
+  )

@@ -1,4 +1,5 @@
-"""Greedy evaluation of a model on a task's held-out problems (no training).
+"""Evaluation of a model on a task's held-out problems (no training): greedy, or the mean
+accuracy of --eval.samples completions per problem drawn at --eval.temperature.
 
   # SmolLM2 before RL, on 200 GSM8K test problems, chat prompts, under the jet recipe
   python experiments/evaluate.py --model.name=$HOME/.cache/jetrl/models/SmolLM2-135M-Instruct \

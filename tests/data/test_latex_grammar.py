@@ -3,6 +3,7 @@ string parsing), LaTeX's one-character scripts, and what it refuses (quickly).""
 
 import cmath
 import math
+import re
 import time
 
 import pytest
@@ -164,12 +165,81 @@ def test_tokens():
   ]
 
 
+def _split_top(s, seps):
+  """`s` cut at the separators `seps` outside any (), [], {}, \\{\\} nesting, separators kept."""
+  parts, depth, start, i = [], 0, 0, 0
+  while i < len(s):
+    if s.startswith(("\\{", "\\}"), i):
+      depth += 1 if s[i + 1] == "{" else -1
+      i += 2
+      continue
+    if s[i] in "([{":
+      depth += 1
+    elif s[i] in ")]}":
+      depth -= 1
+    elif depth == 0:
+      sep = next((x for x in seps if s.startswith(x, i)), None)
+      if sep:
+        parts += [s[start:i], sep]
+        i = start = i + len(sep)
+        continue
+    i += 1
+  return parts + [s[start:]]
+
+
+def _in_parens(text, seps):
+  """Every item of `text` between `seps` put in parentheses: the same value, a new string."""
+  return "".join(p if p in seps else f"({p})" for p in _split_top(text, seps))
+
+
+# Gold answers the grammar does not take (base-n numerals, unions of intervals, equations), and
+# multiple-choice letters (`(B)` is how a choice is written, normalised to `B`): only their
+# spelling is changed, so they stay equal as normalised strings.
+OUTSIDE_GRAMMAR = re.compile(r"[0-9]_\{?[0-9]|\\cup|=|^[A-Z]$")
+
+
+def _equivalent_form(gold):
+  """A completion whose boxed answer equals `gold` in value but not as a normalised string
+  (each number, item or matrix cell in parentheses), spelled the way models write: `\\dfrac`,
+  `\\left(`/`\\right)`, spaces, `$` around it. (form, whether the grammar must equate it)."""
+  n = normalize_latex(gold)
+  grammar = not OUTSIDE_GRAMMAR.search(n)
+  if grammar:
+    matrix = re.fullmatch(r"(\\begin\{pmatrix\})(.*)(\\end\{pmatrix\})", n)
+    opener = next((o for o in ("\\{", "(", "[") if n.startswith(o)), "")
+    closer = next((c for c in ("\\}", ")", "]") if n.endswith(c)), "")
+    inner = n[len(opener) : len(n) - len(closer)] if opener and closer else n
+    if matrix:
+      n = matrix[1] + _in_parens(matrix[2], ("\\\\", "&")) + matrix[3]
+    elif opener and closer and (len(_split_top(inner, [","])) > 1 or opener != "("):
+      n = opener + _in_parens(inner, [","]) + closer  # a tuple, interval or set
+    else:
+      n = _in_parens(n, [","])  # a number, expression or unbracketed list
+  spelled = n.replace("\\frac", "\\dfrac").replace("(", "\\left( ").replace(")", " \\right)")
+  return f"so the answer is $ \\boxed{{ {spelled.replace(',', ' , ')} }} $.", grammar
+
+
 @needs_shared
-def test_math500_gold_answers_parse_and_score_one_against_themselves():
-  task = get_task("math500", path=str(MATH500_FILE), split={"train": "test", "test": "test"})
-  problems = task.batch("test", 0, 500)
-  answers = [p.answer for p in problems]
-  assert task.reward(None, [f"so \\boxed{{{a}}}" for a in answers], answers) == [1.0] * 500
+def test_math500_gold_answers_score_one_against_equivalent_forms():
+  """Each gold answer against a form of it that only the grammar (sympy, in the worker) can
+  equate; with the worker off, exactly those score 0."""
+  task = get_task(
+    "math500",
+    path=str(MATH500_FILE),
+    split={"train": "test", "test": "test"},
+    batch_timeout=120.0,
+  )
+  answers = [p.answer for p in task.batch("test", 0, 500)]
+  forms, through_grammar = zip(*(_equivalent_form(a) for a in answers))
+  assert task.reward(None, list(forms), answers) == [1.0] * 500
+  strings_only = get_task(
+    "math500", path=str(MATH500_FILE), split={"train": "test", "test": "test"}, symbolic=False
+  )
+  without_grammar = strings_only.reward(None, list(forms), answers)
+  assert without_grammar == [0.0 if g else 1.0 for g in through_grammar]
+  # 487 of the 500 go through the grammar; the other 13 are 6 base-n numerals, 3 unions of
+  # intervals, 3 multiple-choice letters and 1 equation.
+  assert sum(through_grammar) == 487
   parsed = 0
   for a in answers:
     try:

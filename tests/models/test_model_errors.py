@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +123,32 @@ def test_non_finite_tensor_is_refused(ckpt, value):
     r"non-finite values",
   ):
     M.load_pretrained(str(ckpt))
+
+
+def test_f64_values_beyond_the_target_dtype_are_refused_not_cast_to_inf(ckpt):
+  """Finite as stored, but above float32's largest value (3.4e38): the cast would make Inf."""
+  name = "model.layers.0.self_attn.k_proj.weight"
+
+  def widen(t, big):
+    w = t[name].astype(np.float64)
+    w[1, 2], w[0, 0] = big, -big
+    t[name] = w
+
+  _edit_tensors(ckpt, lambda t: widen(t, 1e39))
+  with pytest.raises(
+    ValueError,
+    match=rf"'{re.escape(name)}' holds 2 values beyond the range of float32 \(largest "
+    r"magnitude 1e\+39, stored as F64\); they would become Inf",
+  ):
+    M.load_pretrained(str(ckpt))
+  # bfloat16 has float32's range: the same values are refused when read into it too, and
+  # values within the range (F64 1e38) are read as they are.
+  with pytest.raises(ValueError, match="beyond the range of bfloat16"):
+    M.load_pretrained(str(ckpt), dtype=jnp.bfloat16)
+  _edit_tensors(ckpt, lambda t: widen(t, 1e38))
+  _, params = M.load_pretrained(str(ckpt))
+  k = np.asarray(params["layers"]["wk"][0])  # [in, out]: the stored [out, in] transposed
+  assert k[2, 1] == np.float32(1e38) and k[0, 0] == np.float32(-1e38)
 
 
 def test_missing_directory_or_files(tmp_path):

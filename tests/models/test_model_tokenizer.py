@@ -203,3 +203,26 @@ def test_model_eos_ids_are_checked_against_the_model(tmp_path):
   )
   with pytest.raises(ValueError, match=f"end-of-generation id #1 {n + 3} not in"):
     M.load_model_tokenizer(str(tmp_path), config=config)
+
+
+def test_a_run_refuses_a_tokenizer_whose_ids_exceed_the_models_vocab(
+  tmp_path, tiny_train_config, tiny_sft_config
+):
+  """Through `run()` and `run_sft()`: the preset is sized to the tokenizer (n ids), whose
+  generation config names an end-of-generation id n + 7 that the embedding does not have."""
+  from jetrl.config import FlagError
+  from jetrl.train import run, run_sft
+
+  tok_dir = tmp_path / "tok"
+  tok_dir.mkdir()
+  n = _write(tok_dir)
+  (tok_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [n - 2, n + 7]}))
+  message = (
+    f"^--model.name: .*end-of-generation id #1 {n + 7} not in \\[0, vocab_size={n}\\); a "
+    "checkpoint's tokenizer and config.json must agree"
+  )
+  for make, entry in ((tiny_train_config, run), (tiny_sft_config, run_sft)):
+    cfg = make(tmp_path / entry.__name__, model={"tokenizer": str(tok_dir)})
+    with pytest.raises(FlagError, match=message):
+      entry(cfg, log=lambda *a: None)
+    assert not (tmp_path / entry.__name__ / "checkpoints").exists()

@@ -3,6 +3,7 @@ newest intact one restored, nothing non-finite is saved."""
 
 import glob
 import os
+import shutil
 import warnings
 
 import jax
@@ -161,4 +162,52 @@ def test_a_save_killed_midway_never_becomes_the_latest(tmp_path, delay_s):
   else:  # the save completed before the kill: it must then be whole
     assert ck.steps() == [1, 2], (ck.steps(), in_flight)
     assert meta["step"] == 2 and float(state["w"].min()) == float(state["w"].max()) == 2.0
+
+
+def _save_without_checksums(ck, step, tree):
+  """A checkpoint as one written without checksums in its metadata leaves it."""
+  import orbax.checkpoint as ocp
+
+  ck._mngr.save(
+    step,
+    args=ocp.args.Composite(
+      state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave({"step": step})
+    ),
+    force=True,
+  )
+  ck._mngr.wait_until_finished()
+
+
+def test_a_checkpoint_without_checksums_is_restored_with_a_warning_and_still_checked(tmp_path):
+  ck = Checkpointer(str(tmp_path), keep=3)
+  ck.save(1, small_tree(1), {"step": 1})
+  _save_without_checksums(ck, 2, small_tree(2))
+  nan = small_tree(3)
+  nan["w"] = nan["w"].at[7, 7].set(jnp.nan)
+  _save_without_checksums(ck, 3, nan)
+  ck.close()
+  ck = Checkpointer(str(tmp_path), keep=3)
+  with pytest.warns(RuntimeWarning) as caught:
+    state, meta = ck.restore_latest(small_tree(), log=lambda *a: None)
+  messages = [str(w.message) for w in caught]
+  # Step 3: no checksums, so a warning, and its NaN is still found: set aside.
+  assert any("checkpoints/3 (step 3) has no checksums in its metadata" in m for m in messages), (
+    messages
+  )
+  assert any(
+    "checkpoints/3 is damaged" in m and "non-finite values (NaN or Inf) in [\"['w']\"]" in m
+    for m in messages
+  ), messages
+  # Step 2: no checksums, finite: restored, with the warning naming it.
+  assert meta["step"] == 2
+  assert any("checkpoints/2 (step 2) has no checksums" in m for m in messages), messages
+  np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(small_tree(2)["w"]))
+  assert ck.steps() == [1, 2]
+  ck.close()
+  # A checkpoint with checksums restores without that warning.
+  shutil.rmtree(tmp_path / "checkpoints" / "2")
+  ck = Checkpointer(str(tmp_path), keep=3)
+  with warnings.catch_warnings():
+    warnings.filterwarnings("error", message=".*has no checksums")
+    assert ck.restore_latest(small_tree(), log=lambda *a: None)[1]["step"] == 1
   ck.close()

@@ -75,6 +75,11 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
     ),
     (["--sampling.n=1"], "--sampling.n: must be >= 2 for group-relative advantages"),
     (["--sampling.temperature=0"], "--sampling.temperature: must be > 0"),
+    (
+      ["--eval.temperature=1e-30"],
+      "--eval.temperature: must be 0 (greedy) or in [0.01, 100] (as --sampling.temperature), "
+      "got 1e-30",
+    ),
     (["--update.minibatches=3"], "--update.minibatches: prompts_per_step x sampling.n = 128 rows"),
     (["--task.name=chess"], "--task.name: 'chess' is not accepted"),
     (["--update.is_method=clip"], "--update.is_method: 'clip' is not accepted"),
@@ -141,6 +146,39 @@ def test_start_up_refusals_name_the_flag_before_anything_is_written(tmp_path, fl
   assert not (tmp_path / "w" / "metrics.jsonl").exists()
   assert not (tmp_path / "w" / "checkpoints").exists()
   assert time.time() - t0 < 60, "the checks come before any compilation"
+
+
+def test_a_huge_evaluation_is_refused_at_start_up(tmp_path, tiny_train_config, tiny_sft_config):
+  """--eval.samples completions of --eval.batch problems are one sampler call: RL, SFT and
+  experiments/evaluate.py refuse one that cannot fit, in seconds, before anything is written."""
+  from jetrl.train import run_sft
+  from jetrl.train.evaluate import EvalRunConfig, run_eval
+
+  huge = {"temperature": 0.5, "samples": 100_000_000}
+  t0 = time.time()
+  rl = tiny_train_config(tmp_path / "rl", eval=huge)
+  with pytest.raises(
+    FlagError,
+    match=r"^--eval.batch / --eval.samples / --sampling.max_new_tokens: one evaluation call "
+    r"needs at least .* GiB \(evaluation KV cache",
+  ):
+    run(rl, log=quiet)
+  sft = tiny_sft_config(tmp_path / "sft", eval=huge)
+  with pytest.raises(
+    FlagError, match=r"^--eval.batch / --eval.samples / --max_new_tokens: one evaluation call"
+  ):
+    run_sft(sft, log=quiet)
+  with pytest.raises(
+    FlagError, match=r"^--eval.batch / --eval.samples / --max_new_tokens: one evaluation call"
+  ):
+    run_eval(EvalRunConfig(model=rl.model, task=rl.task, eval=rl.eval), log=quiet)
+  for name in ("rl", "sft"):
+    assert not [f for f in os.listdir(tmp_path / name) if f.endswith(".jsonl")]
+    assert not (tmp_path / name / "checkpoints").exists()
+  assert time.time() - t0 < 60, "the checks come before any compilation"
+  # Greedy evaluation draws one completion per problem: --eval.samples does not count.
+  assert rl.replace(eval={"temperature": 0.0}).eval.rows == 4
+  assert rl.eval.rows == 4 * 100_000_000
 
 
 def test_config_files_python_json_yaml_with_flags_on_top(tmp_path, root):

@@ -228,6 +228,12 @@ def test_metrics_without_checkpoints_need_overwrite_and_are_moved_aside(done_run
     ValueError, match="--workdir: .* holds metrics of an earlier run .*pass --overwrite"
   ):
     run(cfg, log=quiet)
+  # A rerun whose own first checkpoint lies past every record is judged by the earlier run's
+  # saved config (a checkpoint every step), not by its own flags.
+  with pytest.raises(
+    ValueError, match=r"first checkpoint was due at step 1 \(its config.json\); pass --overwrite"
+  ):
+    run(cfg.replace(steps=5, checkpoint={"every": 5}), log=quiet)
   assert open(os.path.join(cfg.workdir, "metrics.jsonl")).read() == before
   run(cfg.replace(overwrite=True), log=quiet)
   (moved,) = os.listdir(os.path.join(cfg.workdir, "previous"))
@@ -270,6 +276,47 @@ def test_a_run_whose_updates_are_all_skipped_stops(tmp_path, monkeypatch, tiny_t
     run(cfg, log=quiet)
   assert [r["skipped_updates"] for r in read(tmp_path / "metrics.jsonl")] == [1.0, 1.0]
   assert not os.listdir(tmp_path / "checkpoints")
+
+
+# Runs an entry point (argv[1], its flags after it) with the optimizer state poisoned by a NaN,
+# so that every update is skipped.
+POISONED_ENTRY = """
+import runpy, sys
+import jax, jax.numpy as jnp
+from jetrl.train import loop
+original = loop.init_train_state
+def poisoned(params, *args):
+  state = original(params, *args)
+  nan = lambda x: x * jnp.nan if x.ndim == 2 else x
+  return state._replace(opt_state=jax.tree_util.tree_map(nan, state.opt_state))
+loop.init_train_state = poisoned
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_train_py_exits_1_with_one_line_when_every_update_is_skipped(
+  tmp_path, root, tiny_train_config
+):
+  cfg = tiny_train_config(
+    tmp_path / "run", steps=3, max_skipped_steps=2, checkpoint={"every": 10}, eval={"size": 2}
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", POISONED_ENTRY, str(root / "experiments" / "train.py"), *_flags(cfg)],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 1, out.stderr[-3000:]
+  (line,) = [line for line in out.stderr.splitlines() if "error:" in line]
+  assert line.startswith(
+    "train.py: error: stopped at step 2: every update of the last 2 steps (1..2) was skipped"
+  ), out.stderr[-3000:]
+  assert line.endswith("and the initial params (--model.name / --init_from).")
+  assert "Traceback" not in out.stderr
+  assert [r["step"] for r in read(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+  assert not os.listdir(tmp_path / "run" / "checkpoints")
 
 
 def test_sft_checkpoints_periodically_and_resumes_exactly(

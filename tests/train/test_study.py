@@ -390,3 +390,77 @@ def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
     "eval.also_bf16",
     "command",
   }
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (
+      {"sampling.temperature": 1e-30},
+      r"--sampling.temperature: must be in \[0.01, 100\], got 1e-30 \(the run L1/fp8_rollout/seed0\)",
+    ),
+    (
+      {"sampling.n": 1},
+      r"--sampling.n: must be >= 2 for group-relative advantages, got 1 \(the run ",
+    ),
+    ({"update.minibatches": 3}, r"--update.minibatches: prompts_per_step x sampling.n = 4 rows"),
+    (
+      {"update.overlong_buffer": 30},
+      r"--update.overlong_buffer: must be < sampling.max_new_tokens",
+    ),
+  ],
+)
+def test_a_value_a_run_refuses_stops_the_study_before_any_warm_start(
+  tmp_path, tiny_study_config, change, message
+):
+  """Values the study's own config accepts but its RL runs refuse: refused in seconds, before
+  the warm start (minutes) would have trained, and before anything is written."""
+  import time
+
+  from jetrl.config import FlagError
+
+  cfg = tiny_study_config(tmp_path / "study", **change)
+  t0 = time.time()
+  with pytest.raises(FlagError, match="^" + message):
+    run_study(cfg, log=quiet)
+  assert time.time() - t0 < 10
+  assert not (tmp_path / "study").exists()
+
+
+STUDY_FAILS = """
+import runpy, sys
+import jetrl.train.study
+from jetrl.train.checkpoint import CheckpointError
+from jetrl.train.skips import SkippedUpdatesError
+kind = sys.argv[1]
+error = {"skipped": SkippedUpdatesError, "checkpoint": CheckpointError}[kind]
+def run_study(cfg):
+  raise error(f"the {kind} message")
+jetrl.train.study.run_study = run_study
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_compare_precisions_exits_1_with_a_runs_error_and_2_with_a_runs_bad_flag(tmp_path, root):
+  script = str(root / "experiments" / "compare_precisions.py")
+  for kind in ("skipped", "checkpoint"):  # what a run of the study raises, as train.py maps it
+    res = subprocess.run(
+      [sys.executable, "-c", STUDY_FAILS, kind, script, f"--report_dir={tmp_path}"],
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.strip() == f"compare_precisions.py: error: the {kind} message"
+  res = subprocess.run(
+    [sys.executable, script, f"--report_dir={tmp_path / 's'}", "--sampling.temperature=1e-30"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert res.returncode == 2, res.stderr[-2000:]
+  assert res.stderr.strip().startswith(
+    "compare_precisions.py: error: --sampling.temperature: must be in [0.01, 100], got 1e-30"
+  )
+  assert not (tmp_path / "s").exists()

@@ -10,7 +10,7 @@ from jetrl.config import ConfigError, FlagError
 from jetrl.models import get_config
 from jetrl.train import SFTConfig, TrainConfig
 from jetrl.train.loop import resume_check
-from jetrl.train.memory import check_step_memory, step_bytes
+from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.resume import record_changes
 
 NAN, INF = float("nan"), float("inf")
@@ -42,6 +42,14 @@ def base(tmp_path):
     ),
     ({"sampling.temperature": 0.0}, r"^sampling.temperature: must be > 0 for RL sampling"),
     ({"sampling.temperature": NAN}, r"^sampling.temperature: must be a finite number"),
+    (
+      {"eval.temperature": 1e-30},
+      r"^eval.temperature: must be 0 \(greedy\) or in \[0.01, 100\] \(as "
+      r"--sampling.temperature\), got 1e-30",
+    ),
+    ({"eval.temperature": 0.009}, r"^eval.temperature: must be 0 \(greedy\) or in \[0.01, 100\]"),
+    ({"eval.temperature": 101.0}, r"^eval.temperature: must be in \[0, 100\]"),
+    ({"eval.temperature": NAN}, r"^eval.temperature: must be a finite number"),
     ({"sampling.n": 1}, r"^sampling.n: must be >= 2 for group-relative advantages"),
     ({"update.is_cap": NAN}, r"^update.is_cap: must be a finite number"),
     ({"update.clip_low": NAN}, r"^update.clip_low: must be a finite number"),
@@ -140,6 +148,40 @@ def test_memory_floor_matches_hand_computed_bytes():
     r"0\.0 GiB of test",
   ):
     check_step_memory(parts, "--x", available=(total - 1, "test"))
+
+
+def test_evaluation_temperatures_greedy_or_as_sampling(base):
+  for t in (0.0, 0.01, 0.5, 100.0):
+    assert base.replace(eval={"temperature": t}).eval.temperature == t
+  for t in (1e-30, 0.0099):
+    with pytest.raises(ConfigError, match="^eval.temperature: must be 0 \\(greedy\\)"):
+      SFTConfig(workdir="w").replace(eval={"temperature": t})
+
+
+def test_evaluation_memory_matches_hand_computed_bytes():
+  cfg = get_config("tiny")
+  layers, kv = cfg.n_layers, cfg.n_kv_heads * cfg.head_dim
+  # 8 problems x 4 samples a call, prompts 32 wide, 40 new tokens, bf16 cache.
+  parts = eval_bytes(cfg, rows=32, max_new_tokens=40, resident=1000, prompt_width=32)
+  assert parts == {
+    "params and optimizer state": 1000,
+    "evaluation KV cache": 2 * layers * 32 * (32 + 40) * kv * 2,
+    "evaluation logits": 32 * cfg.vocab_size * 4,
+  }
+  # Without a known prompt width, the narrowest one a sampler call holds (16 tokens).
+  assert eval_bytes(cfg, rows=1, max_new_tokens=40, resident=0)["evaluation KV cache"] == (
+    2 * layers * 1 * (16 + 40) * kv * 2
+  )
+  total = sum(parts.values())
+  args = (cfg, 32, 40, "--eval.batch / --eval.samples")
+  kw = dict(resident=1000, prompt_width=32)
+  assert check_eval_memory(*args, **kw, available=(total, "test")) == total
+  with pytest.raises(
+    FlagError,
+    match=r"^--eval.batch / --eval.samples: one evaluation call needs at least 0\.0 GiB "
+    r"\(evaluation KV cache .*\), more than the 0\.0 GiB of test; lower them$",
+  ):
+    check_eval_memory(*args, **kw, available=(total - 1, "test"))
 
 
 def test_a_huge_batch_is_refused_before_anything_is_built(base):

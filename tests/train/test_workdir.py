@@ -86,7 +86,7 @@ def test_lines_of_a_run_killed_before_its_first_checkpoint_are_moved_aside(tmp_p
     str(tmp_path),
     ("metrics.jsonl", "eval.jsonl"),
     (),
-    first_checkpoint=3,
+    first_checkpoint=4,
     overwrite=False,
     log=logs.append,
   )
@@ -97,7 +97,91 @@ def test_lines_of_a_run_killed_before_its_first_checkpoint_are_moved_aside(tmp_p
     3,
   ]
   assert "no checkpoint was written" in logs[0]
-  start_fresh(str(tmp_path), ("metrics.jsonl",), (), first_checkpoint=3, overwrite=False)
+  start_fresh(str(tmp_path), ("metrics.jsonl",), (), first_checkpoint=4, overwrite=False)
+  # A record at the step the first checkpoint was due means that checkpoint is gone.
+  write_records(tmp_path / "metrics.jsonl", [1, 2, 3])
+  with pytest.raises(FlagError, match="first checkpoint was due at step 3; pass --overwrite"):
+    start_fresh(str(tmp_path), ("metrics.jsonl",), (), first_checkpoint=3, overwrite=False)
+
+
+def _earlier_run(workdir, steps, every, last):
+  """A workdir as a `steps`-step RL run checkpointing every `every` steps leaves after writing
+  the metrics of steps 1..last, with its checkpoints/ removed."""
+  from jetrl.train import TrainConfig
+
+  cfg = TrainConfig(workdir=str(workdir)).replace(steps=steps, checkpoint={"every": every})
+  (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
+  write_records(workdir / "metrics.jsonl", range(1, last + 1))
+  write_records(workdir / "eval.jsonl", [0])
+
+
+@pytest.mark.parametrize(
+  "earlier, rerun, due",
+  [
+    # A finished 10-step run checkpointing every 10 steps, rerun with the same flags: its
+    # last records are at the step its checkpoint was written.
+    ((10, 10, 10), (10, 10), 10),
+    # A finished 30-step run (checkpoints every 10 steps) rerun with --steps=50
+    # --checkpoint.every=50: the rerun's own first checkpoint (50) is past every record.
+    ((30, 10, 30), (50, 50), 10),
+    # A 5-step run checkpointing every 10: its only checkpoint, at its end, was due at 5.
+    ((5, 10, 5), (10, 10), 5),
+  ],
+)
+def test_metrics_past_the_earlier_runs_first_checkpoint_are_refused(tmp_path, earlier, rerun, due):
+  _earlier_run(tmp_path, *earlier)
+  before = (tmp_path / "metrics.jsonl").read_text()
+  steps, every = rerun
+  with pytest.raises(
+    FlagError,
+    match=rf"holds metrics of an earlier run .* no checkpoint to resume from, although its "
+    rf"first checkpoint was due at step {due} \(its config.json\); pass --overwrite",
+  ):
+    start_fresh(
+      str(tmp_path),
+      ("metrics.jsonl", "eval.jsonl"),
+      ("config.json",),
+      first_checkpoint=min(steps, every),
+      overwrite=False,
+      config_file="config.json",
+    )
+  assert (tmp_path / "metrics.jsonl").read_text() == before
+  assert not (tmp_path / PREVIOUS_DIR).exists()
+
+
+def test_a_run_killed_before_its_own_first_checkpoint_is_judged_by_its_config(tmp_path):
+  # Killed at step 9 of a run checkpointing every 10 steps: nothing was due, even though the
+  # rerun checkpoints every 5 steps (its own interval would have called step 5 due).
+  _earlier_run(tmp_path, 30, 10, 9)
+  logs = []
+  start_fresh(
+    str(tmp_path),
+    ("metrics.jsonl", "eval.jsonl"),
+    ("config.json",),
+    first_checkpoint=5,
+    overwrite=False,
+    log=logs.append,
+    config_file="config.json",
+  )
+  (moved,) = os.listdir(tmp_path / PREVIOUS_DIR)
+  assert sorted(os.listdir(tmp_path / PREVIOUS_DIR / moved)) == [
+    "config.json",
+    "eval.jsonl",
+    "metrics.jsonl",
+  ]
+  assert "no checkpoint was written" in logs[0]
+  # Without a readable saved config, the rerun's own first checkpoint decides.
+  write_records(tmp_path / "metrics.jsonl", range(1, 10))
+  (tmp_path / "config.json").write_text("{not json")
+  with pytest.raises(FlagError, match="first checkpoint was due at step 5; pass --overwrite"):
+    start_fresh(
+      str(tmp_path),
+      ("metrics.jsonl",),
+      (),
+      first_checkpoint=5,
+      overwrite=False,
+      config_file="config.json",
+    )
 
 
 def test_torn_last_line_is_dropped_with_a_warning(tmp_path):

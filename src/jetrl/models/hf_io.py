@@ -6,7 +6,9 @@ stacked along the layer axis on the host, then moved to the device in the reques
 
 Every tensor is checked as it is read: its stored dtype must be a float dtype (an int8 or FP8
 tensor would be cast to float silently, scale and all: 0.011 quantized to 11 became 11.0), and
-its values finite; either failure is a ValueError naming the tensor (docs/reliability.md).
+its values finite, before and after the cast to the dtype it is read into (an F64 value above
+float32's largest would become Inf); each failure is a ValueError naming the tensor
+(docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -323,7 +325,16 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
       raise ValueError(
         f"checkpoint {path}: tensor {name!r} holds {bad} non-finite values (NaN or Inf)"
       )
-    return arr.T if transposed else arr
+    with np.errstate(over="ignore"):  # counted and reported below
+      out = arr.astype(target)
+    over = int(np.count_nonzero(~np.isfinite(out.astype(np.float32))))
+    if over:  # finite as stored (F64, say), out of range in the dtype it is read into
+      raise ValueError(
+        f"checkpoint {path}: tensor {name!r} holds {over} values beyond the range of "
+        f"{np.dtype(target).name} (largest magnitude {float(np.max(np.abs(arr))):.4g}, stored "
+        f"as {stored}); they would become Inf"
+      )
+    return out.T if transposed else out
 
   target = _target_np_dtype(dtype)
   shapes = param_shapes(config)
@@ -331,14 +342,14 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
   for (top, sub), (template, transposed) in _hf_names(config).items():
     if top != "layers":
       name = template
-      params[top] = jnp.asarray(get(name, shapes[top], transposed).astype(target))
+      params[top] = jnp.asarray(get(name, shapes[top], transposed))
       used.add(name)
       continue
     per_layer = shapes["layers"][sub][1:]
     stacked = np.empty(shapes["layers"][sub], target)
     for i in range(config.n_layers):
       name = template.format(i=i)
-      stacked[i] = get(name, per_layer, transposed).astype(target)
+      stacked[i] = get(name, per_layer, transposed)
       used.add(name)
     params["layers"][sub] = jnp.asarray(stacked)
   extra = sorted(

@@ -9,7 +9,8 @@ written with a NaN or Inf in it.
 arrays do not match their checksums, or that holds a non-finite value is moved aside to
 `<workdir>/checkpoints_damaged/<step>` with a warning, and the next older one is tried. A
 workdir with checkpoints but none intact is an error, never a silent restart from step 0.
-See docs/reliability.md.
+A checkpoint whose metadata has no checksums is restored with a warning naming it, its arrays
+checked for finiteness only. See docs/reliability.md.
 
 Several processes: every process saves and restores its own shards (Orbax finalizes the
 checkpoint from process 0 once all have written), the processes agree on whether a checkpoint
@@ -183,9 +184,18 @@ class Checkpointer:
 
 def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
   """ValueError unless `state` (the subtree at `prefix`, when given) matches the checksums in
-  `meta` and is finite."""
+  `meta` and is finite. Metadata without checksums is warned about (the arrays can then only be
+  checked for finiteness)."""
   saved = meta.get("checksums")
-  if saved is not None:
+  if saved is None:
+    warnings.warn(
+      f"checkpoint {where} (step {meta.get('step', '?')}) has no checksums in its metadata "
+      "(written without them, or its metadata was rewritten): its arrays are only checked "
+      "for NaN and Inf, not against what was saved",
+      RuntimeWarning,
+      stacklevel=3,
+    )
+  else:
     wrong = checksum.mismatches(saved, state, prefix)
     if wrong:
       raise ValueError(

@@ -55,6 +55,11 @@ from jetrl.sampling import SamplingConfig
 from jetrl.train import validation
 
 
+# The sampling temperatures a run accepts (--sampling.temperature=1e-30 once led to NaN params
+# or every update skipped, docs/reliability.md); an evaluation also accepts 0, greedy.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+
+
 class Tree:
   """What the top-level configs share: `replace` (a field, a node's fields as a dict, or a
   dotted path: `cfg.replace(steps=5, sampling={"n": 4}, **{"optimizer.lr": 1e-3})`) and
@@ -256,6 +261,19 @@ class EvalConfig:
 
   def __post_init__(self):
     check_fields(self)
+    t = self.temperature
+    if t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
+      raise ConfigError(
+        "temperature",
+        f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (as "
+        f"--sampling.temperature), got {t!r}",
+      )
+
+  @property
+  def rows(self) -> int:
+    """Rows of one evaluation sampler call: `batch` problems (at most `size`), times `samples`
+    when sampled."""
+    return min(self.batch, self.size) * (self.samples if self.temperature > 0 else 1)
 
   @property
   def label(self) -> str:
@@ -353,7 +371,7 @@ class TrainConfig(Tree):
     t = self.sampling.temperature
     if t == 0:
       raise ConfigError("sampling.temperature", "must be > 0 for RL sampling, got 0")
-    check_float("sampling.temperature", t, 0.01, 100.0)
+    check_float("sampling.temperature", t, MIN_TEMPERATURE, MAX_TEMPERATURE)
     if self.sampling.n < 2:
       raise ConfigError(
         "sampling.n", f"must be >= 2 for group-relative advantages, got {self.sampling.n}"

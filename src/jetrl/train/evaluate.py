@@ -1,13 +1,14 @@
-"""Greedy evaluation of a model on a task's held-out problems, outside a run:
+"""Evaluation of a model on a task's held-out problems, outside a run:
 `run_eval(EvalRunConfig(...))`, what `experiments/evaluate.py` calls.
 
 The model is a preset or a Hugging Face folder (`--model.name`, with `--model.tokenizer`),
 optionally with the params of a run's newest checkpoint or of another Hugging Face folder
 (`--init_from`); the task, its prompt format and reward are the `task` node of an RL run's
 config, so the same flags evaluate a model before a run and the run's result after it. The
-problems are the first `--eval.size` of the task's test split, sampled greedily under the
-recipe's rollout precision, `--eval.batch` at a time, stopping on every eos id of the tokenizer
-and the generation config: the same numbers as a run's own evaluation at its step 0 and end.
+problems are the first `--eval.size` of the task's test split, sampled greedily (or
+`--eval.samples` completions each at `--eval.temperature`) under the recipe's rollout
+precision, `--eval.batch` at a time, stopping on every eos id of the tokenizer and the
+generation config: the same numbers as a run's own evaluation at its step 0 and end.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jetrl.config import SEED_MAX, field, node
 from jetrl.precision import RECIPES, get_recipe
 from jetrl.train import setup, validation
 from jetrl.train.checkpoint import load_params_from
+from jetrl.train.memory import check_eval_memory
 from jetrl.train.config import EvalConfig, ModelSpec, TaskConfig, Tree, given_task_config
 
 
@@ -60,8 +62,8 @@ class EvalRunConfig(Tree):
 
 
 def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
-  """Greedy accuracy, mean reward and mean length on the first `cfg.eval.size` test problems
-  (and the seconds it took); written to `cfg.out` when given. `task`: a `jetrl.data.Task`
+  """Accuracy (greedy, or at `cfg.eval.temperature`), mean reward and mean length on the first
+  `cfg.eval.size` test problems (and the seconds it took); written to `cfg.out` when given. `task`: a `jetrl.data.Task`
   object instead of the one `cfg.task` names. FlagErrors as for `jetrl.train.run`."""
   if task is not None:
     cfg = given_task_config(cfg, task)
@@ -78,6 +80,17 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     width = setup.prompt_width([encode(p.prompt) for p in problems])
     mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
     setup.check_tokenizer(mcfg, tok)
+    recipe = get_recipe(cfg.recipe)
+    check_eval_memory(
+      mcfg,
+      cfg.eval.rows,
+      cfg.max_new_tokens,
+      "--eval.batch / --eval.samples / --max_new_tokens",
+      resident=mcfg.n_params * 4,
+      prompt_width=width,
+      compute_bytes=4 if cfg.recipe == "fp32" else 2,
+      value_exponents=recipe.rollout.batch_invariant,
+    )
     params = setup.make_params(cfg.model, mcfg, cfg.seed)
     if cfg.init_from:
       params = load_params_from(cfg.init_from, params, log)
@@ -93,18 +106,20 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
       mcfg,
       loaded,
       tok,
-      get_recipe(cfg.recipe).rollout,
+      recipe.rollout,
       size=cfg.eval.size,
       max_new_tokens=cfg.max_new_tokens,
       batch=cfg.eval.batch,
       encode=encode,
+      temperature=cfg.eval.temperature,
+      samples=cfg.eval.samples,
     )
   finally:
     if reward is not None:
       reward.close()
   res = dict(res, problems=cfg.eval.size, seconds=round(time.time() - t0, 1))
   log(
-    f"greedy accuracy {res['eval_accuracy']:.3f} (reward {res['eval_reward']:.3f}, length "
+    f"{cfg.eval.label} {res['eval_accuracy']:.3f} (reward {res['eval_reward']:.3f}, length "
     f"{res['eval_length']:.1f}) on {cfg.eval.size} held-out problems in {res['seconds']:.0f}s"
   )
   if cfg.out is not None:

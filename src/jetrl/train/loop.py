@@ -45,7 +45,7 @@ from jetrl.train.hooks import (
   SkipHook,
   run_hooks,
 )
-from jetrl.train.memory import check_step_memory, step_bytes
+from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
 from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.rl_step import RLStep, console_fields
 from jetrl.train.skips import SkipTracker
@@ -69,22 +69,35 @@ def _bin_edges(max_new_tokens: int) -> tuple[int, ...]:
 
 
 def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
-  """FlagError when the batch-shaped flags cannot fit in this machine's memory (a floor)."""
+  """FlagError when the batch-shaped flags (a step's, an evaluation call's) cannot fit in this
+  machine's memory (a floor)."""
   u = cfg.update
+  master_bytes = 2 if u.master_dtype == "bfloat16" else 4
+  compute_bytes = 4 if cfg.recipe == "fp32" else 2
+  value_exponents = get_recipe(cfg.recipe).rollout.batch_invariant
   parts = step_bytes(
     mcfg,
     rows=cfg.rows,
     seq_len=width + cfg.sampling.max_new_tokens,
     micro_rows=max(1, cfg.rows // (u.minibatches * u.micro_batches)),
-    master_bytes=2 if u.master_dtype == "bfloat16" else 4,
-    compute_bytes=4 if cfg.recipe == "fp32" else 2,
+    master_bytes=master_bytes,
+    compute_bytes=compute_bytes,
     ref_params=u.kl_coef > 0,
-    value_exponents=get_recipe(cfg.recipe).rollout.batch_invariant,
+    value_exponents=value_exponents,
   )
   check_step_memory(
     parts,
     "--prompts_per_step / --sampling.n / --sampling.max_new_tokens",
     processes=jax.process_count(),
+  )
+  check_eval_memory(
+    mcfg,
+    cfg.eval.rows,
+    cfg.sampling.max_new_tokens,
+    "--eval.batch / --eval.samples / --sampling.max_new_tokens",
+    resident=mcfg.n_params * (master_bytes * (2 if u.kl_coef > 0 else 1) + 8),
+    compute_bytes=compute_bytes,
+    value_exponents=value_exponents,
   )
 
 
@@ -158,6 +171,7 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
         first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
         overwrite=cfg.overwrite,
         log=log,
+        config_file="config.json",
       )
     )
     return state, 0, 0

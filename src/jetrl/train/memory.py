@@ -7,7 +7,9 @@ rollout's KV cache and last logits, one micro-batch's saved activations and log-
 summed over the whole batch and compared with the memory of every device of this process
 together (host RAM for CPU devices). Only terms that every implementation must hold are
 counted, so the estimate is a floor: a run it refuses cannot fit however it is sharded, and a
-run it accepts may still not fit. See docs/reliability.md.
+run it accepts may still not fit. The evaluation's sampler calls (`--eval.batch` problems x
+`--eval.samples` completions a call) meet the same kind of floor, `eval_bytes`: the params (and
+a run's optimizer state) stay in memory while it runs. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -47,6 +49,63 @@ def step_bytes(
   }
 
 
+# The narrowest prompt a sampler call holds: `setup.prompt_width` rounds up to 16 tokens.
+MIN_PROMPT_WIDTH = 16
+
+
+def eval_bytes(
+  mcfg: ModelConfig,
+  *,
+  rows: int,
+  max_new_tokens: int,
+  resident: int,
+  prompt_width: int = MIN_PROMPT_WIDTH,
+  compute_bytes: int = 2,
+  value_exponents: bool = False,
+) -> dict[str, int]:
+  """Bytes by part of one evaluation sampler call of `rows` rows (`EvalConfig.rows`) that
+  generates `max_new_tokens` after prompts `prompt_width` wide, while `resident` bytes (the
+  params, and a run's optimizer state) stay where they are."""
+  seq_len = prompt_width + max_new_tokens
+  return {
+    "params and optimizer state": resident,
+    "evaluation KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, value_exponents),
+    "evaluation logits": rows * mcfg.vocab_size * 4,
+  }
+
+
+def check_eval_memory(
+  mcfg: ModelConfig,
+  rows: int,
+  max_new_tokens: int,
+  flags: str,
+  *,
+  resident: int,
+  prompt_width: int = MIN_PROMPT_WIDTH,
+  compute_bytes: int = 2,
+  value_exponents: bool = False,
+  available: tuple[int, str] = None,
+) -> int:
+  """FlagError naming `flags` when one evaluation call (`eval_bytes`) cannot fit."""
+  parts = eval_bytes(
+    mcfg,
+    rows=rows,
+    max_new_tokens=max_new_tokens,
+    resident=resident,
+    prompt_width=prompt_width,
+    compute_bytes=compute_bytes,
+    value_exponents=value_exponents,
+  )
+  return check_step_memory(
+    parts,
+    flags,
+    available=available,
+    processes=jax.process_count(),
+    what="one evaluation call",
+    remedy="lower them",
+  )
+
+
 def available_bytes() -> tuple[int, str]:
   """(bytes, what) of memory for this process's devices: their limits, or host RAM for CPU."""
   devices = jax.local_devices()
@@ -62,18 +121,24 @@ def available_bytes() -> tuple[int, str]:
 
 
 def check_step_memory(
-  parts: dict[str, int], flags: str, *, available: tuple[int, str] = None, processes: int = 1
+  parts: dict[str, int],
+  flags: str,
+  *,
+  available: tuple[int, str] = None,
+  processes: int = 1,
+  what: str = "one step",
+  remedy: str = "lower them (or raise --micro_batches)",
 ) -> int:
-  """FlagError naming `flags` when the parts (divided over `processes`) exceed the memory."""
+  """FlagError naming `flags` when the parts (divided over `processes`) exceed the memory
+  that `what` (one step, one evaluation call) needs."""
   total = sum(parts.values()) // max(processes, 1)
-  limit, what = available if available is not None else available_bytes()
+  limit, where = available if available is not None else available_bytes()
   if total > limit:
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     detail = ", ".join(f"{k} {v / GIB:,.1f} GiB" for k, v in largest)
     raise FlagError(
       None,
-      f"{flags}: one step needs at least {total / GIB:,.1f} GiB ({detail}), "
-      f"more than the {limit / GIB:,.1f} GiB of {what}; lower them (or raise "
-      "--micro_batches)",
+      f"{flags}: {what} needs at least {total / GIB:,.1f} GiB ({detail}), "
+      f"more than the {limit / GIB:,.1f} GiB of {where}; {remedy}",
     )
   return total

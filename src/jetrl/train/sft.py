@@ -42,7 +42,7 @@ from jetrl.train.hooks import (
   SkipHook,
   run_hooks,
 )
-from jetrl.train.memory import check_step_memory, step_bytes
+from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
 from jetrl.train.resume import CHANGES_FILE, record_changes
 from jetrl.train.skips import SkipTracker
 from jetrl.train.workdir import start_fresh
@@ -193,6 +193,15 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
     "--batch_size / --max_new_tokens",
     processes=jax.process_count(),
   )
+  check_eval_memory(
+    mcfg,
+    cfg.eval.rows,
+    cfg.max_new_tokens,
+    "--eval.batch / --eval.samples / --max_new_tokens",
+    resident=mcfg.n_params * (4 + 8),
+    compute_bytes=4 if cfg.recipe == "fp32" else 2,
+    value_exponents=recipe.rollout.batch_invariant,
+  )
   layout, sample_layout = setup.layouts(
     cfg.mesh,
     mcfg,
@@ -232,6 +241,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
         first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
         overwrite=cfg.overwrite,
         log=log,
+        config_file="sft_config.json",
       )
     )
   if primary:

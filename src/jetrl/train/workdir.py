@@ -7,8 +7,9 @@ kernel releases the lock when its holder dies, so a lock file left by a killed r
 over (the dead pid is named in a log line).
 
 `start_fresh`: a workdir with metric records but no checkpoint to resume from is refused,
-unless `--overwrite`; then, and for the few lines a run killed before its first checkpoint
-leaves, the old files are moved to `<workdir>/previous/<time>/`: nothing is deleted.
+unless `--overwrite`; then, and for the few lines a run killed before its first checkpoint was
+due leaves (judged by that run's own saved config), the old files are moved to
+`<workdir>/previous/<time>/`: nothing is deleted.
 See docs/reliability.md.
 """
 
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import socket
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from jetrl.train.validation import FlagError
 from jetrl.train.writers import read_jsonl
@@ -141,6 +143,22 @@ def _steps(path: str) -> list[int]:
   return [int(r.get("step", 0)) for r in read_jsonl(path)]
 
 
+def earlier_first_checkpoint(workdir: str, config_file: Optional[str]) -> Optional[int]:
+  """The step of the first checkpoint of the run whose config `config_file` in `workdir` was
+  saved (min(checkpoint.every, steps)); None without a readable one."""
+  if not config_file:
+    return None
+  try:
+    with open(os.path.join(workdir, config_file), encoding="utf-8") as f:
+      saved = json.load(f)
+    every, steps = saved["checkpoint"]["every"], saved["steps"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (every, steps)):
+    return None
+  return min(every, steps)
+
+
 def start_fresh(
   workdir: str,
   metric_files: Sequence[str],
@@ -150,35 +168,44 @@ def start_fresh(
   overwrite: bool,
   log: Callable[[str], None] = print,
   move: bool = True,
+  config_file: Optional[str] = None,
 ) -> None:
   """Prepare a workdir for a run from step 0 (called when it has no checkpoint).
 
   `metric_files` hold the step records; `other_files` are moved along with them (config,
-  summary, plots, TensorBoard). Records up to `first_checkpoint` are what a run killed before
-  its first checkpoint leaves: they are moved aside. Later records mean an earlier run's
-  checkpoints are gone: refused unless `overwrite`, which moves them aside too. With
-  `move=False` (the other processes of a multi-process run) only the decision is made.
+  summary, plots, TensorBoard). Records before the earlier run's first checkpoint are what a
+  run killed before that checkpoint leaves: they are moved aside. A record at or past it means
+  a checkpoint was due and is gone (deleted, or the save was cut short): refused unless
+  `overwrite`, which moves them aside too. The earlier run's first checkpoint is read from its
+  saved config (`config_file` in the workdir: min(checkpoint.every, steps)); without one, this
+  run's `first_checkpoint` stands in. With `move=False` (the other processes of a
+  multi-process run) only the decision is made.
   """
   steps = {name: _steps(os.path.join(workdir, name)) for name in metric_files}
   found = {name: s for name, s in steps.items() if s}
   if not found:
     return
   last = max(max(s) for s in found.values())
-  if last > first_checkpoint and not overwrite:
+  earlier = earlier_first_checkpoint(workdir, config_file)
+  due = earlier if earlier is not None else first_checkpoint
+  was_due = last >= due
+  if was_due and not overwrite:
     listing = ", ".join(
       f"{name} (steps {min(s)}..{max(s)}, {len(s)} records)" for name, s in found.items()
     )
+    source = "" if earlier is None else f" (its {config_file})"
     raise FlagError(
       "workdir",
       f"{workdir!r} holds metrics of an earlier run ({listing}) but no "
-      "checkpoint to resume from; pass --overwrite to start afresh (the old "
+      f"checkpoint to resume from, although its first checkpoint was due at step {due}"
+      f"{source}; pass --overwrite to start afresh (the old "
       f"files are moved to {os.path.join(workdir, PREVIOUS_DIR)}/, not deleted), "
       "or use another --workdir",
     )
   if not move:
     return
   dest = move_aside(workdir, list(metric_files) + list(other_files))
-  why = "--overwrite" if last > first_checkpoint else "no checkpoint was written"
+  why = "--overwrite" if was_due else "no checkpoint was written"
   log(f"starting from step 0 ({why}): the earlier files are in {dest}")
 
 

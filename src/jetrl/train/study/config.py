@@ -20,7 +20,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node
+from jetrl.config import SEED_MAX, ConfigError, FlagError, check_fields, field, node
 from jetrl.precision import RECIPES
 from jetrl.rl.correction import IS_METHODS
 from jetrl.rl.optimizer import OptimizerConfig
@@ -276,3 +276,48 @@ def combinations(cfg: StudyConfig) -> list[tuple[int, str, int]]:
   """Run order: seed, then recipe, then length, so that a study cut short by its time budget
   has every length of its first recipes (the length comparison is the study's point)."""
   return [(int(L), spec, int(s)) for s in cfg.seeds for spec in cfg.recipes for L in cfg.lengths]
+
+
+# Fields of a combination's TrainConfig / SFTConfig that the study sets from one of its own
+# flags of another name; every other field has the same path in both.
+_TRAIN_FLAGS = {
+  "recipe": "recipes",
+  "update.is_method": "recipes",
+  "seed": "seeds",
+  "task.length": "lengths",
+  "sampling.max_new_tokens": "token_margin",
+}
+_SFT_FLAGS = {
+  "recipe": "sft.recipe",
+  "steps": "sft.steps",
+  "batch_size": "sft.batch_size",
+  "seed": "sft.seed",
+  "answer_noise": "sft.answer_noise",
+  "mix_lengths": "lengths",
+  "task.length": "sft.length",
+  "max_new_tokens": "token_margin",
+}
+
+
+def _flag_error(e: ConfigError, flags: dict, where: str) -> FlagError:
+  path = flags.get(e.path, e.path)
+  if flags is _SFT_FLAGS and path is not None and path.startswith("optimizer."):
+    path = "sft." + path  # the warm start's optimizer is --sft.optimizer.*
+  return FlagError(path, f"{e.detail} ({where})")
+
+
+def check_combinations(cfg: StudyConfig) -> None:
+  """Builds the config of every warm start and of every (length, recipe, seed) run, so that a
+  value the study accepts but a run refuses (`--sampling.temperature=1e-30`, a batch that does
+  not split into minibatches) is a FlagError naming the study's flag before any warm start
+  trains, not after it."""
+  for length in sorted({int(L) for L in cfg.lengths}):
+    try:
+      sft_config(cfg, length)
+    except ConfigError as e:
+      raise _flag_error(e, _SFT_FLAGS, f"the warm start of length {length}") from None
+  for length, spec, seed in combinations(cfg):
+    try:
+      train_config(cfg, length, spec, seed)
+    except ConfigError as e:
+      raise _flag_error(e, _TRAIN_FLAGS, f"the run L{length}/{spec}/seed{seed}") from None

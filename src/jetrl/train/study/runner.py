@@ -18,6 +18,7 @@ from typing import Optional
 from jetrl.config import FlagError
 from jetrl.train.study.config import (
   StudyConfig,
+  check_combinations,
   combinations,
   is_done,
   sft_config,
@@ -51,7 +52,8 @@ def run_study(
 ) -> dict:
   """Run every (length, recipe, seed) not done yet, one after another, then write the report.
 
-  Stops starting new combinations (warm starts included) once `time_budget_s` is exceeded; the
+  Every warm start's and run's config is built first, so that a value a run refuses is a
+  FlagError before anything trains. Stops starting new combinations (warm starts included) once `time_budget_s` is exceeded; the
   report then lists what was not run. `quiet_runs` (default: the config's) hides the runs' own
   lines. Returns {"report": path, "rows": [...], "not_run": [...]}.
   """
@@ -61,6 +63,7 @@ def run_study(
   if not cfg.report_dir:
     raise FlagError("report_dir", "is required (where the runs and the report go)")
   check_local("report_dir", cfg.report_dir)
+  check_combinations(cfg)  # every run's config, before any warm start trains
   quiet = cfg.quiet_runs if quiet_runs is None else quiet_runs
   os.makedirs(cfg.report_dir, exist_ok=True)
   with open(os.path.join(cfg.report_dir, "study_config.json"), "w") as f:
