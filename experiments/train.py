@@ -21,8 +21,7 @@ evaluates a model or a run's checkpoint on held-out problems.
 
 from jetrl.train import TrainConfig, run
 from jetrl.train.checkpoint import CheckpointError
-from jetrl.train.cli import main
-from jetrl.train.config import RENAMED_FLAGS
+from jetrl.train.cli import RENAMED_FLAGS, main
 from jetrl.train.skips import SkippedUpdatesError
 
 

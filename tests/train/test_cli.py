@@ -15,8 +15,7 @@ from conftest import quiet
 from jetrl.config import FlagError
 from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.train import SFTConfig, TrainConfig, run
-from jetrl.train.cli import usage
-from jetrl.train.config import RENAMED_FLAGS
+from jetrl.train.cli import RENAMED_FLAGS, usage
 
 
 def parse(argv, default=None):
