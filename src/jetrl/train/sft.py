@@ -27,6 +27,7 @@ from jetrl.config import FlagError
 from jetrl.data.synthetic import misreport
 from jetrl.precision import get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
+from jetrl.rl.masking import masked_mean
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 from jetrl.sampling import SamplingConfig, pad_prompts
 from jetrl.train import driver, setup
@@ -109,7 +110,7 @@ def _sft_step(
 
   def loss_fn(p):
     logp, _ = policy_logprobs(p, model_config, batch, precision)
-    return -(logp * batch.mask).sum() / jnp.maximum(batch.mask.sum(), 1.0)
+    return -masked_mean(logp, batch.mask)
 
   opt = make_optimizer(optimizer, total_steps)
   lr = learning_rate_schedule(optimizer, total_steps)(opt_state.applied)
