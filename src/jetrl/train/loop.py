@@ -174,7 +174,7 @@ def _hooks(cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log) -> d
     updates_per_step=cfg.update.ppo_epochs * cfg.update.minibatches,
     tree=lambda loop: _state_tree(loop.state),
     meta=lambda loop: {"data_pos": loop.data_pos, "seed": cfg.seed},
-    draw=write_plots,
+    draw=lambda workdir: write_plots(workdir, eval_label=cfg.eval.label),
     extra=(SamplesHook(out.writer("samples", tensorboard=False)),),
   )
   return driver.make_hooks(cfg, out, ckpt, start, log, spec)
