@@ -200,3 +200,48 @@ def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
   )
   assert out.returncode == 0 and "--optimizer.lr=0.0001" in out.stdout
   assert "Try --helpfull" not in out.stdout and "--sampling.*:" in out.stdout
+
+
+LOGGING_PROGRAM = """
+import logging
+from absl import logging as absl_logging
+from jetrl.train import TrainConfig
+from jetrl.train.cli import main
+
+def run_fn(cfg):
+  for name in ("orbax", "jax"):
+    logging.getLogger(name).info("%s info line", name)
+    logging.getLogger(name).warning("%s warning line", name)
+  absl_logging.info("absl info line")
+  levels = [logging.getLogger(n).getEffectiveLevel() for n in ("orbax", "jax", "absl")]
+  print("levels", levels)
+
+main(TrainConfig(), run_fn, doc="a tiny entry point")
+"""
+
+
+def test_third_party_info_logs_are_quiet_unless_verbosity_is_given(tmp_path):
+  """Orbax's, JAX's and absl's INFO lines are off by default; --verbosity=0 (or -v=0) brings
+  them back; warnings always show."""
+  program = tmp_path / "prog.py"
+  program.write_text(LOGGING_PROGRAM)
+  argvs = [[], ["--verbosity=0"], ["-v=0"]]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, str(program), *argv],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for argv in argvs
+  ]
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outs
+  quiet, *verbose = outs
+  assert "levels [30, 30, 30]" in quiet, quiet  # logging.WARNING
+  assert "orbax warning line" in quiet and "jax warning line" in quiet
+  assert "info line" not in quiet, quiet
+  for out in verbose:
+    assert "levels [20, 20, 20]" in out, out  # logging.INFO
+    for line in ("orbax info line", "jax info line", "absl info line", "orbax warning line"):
+      assert line in out, out
