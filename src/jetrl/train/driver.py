@@ -125,19 +125,13 @@ def model_config(cfg, tok, max_seq_len: int):
   return mcfg
 
 
-def restore_or_start(cfg, kind: RunKind, ckpt, tree, log, optimizer_steps=None):
-  """(tree, meta): from the newest intact checkpoint that passes the resume check (records
-  written after its step dropped, a forced schedule change recorded), or (`tree`, None) after
-  a fresh start (earlier files moved aside, never deleted)."""
+def restore_or_start(cfg, kind: RunKind, ckpt, tree, log, resume_check: Callable):
+  """(tree, meta): from the newest intact checkpoint that passes
+  `resume_check(cfg, directory, changes)` (records written after its step dropped, a forced
+  schedule change recorded), or (`tree`, None) after a fresh start (earlier files moved aside,
+  never deleted)."""
   changes = []
-  check = resume.resume_check(
-    cfg,
-    ckpt.directory,
-    changes,
-    kind=kind.kind,
-    resumable=kind.resumable,
-    optimizer_steps=optimizer_steps,
-  )
+  check = resume_check(cfg, ckpt.directory, changes)
   restored = ckpt.restore_latest(tree, check, log)
   if restored is None:
     parallel.on_primary(

@@ -30,7 +30,7 @@ from jetrl import parallel
 from jetrl.precision import get_recipe
 from jetrl.rl import DEFAULT_EDGES, init_train_state, update_step
 from jetrl.rl.update import TrainState
-from jetrl.train import driver, setup
+from jetrl.train import driver, resume, setup
 from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig
 from jetrl.train.hooks import LoopState, SamplesHook
@@ -68,6 +68,19 @@ def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
     parts,
     "--prompts_per_step / --sampling.n / --sampling.max_new_tokens",
     processes=jax.process_count(),
+  )
+
+
+def resume_check(cfg: TrainConfig, directory: str, changes: list):
+  """The RL run's resume check (`jetrl.train.resume.resume_check`): an RL checkpoint, the same
+  flags but the resumable ones, the same schedule over the run's optimizer steps."""
+  return resume.resume_check(
+    cfg,
+    directory,
+    changes,
+    kind=driver.RL.kind,
+    resumable=driver.RL.resumable,
+    optimizer_steps=cfg.update.optimizer_steps,
   )
 
 
@@ -114,9 +127,7 @@ def _initial_state(cfg: TrainConfig, p: driver.Pieces, log) -> TrainState:
 def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
   """(state, first step, data position): from the newest intact checkpoint, or a fresh start
   (earlier files moved aside, never deleted)."""
-  tree, meta = driver.restore_or_start(
-    cfg, driver.RL, ckpt, _state_tree(state), log, cfg.update.optimizer_steps
-  )
+  tree, meta = driver.restore_or_start(cfg, driver.RL, ckpt, _state_tree(state), log, resume_check)
   if meta is None:
     return state, 0, 0
   start, data_pos = int(meta["step"]), int(meta["data_pos"])

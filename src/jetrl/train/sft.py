@@ -30,7 +30,7 @@ from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.masking import masked_mean
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 from jetrl.sampling import SamplingConfig, pad_prompts
-from jetrl.train import driver, setup
+from jetrl.train import driver, resume, setup
 from jetrl.train.checkpoint import Checkpointer
 from jetrl.train.config import SFTConfig
 from jetrl.train.hooks import LoopState
@@ -146,6 +146,14 @@ def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
   return setup.run_guarded(cfg, task, log, _run_sft)
 
 
+def resume_check(cfg: SFTConfig, directory: str, changes: list):
+  """The SFT run's resume check (`jetrl.train.resume.resume_check`): an SFT checkpoint, the same
+  flags but the resumable ones, the same schedule over the run's steps."""
+  return resume.resume_check(
+    cfg, directory, changes, kind=driver.SFT.kind, resumable=driver.SFT.resumable
+  )
+
+
 def _pieces(cfg: SFTConfig, log, given, reward):
   """(the run's pieces, the tasks its steps take problems from), checked (gold solutions
   against the budget, tokenizer against the model, memory, mesh) before anything compiles."""
@@ -247,7 +255,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
   p, train_tasks = _pieces(cfg, log, given, reward)
   state, step_fn = _initial_state(cfg, p)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
-  state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log)
+  state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log, resume_check)
   start = 0 if meta is None else int(meta["step"])
   if meta is not None:
     log(f"resumed SFT at step {start}")
