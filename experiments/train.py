@@ -22,15 +22,14 @@ evaluates a model or a run's checkpoint on held-out problems.
 from jetrl.data import RewardError
 from jetrl.train import TrainConfig, run
 from jetrl.train.checkpoint import CheckpointError
-from jetrl.train.cli import main
-from jetrl.train.config import RENAMED_FLAGS
+from jetrl.train.cli import RENAMED_FLAGS, main
 from jetrl.train.skips import SkippedUpdatesError
 
 
 def train(cfg: TrainConfig) -> None:
   summary = run(cfg)
   print(
-    f"done: held-out greedy accuracy {summary['eval_before']} -> {summary['eval_after']}; "
+    f"done: held-out {cfg.eval.label} {summary['eval_before']} -> {summary['eval_after']}; "
     f"plots: {', '.join(summary.get('plots', []))}"
   )
 

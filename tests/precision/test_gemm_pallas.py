@@ -5,6 +5,9 @@ Interpret mode runs the kernel's program on the CPU, one grid step at a time: sh
 """
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -341,3 +344,37 @@ def test_compiled_hlo_parser_on_gpu_style_text():
   assert sorted(other) == ["dot(bf16, bf16)", "dot(bf16, bf16)"]
   # Both bf16 dots read an FP8 value converted up: one inside its fusion, one across fusions.
   assert len(upcasts) == 2
+
+
+REGISTRATION_PROGRAM = """
+import json
+import jax.numpy as jnp
+import jetrl.precision
+from jax._src.pallas.triton import lowering as tl
+from jetrl.precision import gemm_pallas as gp
+
+registered = lambda: gp._block_dot_p in tl.triton_lowering_rules
+out = {"after_import": registered()}
+a = jnp.ones((16, 32), jnp.float8_e4m3fn)
+gp._block_dot(a, a, False, 32)  # the plain dot: no rule needed
+out["after_plain_dot"] = registered()
+y = gp._block_dot(a, a, True, 32)  # the kernel's fast-accumulation dot: registers it
+out["after_fast_dot"] = registered()
+out["reason"] = gp.fast_accum_unavailable()
+out["value"] = float(y[0, 0])
+print(json.dumps(out))
+"""
+
+
+def test_triton_rule_is_registered_on_first_use_not_on_import():
+  """`import jetrl.precision` leaves JAX's Pallas Triton lowering rules alone; the kernel's
+  first fast-accumulation dot registers its rule (in a fresh process: nothing imported yet)."""
+  out = subprocess.run(
+    [sys.executable, "-c", REGISTRATION_PROGRAM], capture_output=True, text=True, timeout=300
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  got = json.loads(out.stdout.strip().splitlines()[-1])
+  assert got["after_import"] is False and got["after_plain_dot"] is False
+  # Registered unless this JAX's private Triton lowering could not be reached (then the reason).
+  assert got["after_fast_dot"] is (got["reason"] is None), got
+  assert got["value"] == 32.0  # a row of 32 ones . a row of 32 ones

@@ -15,8 +15,7 @@ from conftest import quiet
 from jetrl.config import FlagError
 from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.train import SFTConfig, TrainConfig, run
-from jetrl.train.cli import usage
-from jetrl.train.config import RENAMED_FLAGS
+from jetrl.train.cli import RENAMED_FLAGS, usage
 
 
 def parse(argv, default=None):
@@ -103,7 +102,7 @@ def test_bad_values_are_flag_errors(argv, message):
 def test_an_old_config_with_top_k_0_reads_as_none(tmp_path):
   """`sampling.top_k` 0 meant every token before the field became Optional: a config file or a
   checkpoint's config that stores it reads as None, so the run resumes."""
-  from jetrl.train.config import incompatible_fields
+  from jetrl.train.resume import incompatible_fields
 
   old = TrainConfig().to_dict()
   old["sampling"]["top_k"] = 0
@@ -334,3 +333,48 @@ def test_a_failing_reward_function_ends_the_command_in_one_line(tmp_path, root):
   metrics = (tmp_path / "sft" / "sft_metrics.jsonl").read_text().splitlines()
   assert [json.loads(line)["step"] for line in metrics] == [1]
   assert checkpoint_steps(str(tmp_path / "sft")) == []
+
+
+LOGGING_PROGRAM = """
+import logging
+from absl import logging as absl_logging
+from jetrl.train import TrainConfig
+from jetrl.train.cli import main
+
+def run_fn(cfg):
+  for name in ("orbax", "jax"):
+    logging.getLogger(name).info("%s info line", name)
+    logging.getLogger(name).warning("%s warning line", name)
+  absl_logging.info("absl info line")
+  levels = [logging.getLogger(n).getEffectiveLevel() for n in ("orbax", "jax", "absl")]
+  print("levels", levels)
+
+main(TrainConfig(), run_fn, doc="a tiny entry point")
+"""
+
+
+def test_third_party_info_logs_are_quiet_unless_verbosity_is_given(tmp_path):
+  """Orbax's, JAX's and absl's INFO lines are off by default; --verbosity=0 (or -v=0) brings
+  them back; warnings always show."""
+  program = tmp_path / "prog.py"
+  program.write_text(LOGGING_PROGRAM)
+  argvs = [[], ["--verbosity=0"], ["-v=0"]]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, str(program), *argv],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for argv in argvs
+  ]
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outs
+  quiet, *verbose = outs
+  assert "levels [30, 30, 30]" in quiet, quiet  # logging.WARNING
+  assert "orbax warning line" in quiet and "jax warning line" in quiet
+  assert "info line" not in quiet, quiet
+  for out in verbose:
+    assert "levels [20, 20, 20]" in out, out  # logging.INFO
+    for line in ("orbax info line", "jax info line", "absl info line", "orbax warning line"):
+      assert line in out, out

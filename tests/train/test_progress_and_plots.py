@@ -97,3 +97,28 @@ def test_run_plots(tmp_path, monkeypatch):
   assert time_ax.get_ylim()[1] == pytest.approx(1.3 * 2.1)  # the 61 s step is clipped ...
   assert any(t.get_text() == "61s (clipped)" for t in time_ax.texts)  # ... its height printed
   assert "includes compilation" in [t.get_text() for t in time_ax.get_legend().get_texts()]
+
+
+def _reward_legend(tmp_path, monkeypatch, **kw):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "accuracy": 0.5}\n')
+  (tmp_path / "eval.jsonl").write_text('{"step": 0, "eval_accuracy": 0.4}\n')
+  figures = {}
+  monkeypatch.setattr(plots, "save", lambda fig, path: figures.setdefault(path, fig) and path)
+  plots.write_plots(str(tmp_path), **kw)
+  (reward,) = [f for p, f in figures.items() if p.endswith("reward.png")]
+  return [t.get_text() for t in reward.axes[0].get_legend().get_texts()]
+
+
+def test_reward_plot_names_the_evaluation_temperature(tmp_path, monkeypatch):
+  # No config.json: the evaluation is taken as greedy.
+  assert _reward_legend(tmp_path, monkeypatch)[-1] == "held-out greedy accuracy"
+  # The run's config.json says how it evaluated.
+  config = {"eval": {"temperature": 0.7, "samples": 4, "size": 64}}
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  assert _reward_legend(tmp_path, monkeypatch)[-1] == "held-out accuracy at temperature 0.7 (x4)"
+  config["eval"]["temperature"] = 0.0
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  assert _reward_legend(tmp_path, monkeypatch)[-1] == "held-out greedy accuracy"
+  # The label a run passes wins.
+  legend = _reward_legend(tmp_path, monkeypatch, eval_label="accuracy at temperature 1 (x2)")
+  assert legend == ["train reward", "train accuracy", "held-out accuracy at temperature 1 (x2)"]

@@ -106,13 +106,16 @@ def test_lines_of_a_run_killed_before_its_first_checkpoint_are_moved_aside(tmp_p
 
 def _earlier_run(workdir, steps, every, last):
   """A workdir as a `steps`-step RL run checkpointing every `every` steps leaves after writing
-  the metrics of steps 1..last, with its checkpoints/ removed."""
+  the metrics of steps 1..last (and its summary, when it finished), with its checkpoints/
+  removed."""
   from jetrl.train import TrainConfig
 
   cfg = TrainConfig(workdir=str(workdir)).replace(steps=steps, checkpoint={"every": every})
   (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
   write_records(workdir / "metrics.jsonl", range(1, last + 1))
   write_records(workdir / "eval.jsonl", [0])
+  if last == steps:
+    (workdir / "summary.json").write_text("{}")
 
 
 @pytest.mark.parametrize(
@@ -144,6 +147,7 @@ def test_metrics_past_the_earlier_runs_first_checkpoint_are_refused(tmp_path, ea
       first_checkpoint=min(steps, every),
       overwrite=False,
       config_file="config.json",
+      summary_file="summary.json",
     )
   assert (tmp_path / "metrics.jsonl").read_text() == before
   assert not (tmp_path / PREVIOUS_DIR).exists()
@@ -201,3 +205,25 @@ def test_torn_last_line_is_dropped_with_a_warning(tmp_path):
   path.write_text("\n".join(lines) + "\n")
   with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a JSON record .* damaged"):
     read_jsonl(str(path))
+
+
+def test_a_run_killed_during_its_first_save_is_moved_aside(tmp_path):
+  # Killed after writing step 10's records, before step 10's checkpoint was complete (the
+  # records come first): unfinished (no summary.json), so nothing was lost and the rerun
+  # starts afresh without --overwrite.
+  _earlier_run(tmp_path, 30, 10, 10)
+  kw = dict(first_checkpoint=10, overwrite=False, config_file="config.json")
+  logs = []
+  start_fresh(
+    str(tmp_path),
+    ("metrics.jsonl", "eval.jsonl"),
+    ("config.json", "summary.json"),
+    log=logs.append,
+    summary_file="summary.json",
+    **kw,
+  )
+  assert "no checkpoint was written" in logs[0]
+  # One record further, the checkpoint of step 10 had been written (and is gone): refused.
+  _earlier_run(tmp_path, 30, 10, 11)
+  with pytest.raises(FlagError, match="first checkpoint was due at step 10"):
+    start_fresh(str(tmp_path), ("metrics.jsonl",), (), summary_file="summary.json", **kw)

@@ -39,6 +39,50 @@ from jetrl.config.flags import config_from_flags, define_flags, grouped_help
 FLAGS = flags.FLAGS
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "-helpshort", "-?")
 
+# Flags of experiments/train.py and experiments/sft.py from before the configuration had
+# sub-configs: refused with their new names (`check_renamed`).
+_COMMON_RENAMED = {
+  "model": "model.name",
+  "n_layers": "model.n_layers",
+  "task": "task.name",
+  "difficulty": "task.difficulty",
+  "length": "task.length",
+  "data_path": "task.data_path",
+  "lr": "optimizer.lr",
+  "warmup_steps": "optimizer.warmup_steps",
+  "eval_size": "eval.size",
+  "eval_every": "eval.every",
+  "ckpt_every": "checkpoint.every",
+  "keep_ckpts": "checkpoint.keep",
+  "tensorboard": "logging.tensorboard",
+  "plots": "logging.plots",
+}
+RENAMED_FLAGS = dict(
+  _COMMON_RENAMED,
+  group_size="sampling.n",
+  max_new_tokens="sampling.max_new_tokens",
+  temperature="sampling.temperature",
+  loss="update.loss",
+  is_correction="update.is_method",
+  is_cap="update.is_cap",
+  old_logp="update.old_logp",
+  clip_low="update.clip_low",
+  clip_high="update.clip_high",
+  kl_coef="update.kl_coef",
+  entropy_coef="update.entropy_coef",
+  dynamic_sampling="update.dynamic_sampling",
+  overlong_buffer="update.overlong_buffer",
+  mask_truncated="update.mask_truncated",
+  ppo_epochs="update.ppo_epochs",
+  minibatches="update.minibatches",
+  micro_batches="update.micro_batches",
+  master_dtype="update.master_dtype",
+  schedule="optimizer.schedule",
+  weight_decay="optimizer.weight_decay",
+  max_grad_norm="optimizer.max_grad_norm",
+)
+SFT_RENAMED_FLAGS = dict(_COMMON_RENAMED)
+
 
 def program() -> str:
   return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "jetrl"

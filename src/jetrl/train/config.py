@@ -1,5 +1,6 @@
 """The configuration trees of an RL run (`TrainConfig`) and of a supervised warm start
-(`SFTConfig`), and what a checkpoint's configuration must share with the run resuming it.
+(`SFTConfig`). What a checkpoint's configuration must share with the run resuming it is
+`jetrl.train.resume`; the flag names from before the trees had nodes are `jetrl.train.cli`'s.
 
 Both are trees of frozen dataclasses (`jetrl.config`): a few run-level fields, then one node
 per concern, shared between the two where the concern is the same:
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import json
 import re
 from typing import Any, Iterator, Optional
 
@@ -38,11 +38,9 @@ from jetrl.config import (
   check_int,
   field,
   flatten,
-  leaf_paths,
   node,
   replace,
   to_dict,
-  upgrade,
 )
 from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
 from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
@@ -504,146 +502,3 @@ class SFTConfig(Tree):
     validation.check_workdir(self.workdir)
     validation.check_model(self.model.name, self.model.tokenizer)
     validation.check_reward(self.task.reward)
-
-
-# Fields (or whole nodes) that may change when a run resumes; all others must match the
-# checkpoint's. A change of `steps` that changes the learning-rate schedule is refused
-# separately (jetrl.train.resume).
-RESUMABLE = (
-  "workdir",
-  "steps",
-  "eval.every",
-  "eval.batch",
-  "task.reward_timeout",
-  "checkpoint",
-  "logging",
-  "mesh",
-  "max_skipped_steps",
-  "overwrite",
-  "allow_schedule_change",
-)
-SFT_RESUMABLE = (
-  "workdir",
-  "steps",
-  "eval",
-  "task.reward_timeout",
-  "checkpoint",
-  "logging",
-  "mesh",
-  "max_skipped_steps",
-  "overwrite",
-  "allow_schedule_change",
-)
-
-
-def _plain(value):
-  """A value as it reads back from JSON (tuples are lists there)."""
-  return json.loads(json.dumps(value))
-
-
-def incompatible_fields(saved: dict, current, resumable=RESUMABLE) -> list[str]:
-  """The fields whose values differ between a checkpoint's config (nested dict) and the
-  current one, as `--path: checkpoint has x, this run has y` lines. A field the checkpoint
-  does not record counts as its default (older checkpoints stay usable); one the current
-  config does not have is a line of its own. A value an older version stored for what is now
-  another value (`field(legacy=...)`: `sampling.top_k` 0 for none) compares as the new one."""
-  now = leaf_paths(current)
-  defaults = leaf_paths(type(current)())
-  saved = flatten(upgrade(type(current), saved))
-  free = lambda path: any(path == r or path.startswith(r + ".") for r in resumable)
-  lines = [
-    f"--{k}: the checkpoint has this field ({saved[k]!r}), this version has no such field"
-    for k in saved
-    if k not in now and not free(k)
-  ]
-  for k, value in now.items():
-    if free(k):
-      continue
-    old = saved.get(k, defaults[k])
-    if _plain(old) != _plain(value):
-      lines.append(f"--{k}: checkpoint has {old!r}, this run has {value!r}")
-  return lines
-
-
-def check_compatible(meta: dict, config, path: str, resumable=RESUMABLE, kind: str = "rl") -> None:
-  """FlagError when a checkpoint was written by another kind of run or another
-  configuration, naming the fields that differ."""
-  found = meta.get("kind", "rl")
-  if found != kind:
-    names = {"rl": "an RL run (experiments/train.py)", "sft": "an SFT run (experiments/sft.py)"}
-    hint = " pass it as --init_from to warm-start from it," if found == "sft" else ""
-    raise FlagError(
-      "workdir",
-      f"{path} holds checkpoints of {names.get(found, found)}, not "
-      f"of {names.get(kind, kind)};{hint} or use another --workdir",
-    )
-  diffs = incompatible_fields(meta.get("config", {}), config, resumable)
-  if diffs:
-    raise FlagError(
-      None,
-      f"the checkpoint in {path} was written with other settings; rerun "
-      "with the same flags (or the run's config.json as --config), or use "
-      "another --workdir. Differences:\n  " + "\n  ".join(diffs) + _old_logp_hint(meta),
-    )
-
-
-def _old_logp_hint(meta: dict) -> str:
-  """The note for a checkpoint written when `update.old_logp` defaulted to 'rollout'."""
-  update = meta.get("config", {}).get("update", {})
-  if update.get("old_logp") != "rollout":
-    return ""
-  if update.get("is_method", "none") != "none":
-    return (
-      "\n(this checkpoint was trained with --update.old_logp=rollout and "
-      f"--update.is_method={update['is_method']}, which weighted the mismatch twice and is no "
-      "longer accepted; start a new --workdir, from it with --init_from if you like)"
-    )
-  return (
-    "\n(--update.old_logp defaults to 'recompute' since the PPO ratio's old policy became the "
-    "pre-update training forward; pass --update.old_logp=rollout to resume this run as it was)"
-  )
-
-
-# Flags of experiments/train.py and experiments/sft.py from before the configuration had
-# sub-configs: refused with their new names (jetrl.train.cli.check_renamed).
-_COMMON_RENAMED = {
-  "model": "model.name",
-  "n_layers": "model.n_layers",
-  "task": "task.name",
-  "difficulty": "task.difficulty",
-  "length": "task.length",
-  "data_path": "task.data_path",
-  "lr": "optimizer.lr",
-  "warmup_steps": "optimizer.warmup_steps",
-  "eval_size": "eval.size",
-  "eval_every": "eval.every",
-  "ckpt_every": "checkpoint.every",
-  "keep_ckpts": "checkpoint.keep",
-  "tensorboard": "logging.tensorboard",
-  "plots": "logging.plots",
-}
-RENAMED_FLAGS = dict(
-  _COMMON_RENAMED,
-  group_size="sampling.n",
-  max_new_tokens="sampling.max_new_tokens",
-  temperature="sampling.temperature",
-  loss="update.loss",
-  is_correction="update.is_method",
-  is_cap="update.is_cap",
-  old_logp="update.old_logp",
-  clip_low="update.clip_low",
-  clip_high="update.clip_high",
-  kl_coef="update.kl_coef",
-  entropy_coef="update.entropy_coef",
-  dynamic_sampling="update.dynamic_sampling",
-  overlong_buffer="update.overlong_buffer",
-  mask_truncated="update.mask_truncated",
-  ppo_epochs="update.ppo_epochs",
-  minibatches="update.minibatches",
-  micro_batches="update.micro_batches",
-  master_dtype="update.master_dtype",
-  schedule="optimizer.schedule",
-  weight_decay="optimizer.weight_decay",
-  max_grad_norm="optimizer.max_grad_norm",
-)
-SFT_RENAMED_FLAGS = dict(_COMMON_RENAMED)

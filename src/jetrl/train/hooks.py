@@ -1,8 +1,9 @@
 """The periodic work of a run loop as hooks: metric records, the skipped-updates stop,
 evaluation, checkpoints, plots.
 
-A loop (RL: `jetrl.train.loop`, SFT: `jetrl.train.sft`) runs its steps and, after each, calls
-`run_hooks`: every hook whose `due(step, last)` holds runs, in list order. A hook is due every
+A loop (RL: `jetrl.train.loop`, SFT: `jetrl.train.sft`, both through
+`jetrl.train.driver.run_steps`) runs its steps and, after each, calls `run_hooks`: every hook
+whose `due(step, last)` holds runs, in list order. A hook is due every
 `every` steps and, with `at_end`, at the run's last step (`every=None`: only then). The order
 is part of the contract: a step's record is written and its skipped-updates check made before
 its evaluation and its checkpoint, so nothing non-finite is saved and a checkpoint never comes

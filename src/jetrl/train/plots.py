@@ -10,8 +10,9 @@ others, clips it and prints its height, so the steady-state time stays readable.
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -62,8 +63,24 @@ def save(fig, path: str) -> str:
   return path
 
 
-def write_plots(workdir: str) -> list[str]:
-  """Draw the plots from `<workdir>/metrics.jsonl` (and eval.jsonl); return the PNG paths."""
+def run_eval_label(workdir: str) -> str:
+  """What the run's evaluation measured (`EvalConfig.label`: greedy, or at a temperature), from
+  `<workdir>/config.json`; "greedy accuracy" when it has none."""
+  from jetrl.train.config import EvalConfig  # pylint: disable=import-outside-toplevel
+
+  path = os.path.join(workdir, "config.json")
+  ev = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      ev = json.load(f).get("eval") or {}
+  return EvalConfig(**{k: ev[k] for k in ("temperature", "samples") if k in ev}).label
+
+
+def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
+  """Draw the plots from `<workdir>/metrics.jsonl` (and eval.jsonl); return the PNG paths.
+
+  eval_label: what the evaluation measured, for reward.png's legend (`EvalConfig.label`;
+    None: read from the run's config.json)."""
   plt = _pyplot()
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
@@ -78,7 +95,8 @@ def write_plots(workdir: str) -> list[str]:
   for key, label in (("reward_mean", "train reward"), ("accuracy", "train accuracy")):
     ax.plot(*_series(recs, key), label=label)
   if evals:
-    ax.plot(*_series(evals, "eval_accuracy"), "o-", label="held-out greedy accuracy")
+    label = eval_label if eval_label is not None else run_eval_label(workdir)
+    ax.plot(*_series(evals, "eval_accuracy"), "o-", label=f"held-out {label}")
   ax.set_xlabel("RL step"), ax.set_ylabel("reward / accuracy"), ax.set_ylim(-0.02, 1.02)
   ax.grid(alpha=0.3), ax.set_title("Reward and accuracy")
   legend_outside(ax)

@@ -1,7 +1,8 @@
 """Supervised warm start on a task's gold solutions, so RL starts from a policy that knows the
 answer format. Writes checkpoints that `--init_from` of the RL run reads.
 
-It runs like the RL loop, with the same optimizer (`jetrl.rl.make_optimizer`) and hooks:
+It runs like the RL loop, with the same optimizer (`jetrl.rl.make_optimizer`) and, through
+`jetrl.train.driver`, the same start-up and hooks:
 checkpoints every `--checkpoint.every` steps (and at the end), and a rerun of the same command
 resumes from the newest intact one with the same data order, so a killed SFT run continues
 where it stopped and its metric lines are not duplicated. The workdir is locked, earlier
@@ -14,8 +15,7 @@ learning-rate schedule is refused on resume unless `--allow_schedule_change`
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import functools
 import random
 
 import jax
@@ -23,33 +23,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jetrl import parallel
 from jetrl.config import FlagError
 from jetrl.data.synthetic import misreport
 from jetrl.precision import get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
-from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer, schedule_key
+from jetrl.rl.masking import masked_mean
+from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 from jetrl.sampling import SamplingConfig, pad_prompts
-from jetrl.train import resume, setup
+from jetrl.train import driver, resume, setup
 from jetrl.train.checkpoint import Checkpointer
-from jetrl.train.config import SFT_RESUMABLE, SFTConfig
-from jetrl.train.hooks import (
-  CheckpointHook,
-  EvalHook,
-  LoopState,
-  MetricsHook,
-  PlotHook,
-  SkipHook,
-  run_hooks,
-)
+from jetrl.train.config import SFTConfig
+from jetrl.train.hooks import LoopState
 from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
-from jetrl.train.resume import CHANGES_FILE, record_changes
-from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import start_fresh
-from jetrl.train.writers import MetricWriter, Progress, TensorBoard
 
-METRIC_FILES = ("sft_metrics.jsonl", "sft_eval.jsonl")
-RUN_FILES = ("sft_summary.json", "sft_config.json", CHANGES_FILE, "tb", "plots")
+SKIP_HINT = "Check --optimizer.lr and the initial params (--model.name)."
 
 
 def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
@@ -123,7 +110,7 @@ def _sft_step(
 
   def loss_fn(p):
     logp, _ = policy_logprobs(p, model_config, batch, precision)
-    return -(logp * batch.mask).sum() / jnp.maximum(batch.mask.sum(), 1.0)
+    return -masked_mean(logp, batch.mask)
 
   opt = make_optimizer(optimizer, total_steps)
   lr = learning_rate_schedule(optimizer, total_steps)(opt_state.applied)
@@ -160,28 +147,20 @@ def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
 
 
 def resume_check(cfg: SFTConfig, directory: str, changes: list):
-  o = cfg.optimizer
+  """The SFT run's resume check (`jetrl.train.resume.resume_check`): an SFT checkpoint, the same
+  flags but the resumable ones, the same schedule over the run's steps."""
   return resume.resume_check(
-    cfg,
-    directory,
-    changes,
-    resumable=SFT_RESUMABLE,
-    kind="sft",
-    schedule=f"--optimizer.schedule={o.schedule}, --optimizer.warmup_steps={o.warmup_steps}",
-    schedule_of=lambda steps: schedule_key(o, steps),
+    cfg, directory, changes, kind=driver.SFT.kind, resumable=driver.SFT.resumable
   )
 
 
-def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
+def _pieces(cfg: SFTConfig, log, given, reward):
+  """(the run's pieces, the tasks its steps take problems from), checked (gold solutions
+  against the budget, tokenizer against the model, memory, mesh) before anything compiles."""
   recipe = get_recipe(cfg.recipe)
-  tok = setup.make_tokenizer(cfg.model, cfg.task)
-  encode = setup.prompt_encoder(cfg.task, tok)
-  task, width = setup.load_task(
-    cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
-  )
+  tok, encode, task, width = driver.tokenizer_and_task(cfg, given, reward)
   train_tasks, width = mixed_tasks(cfg, task, width, tok, encode)
-  mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
-  setup.check_tokenizer(mcfg, tok)
+  mcfg = driver.model_config(cfg, tok, width + cfg.max_new_tokens)
   check_step_memory(
     step_bytes(
       mcfg,
@@ -203,157 +182,107 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
     value_exponents=recipe.rollout.batch_invariant,
   )
   layout, sample_layout = setup.layouts(
-    cfg.mesh,
-    mcfg,
-    recipe,
-    {"--batch_size": cfg.batch_size},
-    log,
+    cfg.mesh, mcfg, recipe, {"--batch_size": cfg.batch_size}, log
   )
-  params = setup.make_params(cfg.model, mcfg, cfg.seed)
-  step_fn = sft_step
-  if layout is not None:
-    params = layout.shard_params(params)  # the optimizer state is then built sharded
-    opt_state = layout.shard_state(make_optimizer(cfg.optimizer, cfg.steps).init(params))
-    step_fn = sharded_sft_step(layout, opt_state)
-  else:
-    opt_state = make_optimizer(cfg.optimizer, cfg.steps).init(params)
-    # Committed like a restored state, so a resumed run reuses the compiled step.
-    params, opt_state = jax.device_put((params, opt_state), jax.local_devices()[0])
-  ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
-  primary = parallel.is_primary()  # writes the run's files; every process runs every step
-  start, changes = 0, []
-  restored = ckpt.restore_latest(
-    {"params": params, "opt_state": opt_state}, resume_check(cfg, ckpt.directory, changes), log
-  )
-  if restored is not None:
-    state, meta = restored
-    params, opt_state, start = state["params"], state["opt_state"], int(meta["step"])
-    for name in METRIC_FILES:
-      MetricWriter(cfg.workdir, name[: -len(".jsonl")], enabled=primary).truncate_after(start)
-    record_changes(cfg.workdir, start, changes, log)
-    log(f"resumed SFT at step {start}")
-  else:
-    parallel.on_primary(
-      lambda: start_fresh(
-        cfg.workdir,
-        METRIC_FILES,
-        RUN_FILES,
-        first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
-        overwrite=cfg.overwrite,
-        log=log,
-        config_file="sft_config.json",
-      )
-    )
-  if primary:
-    with open(os.path.join(cfg.workdir, "sft_config.json"), "w") as f:
-      json.dump(cfg.to_dict(), f, indent=1)
-  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard and primary else None
-  log(
-    f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
-    f"{cfg.model.name} ({mcfg.n_layers} layers) "
-    f"steps={cfg.steps} batch={cfg.batch_size} recipe={cfg.recipe}"
-  )
+  pieces = driver.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
+  return pieces, train_tasks
 
-  def evaluate(loop):
-    params = loop.state["params"]
-    if layout is not None:
-      params, _ = parallel.switch_layout(params, layout, sample_layout)
-    return setup.evaluate(
-      params,
-      mcfg,
-      task,
-      tok,
-      recipe.rollout,
-      size=cfg.eval.size,
-      max_new_tokens=cfg.max_new_tokens,
-      batch=cfg.eval.batch,
-      encode=encode,
-      layout=sample_layout,
-      temperature=cfg.eval.temperature,
-      samples=cfg.eval.samples,
-    )
 
+def _initial_state(cfg: SFTConfig, p: driver.Pieces):
+  """({"params", "opt_state"} of a fresh start, the jitted step for their placement)."""
+  params = setup.make_params(cfg.model, p.mcfg, cfg.seed)
+  if p.layout is not None:
+    params = p.layout.shard_params(params)  # the optimizer state is then built sharded
+    opt_state = p.layout.shard_state(make_optimizer(cfg.optimizer, cfg.steps).init(params))
+    return {"params": params, "opt_state": opt_state}, sharded_sft_step(p.layout, opt_state)
+  opt_state = make_optimizer(cfg.optimizer, cfg.steps).init(params)
+  # Committed like a restored state, so a resumed run reuses the compiled step.
+  params, opt_state = jax.device_put((params, opt_state), jax.local_devices()[0])
+  return {"params": params, "opt_state": opt_state}, sft_step
+
+
+class SFTStep:
+  """One SFT step on the gold solutions of step i's problems; counts the skipped updates."""
+
+  def __init__(self, cfg: SFTConfig, p: driver.Pieces, train_tasks, step_fn, skipped: int):
+    self.cfg, self.p, self.train_tasks, self.step_fn = cfg, p, train_tasks, step_fn
+    self.skipped = skipped  # skipped updates so far (the optimizer state's count at the start)
+
+  def batch(self, i: int):
+    cfg, p = self.cfg, self.p
+    first = i * cfg.batch_size
+    problems = self.train_tasks[i % len(self.train_tasks)].batch("train", first, cfg.batch_size)
+    if cfg.answer_noise:
+      problems = misreported(problems, p.task, cfg, first)
+    batch = _solution_batch(p.tok, problems, p.width, cfg.max_new_tokens, p.encode)
+    if p.layout is not None:  # every process builds the same batch and places its rows
+      batch = p.layout.shard_batch(batch)
+    return batch
+
+  def __call__(self, i: int, loop: LoopState) -> None:
+    params, opt_state, loss, gnorm, ok, lr = self.step_fn(
+      loop.state["params"],
+      loop.state["opt_state"],
+      self.batch(i),
+      model_config=self.p.mcfg,
+      precision=self.p.recipe.train,
+      optimizer=self.cfg.optimizer,
+      total_steps=self.cfg.steps,
+    )
+    loop.state = {"params": params, "opt_state": opt_state}
+    loop.skipped = 0 if bool(ok) else 1
+    self.skipped += loop.skipped
+    loop.record = {
+      "loss": loss,
+      "grad_norm": gnorm,
+      "skipped_updates": self.skipped,
+      "learning_rate": lr,
+    }
+
+
+def _evaluate(cfg: SFTConfig, p: driver.Pieces, loop: LoopState) -> dict:
+  params = p.rollout_params(loop.state["params"])
+  return p.evaluate(params, cfg.eval, cfg.max_new_tokens, p.recipe.rollout)
+
+
+def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log) -> driver.Hooks:
   from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
 
-  eval_hook = EvalHook(
-    evaluate,
-    MetricWriter(
-      cfg.workdir,
-      "sft_eval",
-      tb,
-      tag=lambda k: "eval/" + k.removeprefix("eval_"),
-      enabled=primary,
-    ),
-    cfg.eval.every,
-    cfg.eval.size,
-    log,
-    cfg.eval.label,
+  spec = driver.HookSpec(
+    evaluate=functools.partial(_evaluate, cfg, p),
+    console=lambda r: ({"loss": float(r["loss"])}, None),
+    skip_hint=SKIP_HINT,
+    updates_per_step=1,
+    tree=lambda loop: loop.state,
+    meta=lambda loop: {},
+    draw=write_sft_plots,
   )
-  plot_hook = PlotHook(lambda: write_sft_plots(cfg.workdir), cfg.logging.plot_every)
-  hooks = [
-    MetricsHook(
-      MetricWriter(cfg.workdir, "sft_metrics", tb, enabled=primary),
-      Progress(cfg.steps, start, write=log if primary else lambda _line: None),
-      cfg.logging.every,
-      lambda r: ({"loss": float(r["loss"])}, None),
-    ),
-    SkipHook(
-      SkipTracker(
-        cfg.max_skipped_steps, "Check --optimizer.lr and the initial params (--model.name)."
-      ),
-      1,
-    ),
-    eval_hook,
-    CheckpointHook(
-      ckpt,
-      cfg.checkpoint.every,
-      lambda loop: loop.state,
-      lambda step, loop: {"step": step, "kind": "sft", "config": cfg.to_dict()},
-    ),
-  ] + ([plot_hook] if cfg.logging.plots and primary else [])
-  loop = LoopState(state={"params": params, "opt_state": opt_state})
-  skipped = int(opt_state.skipped)
-  try:
-    for step in range(start, cfg.steps):
-      problems = train_tasks[step % len(train_tasks)].batch(
-        "train", step * cfg.batch_size, cfg.batch_size
-      )
-      if cfg.answer_noise:
-        problems = misreported(problems, task, cfg, step * cfg.batch_size)
-      batch = _solution_batch(tok, problems, width, cfg.max_new_tokens, encode)
-      if layout is not None:  # every process builds the same batch and places its rows
-        batch = layout.shard_batch(batch)
-      params, opt_state, loss, gnorm, ok, lr = step_fn(
-        loop.state["params"],
-        loop.state["opt_state"],
-        batch,
-        model_config=mcfg,
-        precision=recipe.train,
-        optimizer=cfg.optimizer,
-        total_steps=cfg.steps,
-      )
-      loop.state = {"params": params, "opt_state": opt_state}
-      loop.skipped = 0 if bool(ok) else 1
-      skipped += loop.skipped
-      loop.record = {
-        "loss": loss,
-        "grad_norm": gnorm,
-        "skipped_updates": skipped,
-        "learning_rate": lr,
-      }
-      run_hooks(hooks, step + 1, step + 1 == cfg.steps, loop)
-  finally:
-    for hook in hooks:
-      hook.close()
-    if tb is not None:
-      tb.close()
+  return driver.make_hooks(cfg, out, ckpt, start, log, spec)
 
-  res = eval_hook.last if eval_hook.last is not None else evaluate(loop)
+
+def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
+  p, train_tasks = _pieces(cfg, log, given, reward)
+  state, step_fn = _initial_state(cfg, p)
+  ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
+  state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log, resume_check)
+  start = 0 if meta is None else int(meta["step"])
+  if meta is not None:
+    log(f"resumed SFT at step {start}")
+  out = driver.open_outputs(cfg, driver.SFT)
+  log(
+    f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
+    f"{cfg.model.name} ({p.mcfg.n_layers} layers) "
+    f"steps={cfg.steps} batch={cfg.batch_size} recipe={cfg.recipe}"
+  )
+  hooks = _hooks(cfg, p, out, ckpt, start, log)
+  loop = LoopState(state=state)
+  step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped))
+  driver.run_steps(cfg, out, hooks, loop, start, step)
+  return _finish(cfg, p, out, hooks, loop, log)
+
+
+def _finish(cfg: SFTConfig, p, out: driver.Outputs, hooks: driver.Hooks, loop, log) -> dict:
+  """The last evaluation (run now if no step ran), logged and written as sft_summary.json."""
+  res = hooks.eval.last if hooks.eval.last is not None else _evaluate(cfg, p, loop)
   log(f"SFT done: {cfg.eval.label} {res['eval_accuracy']:.3f} on {cfg.eval.size} held-out problems")
-  summary = dict(workdir=cfg.workdir, **res)
-  if plot_hook.paths:
-    summary["plots"] = plot_hook.paths
-  if primary:
-    with open(os.path.join(cfg.workdir, "sft_summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
-  return summary
+  return driver.finish(out, hooks, dict(workdir=cfg.workdir, **res))

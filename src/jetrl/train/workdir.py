@@ -169,6 +169,7 @@ def start_fresh(
   log: Callable[[str], None] = print,
   move: bool = True,
   config_file: Optional[str] = None,
+  summary_file: Optional[str] = None,
 ) -> None:
   """Prepare a workdir for a run from step 0 (called when it has no checkpoint).
 
@@ -178,8 +179,11 @@ def start_fresh(
   a checkpoint was due and is gone (deleted, or the save was cut short): refused unless
   `overwrite`, which moves them aside too. The earlier run's first checkpoint is read from its
   saved config (`config_file` in the workdir: min(checkpoint.every, steps)); without one, this
-  run's `first_checkpoint` stands in. With `move=False` (the other processes of a
-  multi-process run) only the decision is made.
+  run's `first_checkpoint` stands in. A run writes a step's records before that step's
+  checkpoint, so records that end exactly at that step are also what a run killed during its
+  first save leaves; with `summary_file` (written when a run finishes) given, they count as
+  such unless the summary is there. With `move=False` (the other processes of a multi-process
+  run) only the decision is made.
   """
   steps = {name: _steps(os.path.join(workdir, name)) for name in metric_files}
   found = {name: s for name, s in steps.items() if s}
@@ -188,7 +192,8 @@ def start_fresh(
   last = max(max(s) for s in found.values())
   earlier = earlier_first_checkpoint(workdir, config_file)
   due = earlier if earlier is not None else first_checkpoint
-  was_due = last >= due
+  finished = summary_file is None or os.path.exists(os.path.join(workdir, summary_file))
+  was_due = last > due or (last == due and finished)
   if was_due and not overwrite:
     listing = ", ".join(
       f"{name} (steps {min(s)}..{max(s)}, {len(s)} records)" for name, s in found.items()

@@ -1,0 +1,270 @@
+"""What the RL loop (`jetrl.train.loop`) and the supervised warm start (`jetrl.train.sft`)
+share around their steps.
+
+A run builds its pieces (`Pieces`: tokenizer, task, model config, device layouts), restores
+the newest intact checkpoint of its workdir or starts afresh (`restore_or_start`), opens its
+files (`open_outputs`), wires the hooks every run has (`make_hooks`: the metric record and
+console line, the skipped-updates stop, evaluation, checkpoints, plots), runs its steps with
+the hooks after each (`run_steps`) and writes its summary (`finish`). What differs between the
+two kinds of run is a `RunKind` (file names, checkpoint kind, resumable fields) and a
+`HookSpec` (what is evaluated, saved and shown).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Optional
+
+from jetrl import parallel
+from jetrl.train import resume, setup
+from jetrl.train.hooks import (
+  CheckpointHook,
+  EvalHook,
+  Hook,
+  LoopState,
+  MetricsHook,
+  PlotHook,
+  SkipHook,
+  run_hooks,
+)
+from jetrl.train.skips import SkipTracker
+from jetrl.train.workdir import start_fresh
+from jetrl.train.writers import MetricWriter, Progress, TensorBoard
+
+
+@dataclasses.dataclass(frozen=True)
+class RunKind:
+  """How a kind of run names its files and its checkpoints."""
+
+  kind: str  # "rl" / "sft": recorded in each checkpoint, checked on resume
+  prefix: str  # of its files: <prefix>metrics.jsonl, <prefix>eval.jsonl, <prefix>summary.json
+  metric_files: tuple[str, ...]  # records past a restored checkpoint's step are dropped
+  run_files: tuple[str, ...]  # moved aside with the metric files by --overwrite
+  resumable: tuple[str, ...]  # fields that may change on resume (jetrl.train.resume)
+
+
+RL = RunKind(
+  "rl",
+  "",
+  ("metrics.jsonl", "eval.jsonl", "samples.jsonl"),
+  ("summary.json", "config.json", resume.CHANGES_FILE, "tb", "plots"),
+  resume.RESUMABLE,
+)
+SFT = RunKind(
+  "sft",
+  "sft_",
+  ("sft_metrics.jsonl", "sft_eval.jsonl"),
+  ("sft_summary.json", "sft_config.json", resume.CHANGES_FILE, "tb", "plots"),
+  resume.SFT_RESUMABLE,
+)
+
+
+def _silent(_line: str) -> None:
+  pass
+
+
+def _eval_tag(key: str) -> str:
+  return "eval/" + key.removeprefix("eval_")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+  """What a run's steps and evaluations are built from."""
+
+  recipe: Any  # jetrl.precision recipe: .train, .rollout
+  tok: Any
+  encode: setup.Encoder  # prompt text -> ids (--task.prompt_format)
+  task: Any  # the configured (or given) task; its held-out split is evaluated
+  width: int  # prompt width of the training batches
+  mcfg: Any  # the model config
+  layout: Any = None  # training layout on the mesh (None: one device, no --mesh)
+  sample_layout: Any = None  # sampling layout (the params without FSDP)
+
+  def rollout_params(self, params):
+    """`params` placed for the sampler (a device-to-device copy when the layouts differ)."""
+    if self.layout is None:
+      return params
+    return parallel.switch_layout(params, self.layout, self.sample_layout)[0]
+
+  def evaluate(self, params, eval_cfg, max_new_tokens: int, precision) -> dict:
+    """`setup.evaluate` of sampler-placed `params` as `eval_cfg` (an EvalConfig) says."""
+    return setup.evaluate(
+      params,
+      self.mcfg,
+      self.task,
+      self.tok,
+      precision,
+      size=eval_cfg.size,
+      max_new_tokens=max_new_tokens,
+      batch=eval_cfg.batch,
+      encode=self.encode,
+      layout=self.sample_layout,
+      temperature=eval_cfg.temperature,
+      samples=eval_cfg.samples,
+    )
+
+
+def tokenizer_and_task(cfg, given=None, reward=None):
+  """(tokenizer, prompt encoder, task, prompt width) of `cfg`'s model and task nodes; the
+  width is fixed from a sample of the task's prompts."""
+  tok = setup.make_tokenizer(cfg.model, cfg.task)
+  setup.token_ids(tok)  # a tokenizer without eos is an error before anything is built
+  encode = setup.prompt_encoder(cfg.task, tok)
+  task, width = setup.load_task(
+    cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
+  )
+  return tok, encode, task, width
+
+
+def model_config(cfg, tok, max_seq_len: int):
+  """The model config of `cfg.model` for sequences up to `max_seq_len`, checked against `tok`."""
+  mcfg = setup.model_config(cfg.model, tok, max_seq_len)
+  setup.check_tokenizer(mcfg, tok)
+  return mcfg
+
+
+def restore_or_start(cfg, kind: RunKind, ckpt, tree, log, resume_check: Callable):
+  """(tree, meta): from the newest intact checkpoint that passes
+  `resume_check(cfg, directory, changes)` (records written after its step dropped, a forced
+  schedule change recorded), or (`tree`, None) after a fresh start (earlier files moved aside,
+  never deleted)."""
+  changes = []
+  check = resume_check(cfg, ckpt.directory, changes)
+  restored = ckpt.restore_latest(tree, check, log)
+  if restored is None:
+    parallel.on_primary(
+      lambda: start_fresh(
+        cfg.workdir,
+        kind.metric_files,
+        kind.run_files,
+        first_checkpoint=min(cfg.checkpoint.every, cfg.steps),
+        overwrite=cfg.overwrite,
+        log=log,
+        config_file=kind.prefix + "config.json",
+        summary_file=kind.prefix + "summary.json",
+      )
+    )
+    return tree, None
+  tree, meta = restored
+  start = int(meta["step"])
+  for name in kind.metric_files:
+    writer = MetricWriter(cfg.workdir, name[: -len(".jsonl")], enabled=parallel.is_primary())
+    writer.truncate_after(start)
+  resume.record_changes(cfg.workdir, start, changes, log)
+  return tree, meta
+
+
+@dataclasses.dataclass
+class Outputs:
+  """A run's files. Process 0 writes them; every process runs every step."""
+
+  workdir: str
+  kind: RunKind
+  primary: bool
+  tb: Optional[TensorBoard]
+
+  def writer(self, name: str, *, tensorboard: bool = True, tag=None) -> MetricWriter:
+    """The writer of `<workdir>/<prefix><name>.jsonl`, mirrored to TensorBoard if asked."""
+    return MetricWriter(
+      self.workdir,
+      self.kind.prefix + name,
+      self.tb if tensorboard else None,
+      tag or (lambda key: key),
+      enabled=self.primary,
+    )
+
+  def write_json(self, name: str, value: dict) -> None:
+    if self.primary:
+      with open(os.path.join(self.workdir, self.kind.prefix + name), "w") as f:
+        json.dump(value, f, indent=1)
+
+  def close(self) -> None:
+    if self.tb is not None:
+      self.tb.close()
+
+
+def open_outputs(cfg, kind: RunKind) -> Outputs:
+  """The run's files, its configuration written as `<prefix>config.json`."""
+  primary = parallel.is_primary()
+  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard and primary else None
+  out = Outputs(cfg.workdir, kind, primary, tb)
+  out.write_json("config.json", cfg.to_dict())
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class HookSpec:
+  """What one kind of run evaluates, saves and shows."""
+
+  evaluate: Callable[[LoopState], dict]  # -> {"eval_accuracy", ...}
+  console: Callable[[dict], tuple[dict, Optional[str]]]  # record -> console fields, extra
+  skip_hint: str  # what to check when every update is skipped
+  updates_per_step: int  # optimizer steps per step
+  tree: Callable[[LoopState], Any]  # the checkpointed state
+  meta: Callable[[LoopState], dict]  # checkpoint metadata besides step, kind and config
+  draw: Callable[[str], list[str]]  # workdir -> the PNG plots drawn
+  extra: tuple[Hook, ...] = ()  # run right after the metric record
+
+
+@dataclasses.dataclass
+class Hooks:
+  all: list[Hook]
+  eval: EvalHook
+  plot: PlotHook
+
+
+def make_hooks(cfg, out: Outputs, ckpt, start: int, log, spec: HookSpec) -> Hooks:
+  """The hooks, in the order they run after a step (`jetrl.train.hooks`): the record, the
+  `extra` ones, the skipped-updates stop, evaluation, the checkpoint, the plots."""
+  eval_hook = EvalHook(
+    spec.evaluate,
+    out.writer("eval", tag=_eval_tag),
+    cfg.eval.every,
+    cfg.eval.size,
+    log,
+    cfg.eval.label,
+  )
+  plot_hook = PlotHook(lambda: spec.draw(cfg.workdir), cfg.logging.plot_every)
+
+  def meta(step: int, loop: LoopState) -> dict:
+    return {"step": step, **spec.meta(loop), "kind": out.kind.kind, "config": cfg.to_dict()}
+
+  progress = Progress(cfg.steps, start, write=log if out.primary else _silent)
+  hooks = [
+    MetricsHook(out.writer("metrics"), progress, cfg.logging.every, spec.console),
+    *spec.extra,
+    SkipHook(SkipTracker(cfg.max_skipped_steps, spec.skip_hint), spec.updates_per_step),
+    eval_hook,
+    CheckpointHook(ckpt, cfg.checkpoint.every, spec.tree, meta),
+  ] + ([plot_hook] if cfg.logging.plots and out.primary else [])
+  return Hooks(hooks, eval_hook, plot_hook)
+
+
+def run_steps(
+  cfg,
+  out: Outputs,
+  hooks: Hooks,
+  loop: LoopState,
+  start: int,
+  step: Callable[[int, LoopState], None],
+) -> None:
+  """`step(i, loop)` for i = start .. cfg.steps - 1, each followed by the hooks due after step
+  i + 1; the hooks and the TensorBoard writer are closed however it ends."""
+  try:
+    for i in range(start, cfg.steps):
+      step(i, loop)
+      run_hooks(hooks.all, i + 1, i + 1 == cfg.steps, loop)
+  finally:
+    for hook in hooks.all:
+      hook.close()
+    out.close()
+
+
+def finish(out: Outputs, hooks: Hooks, summary: dict) -> dict:
+  """`summary` with the plots' paths, written as `<prefix>summary.json`."""
+  if hooks.plot.paths:
+    summary["plots"] = hooks.plot.paths
+  out.write_json("summary.json", summary)
+  return summary
