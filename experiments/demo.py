@@ -25,13 +25,10 @@ import time
 from typing import Optional
 
 from jetrl.config import FlagError, check_fields, field, node
+from jetrl.config.flags import load_config_file
 from jetrl.rl import OptimizerConfig
-from jetrl.sampling import SamplingConfig
 from jetrl.train import (
-  CheckpointConfig,
-  EvalConfig,
   SFTConfig,
-  TaskConfig,
   TrainConfig,
   run,
   run_sft,
@@ -86,18 +83,17 @@ class DemoConfig(TrainConfig):
   )
 
 
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
 def get_config() -> DemoConfig:
   """`make demo`: experiments/configs/addition_sft.py, then addition_jet.py from it."""
-  return DemoConfig(
-    recipe="jet",
-    steps=100,
-    prompts_per_step=16,
-    task=TaskConfig(name="addition", difficulty=1, length=3),
-    sampling=SamplingConfig(max_new_tokens=64, temperature=0.7, n=8),
-    optimizer=OptimizerConfig(lr=3e-5, warmup_steps=5),
-    eval=EvalConfig(every=25, size=256),
-    checkpoint=CheckpointConfig(every=50),
-  )
+  rl = load_config_file(os.path.join(CONFIGS, "addition_jet.py"), TrainConfig())
+  sft = load_config_file(os.path.join(CONFIGS, "addition_sft.py"), SFTConfig())
+  shared = {f.name: getattr(rl, f.name) for f in dataclasses.fields(TrainConfig)}
+  shared.pop("workdir")  # the demo's own: both halves under it
+  warm = DemoWarmStart(steps=sft.steps, batch_size=sft.batch_size, optimizer=sft.optimizer)
+  return DemoConfig(**shared, sft=warm)
 
 
 def sft_config(cfg: DemoConfig) -> SFTConfig:
