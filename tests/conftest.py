@@ -9,10 +9,24 @@ jitted sampler, update and SFT steps compile once and are reused by every test t
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 
-import jax
 import pytest
+
+# Compiling dominates the suite on a CPU: every test process, and the processes the tests start,
+# compile with XLA's cheaper LLVM pipeline (the same HLO programs and the same IEEE operations;
+# about 20% less time). Not on a machine with an NVIDIA GPU, nor when XLA_FLAGS already sets an
+# optimization level or JETRL_TEST_FULL_XLA_OPT=1.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if not (
+  os.path.exists("/dev/nvidiactl")
+  or os.environ.get("JETRL_TEST_FULL_XLA_OPT") == "1"
+  or "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
+):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
