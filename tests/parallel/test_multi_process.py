@@ -325,3 +325,37 @@ def test_a_refused_start_stops_every_process_with_the_same_error(tmp_path):
   for p, (_, err) in zip(procs, results):
     assert p.returncode == 2, err[-3000:]
     assert "--workdir: " in err and "is in use by another run (pid" in err, err[-3000:]
+
+
+SCORER = """
+import os
+
+def score(prompts, completions, answers):
+  with open({log!r}, "a") as f:
+    f.write(f"{{os.environ['JAX_PROCESS_ID']}} {{len(completions)}}\\n")
+  return [float(c.strip() == a.strip()) for c, a in zip(completions, answers)]
+"""
+
+
+def test_each_process_scores_the_rows_it_sampled(tmp_path):
+  """A reward file that records which process called it with how many completions: in a
+  2-process run every batch (the step's 2 prompts x 2 samples, each evaluation's 4 problems)
+  is scored half in each process, not gathered and scored on process 0."""
+  log = tmp_path / "scored.txt"
+  (tmp_path / "scorer.py").write_text(SCORER.format(log=str(log)))
+  flags = [f for f in RL if not f.startswith("--eval.every")]
+  _run(
+    _env(str(tmp_path / "jax_cache")),
+    TWO,
+    "experiments/train.py",
+    *flags,
+    f"--workdir={tmp_path / 'run'}",
+    f"--task.reward={tmp_path / 'scorer.py'}:score",
+    "--steps=1",
+    "--eval.every=1",
+  )
+  calls = [tuple(int(x) for x in line.split()) for line in log.read_text().splitlines()]
+  by_process = {p: sorted(n for q, n in calls if q == p) for p in (0, 1)}
+  # An evaluation before and after the step (4 problems each) and the step (4 rows): 2 + 2 + 2
+  # rows in each process.
+  assert by_process == {0: [2, 2, 2], 1: [2, 2, 2]}, calls
