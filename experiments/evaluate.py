@@ -23,6 +23,6 @@ if __name__ == "__main__":
     EvalRunConfig(),
     run_eval,
     doc=__doc__,
-    exclude=("eval.every",),
+    exclude=("eval.every", "eval.also_bf16"),  # one evaluation, in the recipe's precision
     errors=(CheckpointError, RewardError),
   )

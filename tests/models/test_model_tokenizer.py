@@ -133,7 +133,13 @@ def test_special_ids_must_fit_the_model(tmp_path):
   assert setup.token_ids(tok).stop == (n - 2, n + 7) and isinstance(tok, Tokenizer)
   with pytest.raises(ValueError, match=f"--model.name: .*end-of-generation id #1 {n + 7}"):
     setup.check_tokenizer(config, tok)
-  setup.check_tokenizer(dataclasses.replace(config, vocab_size=n + 8), tok)
+  # A tokenizer given by --model.tokenizer is what the error names then.
+  from jetrl.train import ModelSpec
+
+  spec = ModelSpec(name=str(tmp_path), tokenizer=str(tmp_path))
+  with pytest.raises(ValueError, match=f"--model.tokenizer: .*end-of-generation id #1 {n + 7}"):
+    setup.check_tokenizer(config, tok, spec)
+  setup.check_tokenizer(dataclasses.replace(config, vocab_size=n + 8), tok, spec)
 
 
 def test_missing_tokenizer_file(tmp_path):
@@ -218,8 +224,8 @@ def test_a_run_refuses_a_tokenizer_whose_ids_exceed_the_models_vocab(
   n = _write(tok_dir)
   (tok_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [n - 2, n + 7]}))
   message = (
-    f"^--model.name: .*end-of-generation id #1 {n + 7} not in \\[0, vocab_size={n}\\); a "
-    "checkpoint's tokenizer and config.json must agree"
+    f"^--model.tokenizer: .*end-of-generation id #1 {n + 7} not in \\[0, vocab_size={n}\\); "
+    "the tokenizer must fit the model of --model.name"
   )
   for make, entry in ((tiny_train_config, run), (tiny_sft_config, run_sft)):
     cfg = make(tmp_path / entry.__name__, model={"tokenizer": str(tok_dir)})

@@ -121,7 +121,7 @@ def tokenizer_and_task(cfg, given=None, reward=None):
 def model_config(cfg, tok, max_seq_len: int):
   """The model config of `cfg.model` for sequences up to `max_seq_len`, checked against `tok`."""
   mcfg = setup.model_config(cfg.model, tok, max_seq_len)
-  setup.check_tokenizer(mcfg, tok)
+  setup.check_tokenizer(mcfg, tok, cfg.model)
   return mcfg
 
 

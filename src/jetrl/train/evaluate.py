@@ -79,7 +79,7 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     problems = loaded.batch("test", 0, cfg.eval.size)
     width = setup.prompt_width([encode(p.prompt) for p in problems])
     mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
-    setup.check_tokenizer(mcfg, tok)
+    setup.check_tokenizer(mcfg, tok, cfg.model)
     recipe = get_recipe(cfg.recipe)
     check_eval_memory(
       mcfg,

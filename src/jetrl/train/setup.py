@@ -268,16 +268,21 @@ def make_params(model, mcfg, seed: int):
 def make_model(model, tok: Tokenizer, seed: int, max_seq_len: int):
   """(model_config, float32 params): a preset sized to the tokenizer, or a checkpoint."""
   mcfg = model_config(model, tok, max_seq_len)
-  check_tokenizer(mcfg, tok)
+  check_tokenizer(mcfg, tok, model)
   return mcfg, make_params(model, mcfg, seed)
 
 
-def check_tokenizer(mcfg, tok: Tokenizer) -> None:
-  """FlagError (--model.name) when the tokenizer can produce, or the run uses, an id the
-  model's embedding does not have (`jetrl.models.check_vocab`)."""
+def check_tokenizer(mcfg, tok: Tokenizer, model=None) -> None:
+  """FlagError when the tokenizer can produce, or the run uses, an id the model's embedding
+  does not have (`jetrl.models.check_vocab`); it names --model.tokenizer when `model` (the
+  run's ModelSpec) takes the tokenizer from there, else --model.name."""
   try:
     check_vocab(mcfg, tok)
   except ValueError as e:
+    if model is not None and getattr(model, "tokenizer", None):
+      raise FlagError(
+        "model.tokenizer", f"{e}; the tokenizer must fit the model of --model.name"
+      ) from None
     raise FlagError(
       "model.name", f"{e}; a checkpoint's tokenizer and config.json must agree"
     ) from None
