@@ -22,9 +22,10 @@ depth and the warm start's length differ, so the two studies are not one length 
    --sft.budget_s seconds).
 2. The runs: one worker process per recipe (--workers), each going through its seeds in order;
    with --workers=1 they all run in this process. No run starts after --start_by_s seconds
-   from the script's start, and a run still going at --end_by_s seconds stops at its next step
-   (its final evaluation, once begun, completes): it is recorded as cut short, and a rerun
-   resumes it from its last checkpoint. So the report is written within the time the GPU is
+   from the script's start, and a run still going at --end_by_s seconds stops after its next
+   step (a hook of the run: that step's evaluation and checkpoint, when due, complete first;
+   the last step is never cut): it is recorded as cut short, and a rerun resumes it from its
+   last checkpoint. So the report is written within the time the GPU is
    lent (--end_by_s, plus one step or evaluation, plus the report); the report says what was
    not run or was cut short (paired statistics use the seeds both recipes finished).
 3. The report: <out>/study/report.md (tables, verdicts, figures) and <out>/gpu_study.json
@@ -52,7 +53,6 @@ import dataclasses
 import json
 import multiprocessing
 import platform
-import re
 import shlex
 import sys
 import time
@@ -249,25 +249,23 @@ class CutShort(Exception):
     self.step, self.steps = step, steps
 
 
-class StopAt:
-  """A run's `log`: drops its lines, and once the clock is past `deadline` raises CutShort at
-  the next line the run logs (after a step's record is written), except the line of the final
-  evaluation after the last step."""
+def stop_at(deadline: float, steps: int):
+  """A run's hook (`jetrl.train.Hook`): once the clock is past `deadline`, raises CutShort
+  after the next step whose record and checkpoint are written, unless it was the last."""
+  from jetrl.train import Hook  # pylint: disable=import-outside-toplevel
 
-  STEP_LINE = re.compile(r"\] step (\d+)/(\d+) ")  # jetrl.train.writers.Progress's line
+  class StopAt(Hook):
+    every = 1
 
-  def __init__(self, deadline: float, steps: int):
-    self.deadline, self.steps = deadline, steps
-    self.step = 0  # the last step whose record the run wrote (0: none yet)
+    def __call__(self, step, loop):
+      if step < steps and clock() > deadline:
+        raise CutShort(step, steps)
 
-  def __call__(self, line="", *args, **kwargs) -> None:
-    m = self.STEP_LINE.search(str(line))
-    if m:
-      self.step = int(m.group(1))
-    elif self.step == self.steps:
-      return  # the final evaluation: it has run, let the run save it
-    if clock() > self.deadline:
-      raise CutShort(self.step, self.steps)
+  return StopAt()
+
+
+def _quiet(*args, **kwargs) -> None:
+  """A run's `log`: its lines are dropped (the worker logs one line per run)."""
 
 
 def worker(study: StudyConfig, combos, start_by: float, end_by: float, log, t0: float) -> dict:
@@ -291,7 +289,11 @@ def worker(study: StudyConfig, combos, start_by: float, end_by: float, log, t0: 
     log(f"{head}: running ({clock() - t0:.0f}s since the start)")
     start = clock()
     try:
-      summary = run(train_config(study, length, spec, seed), log=StopAt(end_by, study.steps))
+      summary = run(
+        train_config(study, length, spec, seed),
+        log=_quiet,
+        hooks=[stop_at(end_by, study.steps)],
+      )
     except CutShort as e:
       cut_short.append(dict(run=tag, steps_done=e.step, steps=e.steps, s=clock() - start))
       not_run.append(f"{tag} (cut short after step {e.step} of {e.steps} at --end_by_s)")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import quiet
-from jetrl.train import run
+from jetrl.train import Hook, run
 
 STEP_FIELDS = [
   "reward_mean",
@@ -218,6 +218,41 @@ def test_torn_last_metric_line_does_not_stop_a_resume(done_run, tmp_path):
   with pytest.warns(RuntimeWarning, match="torn last line"):
     run(cfg, log=quiet)
   assert read(path) == before
+
+
+class _StopAfter(Hook):
+  """Records what it sees after each step, and stops the run after step `stop`."""
+
+  every = 1
+
+  def __init__(self, workdir, stop):
+    self.workdir, self.stop, self.seen = workdir, stop, []
+
+  def __call__(self, step, loop):
+    ckpts = sorted(os.listdir(os.path.join(self.workdir, "checkpoints")))
+    self.seen.append((step, read(os.path.join(self.workdir, "metrics.jsonl"))[-1]["step"], ckpts))
+    if step == self.stop:
+      raise KeyboardInterrupt(f"stopped after step {step}")
+
+
+def test_a_callers_hook_runs_after_the_steps_record_and_checkpoint(done_run, tmp_path):
+  """run(..., hooks=[h]): h runs after each step once its record and checkpoint are on disk;
+  what it raises ends the run there, and a rerun resumes to the uninterrupted run's records."""
+  cfg = copy_run(done_run, tmp_path)
+  shutil.rmtree(cfg.workdir)
+  with pytest.raises(TypeError, match="hooks must be jetrl.train.hooks.Hook instances"):
+    run(cfg, log=quiet, hooks=[lambda step, loop: None])
+  assert not os.path.exists(cfg.workdir)  # refused before anything started
+  hook = _StopAfter(cfg.workdir, stop=1)
+  with pytest.raises(KeyboardInterrupt, match="stopped after step 1"):
+    run(cfg, log=quiet, hooks=[hook])
+  assert hook.seen == [(1, 1, ["1"])]
+  assert not os.path.exists(os.path.join(cfg.workdir, "summary.json"))
+  logs = []
+  run(cfg, log=logs.append)
+  assert any("resumed from" in line and "(step 1" in line for line in logs), logs
+  ref = _comparable(read(os.path.join(done_run.workdir, "metrics.jsonl")))
+  assert _comparable(read(os.path.join(cfg.workdir, "metrics.jsonl"))) == ref
 
 
 def test_metrics_without_checkpoints_need_overwrite_and_are_moved_aside(done_run, tmp_path):

@@ -9,6 +9,7 @@ from jetrl.train.config import (
   TaskConfig,
   TrainConfig,
 )
+from jetrl.train.hooks import Hook, LoopState
 from jetrl.train.loop import run
 from jetrl.train.sft import run_sft
 
@@ -20,6 +21,8 @@ __all__ = [
   "EvalConfig",
   "CheckpointConfig",
   "LoggingConfig",
+  "Hook",
+  "LoopState",
   "run",
   "run_sft",
 ]

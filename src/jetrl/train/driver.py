@@ -215,9 +215,24 @@ class Hooks:
   plot: PlotHook
 
 
-def make_hooks(cfg, out: Outputs, ckpt, start: int, log, spec: HookSpec) -> Hooks:
+def user_hooks(hooks, entry: str) -> tuple[Hook, ...]:
+  """The `hooks=` a caller of `run` / `run_sft` gives, checked before anything starts."""
+  hooks = tuple(hooks)
+  for h in hooks:
+    if not isinstance(h, Hook):
+      raise TypeError(
+        f"{entry}: hooks must be jetrl.train.hooks.Hook instances (due(step, last) and "
+        f"__call__(step, loop)), got {type(h).__name__}"
+      )
+  return hooks
+
+
+def make_hooks(
+  cfg, out: Outputs, ckpt, start: int, log, spec: HookSpec, user: tuple[Hook, ...] = ()
+) -> Hooks:
   """The hooks, in the order they run after a step (`jetrl.train.hooks`): the record, the
-  `extra` ones, the skipped-updates stop, evaluation, the checkpoint, the plots."""
+  `extra` ones, the skipped-updates stop, evaluation, the checkpoint, the plots, then the
+  caller's own (`user`: they see a step whose record and checkpoint are written)."""
   eval_hook = EvalHook(
     spec.evaluate,
     out.writer("eval", tag=_eval_tag),
@@ -239,7 +254,7 @@ def make_hooks(cfg, out: Outputs, ckpt, start: int, log, spec: HookSpec) -> Hook
     eval_hook,
     CheckpointHook(ckpt, cfg.checkpoint.every, spec.tree, meta),
   ] + ([plot_hook] if cfg.logging.plots and out.primary else [])
-  return Hooks(hooks, eval_hook, plot_hook)
+  return Hooks(hooks + list(user), eval_hook, plot_hook)
 
 
 def run_steps(

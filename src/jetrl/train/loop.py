@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Sequence
 
 import jax
 
@@ -33,7 +34,7 @@ from jetrl.rl.update import TrainState
 from jetrl.train import driver, resume, setup
 from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig
-from jetrl.train.hooks import LoopState, SamplesHook
+from jetrl.train.hooks import Hook, LoopState, SamplesHook
 from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
 from jetrl.train.rl_step import RLStep, console_fields
 
@@ -97,17 +98,21 @@ def resume_check(cfg: TrainConfig, directory: str, changes: list):
   )
 
 
-def run(cfg: TrainConfig, *, task=None, log=print) -> dict:
+def run(cfg: TrainConfig, *, task=None, log=print, hooks: Sequence[Hook] = ()) -> dict:
   """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json).
 
   task: a `jetrl.data.Task` object to train on instead of the one `cfg.task` names (its
     prompt format and reward still apply); its name is recorded as `task.name`.
+  hooks: `jetrl.train.hooks.Hook`s of your own, run after each step's built-in ones (its
+    record, evaluation and checkpoint written) when due; an exception one raises ends the run
+    there, and rerunning resumes from the newest checkpoint.
 
   Raises FlagError (a ValueError naming the flag) for anything wrong with the flags or the
   workdir, before compiling; SkippedUpdatesError when the updates of --max_skipped_steps steps
   in a row were all skipped; CheckpointError when the workdir has checkpoints but none intact.
   """
-  return setup.run_guarded(cfg, task, log, _run)
+  user = driver.user_hooks(hooks, "run")
+  return setup.run_guarded(cfg, task, log, functools.partial(_run, user=user))
 
 
 def _pieces(cfg: TrainConfig, log, given, reward) -> driver.Pieces:
@@ -188,7 +193,9 @@ def _evaluate(cfg: TrainConfig, p: driver.Pieces, loop: LoopState) -> dict:
   return res
 
 
-def _hooks(cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log) -> driver.Hooks:
+def _hooks(
+  cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()
+) -> driver.Hooks:
   from jetrl.train.plots import write_plots  # pylint: disable=import-outside-toplevel
 
   spec = driver.HookSpec(
@@ -201,7 +208,7 @@ def _hooks(cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log) -> d
     draw=lambda workdir: write_plots(workdir, eval_label=cfg.eval.label),
     extra=(SamplesHook(out.writer("samples", tensorboard=False)),),
   )
-  return driver.make_hooks(cfg, out, ckpt, start, log, spec)
+  return driver.make_hooks(cfg, out, ckpt, start, log, spec, user)
 
 
 def _banner(cfg: TrainConfig, p: driver.Pieces) -> str:
@@ -214,14 +221,14 @@ def _banner(cfg: TrainConfig, p: driver.Pieces) -> str:
   )
 
 
-def _run(cfg: TrainConfig, log, given=None, reward=None) -> dict:
+def _run(cfg: TrainConfig, log, given=None, reward=None, *, user=()) -> dict:
   p = _pieces(cfg, log, given, reward)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, start, data_pos = _restore(cfg, ckpt, _initial_state(cfg, p, log), log)
   out = driver.open_outputs(cfg, driver.RL)
   log(_banner(cfg, p))
   rl_step = _rl_step(cfg, p)
-  hooks = _hooks(cfg, p, out, ckpt, start, log)
+  hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state, data_pos=data_pos)
   if start == 0:
     hooks.eval(0, loop)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ from jetrl.sampling import SamplingConfig, pad_prompts
 from jetrl.train import driver, resume, setup
 from jetrl.train.checkpoint import Checkpointer
 from jetrl.train.config import SFTConfig
-from jetrl.train.hooks import LoopState
+from jetrl.train.hooks import Hook, LoopState
 from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
 
 SKIP_HINT = "Check --optimizer.lr and the initial params (--model.name)."
@@ -139,11 +140,12 @@ def sharded_sft_step(layout, opt_state):
   )
 
 
-def run_sft(cfg: SFTConfig, *, task=None, log=print) -> dict:
+def run_sft(cfg: SFTConfig, *, task=None, log=print, hooks: Sequence[Hook] = ()) -> dict:
   """Run (or resume) a supervised warm start; returns the greedy evaluation at the end (also in
   workdir/sft_summary.json). `task`: a `jetrl.data.Task` object instead of the one `cfg.task`
-  names. Errors as for `jetrl.train.run`."""
-  return setup.run_guarded(cfg, task, log, _run_sft)
+  names; `hooks`: as for `jetrl.train.run`. Errors as for `jetrl.train.run`."""
+  user = driver.user_hooks(hooks, "run_sft")
+  return setup.run_guarded(cfg, task, log, functools.partial(_run_sft, user=user))
 
 
 def resume_check(cfg: SFTConfig, directory: str, changes: list):
@@ -245,7 +247,7 @@ def _evaluate(cfg: SFTConfig, p: driver.Pieces, loop: LoopState) -> dict:
   return p.evaluate(params, cfg.eval, cfg.max_new_tokens, p.recipe.rollout)
 
 
-def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log) -> driver.Hooks:
+def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()) -> driver.Hooks:
   from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
 
   spec = driver.HookSpec(
@@ -257,10 +259,10 @@ def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log) -> dri
     meta=lambda loop: {},
     draw=write_sft_plots,
   )
-  return driver.make_hooks(cfg, out, ckpt, start, log, spec)
+  return driver.make_hooks(cfg, out, ckpt, start, log, spec, user)
 
 
-def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
+def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   p, train_tasks = _pieces(cfg, log, given, reward)
   state, step_fn = _initial_state(cfg, p)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
@@ -274,7 +276,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None) -> dict:
     f"{cfg.model.name} ({p.mcfg.n_layers} layers) "
     f"steps={cfg.steps} batch={cfg.batch_size} recipe={cfg.recipe}"
   )
-  hooks = _hooks(cfg, p, out, ckpt, start, log)
+  hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state)
   step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped))
   driver.run_steps(cfg, out, hooks, loop, start, step)
