@@ -161,7 +161,9 @@ def summary(bench, peers, tests) -> str:
   if bench and bench.get("gemm"):
     peer_rows = {}
     for r in (peers or {}).get("gemm", []) if isinstance(peers, dict) else []:
-      peer_rows[(r["m"], r["k"], r["n"])] = r
+      # The same layer's measurement where the peers name it, else one of the same shape.
+      peer_rows[(r.get("model"), r.get("layer"), r["m"], r["k"], r["n"])] = r
+      peer_rows.setdefault((r["m"], r["k"], r["n"]), r)
     out += [
       "## GEMMs (TFLOP/s; x = speed-up over XLA bf16 in this run)",
       "",
@@ -176,7 +178,8 @@ def summary(bench, peers, tests) -> str:
       t = lambda key: r.get(key, {}).get("tflops")
       sp = lambda key: r.get(key, {}).get("speedup_vs_bf16")
       us = lambda key: r.get(key, {}).get("us")
-      p = peer_rows.get((r["m"], r["k"], r["n"]), {})
+      shape = (r["m"], r["k"], r["n"])
+      p = peer_rows.get((r["model"], r["layer"]) + shape) or peer_rows.get(shape, {})
       pt = lambda key: (p.get(key) or {}).get("tflops") if isinstance(p.get(key), dict) else None
       out.append(
         f"| {r['model']} | {r['layer']} | {r['m']}x{r['k']}x{r['n']} | {_fmt(t('bf16'))} | "
@@ -259,8 +262,14 @@ def summary(bench, peers, tests) -> str:
   return "\n".join(out) + "\n"
 
 
+PARTS = ("bench", "peers", "tests")
+
+
 def main(argv):
   del argv
+  unknown = [p for p in FLAGS.parts if p not in PARTS]
+  if unknown:  # before anything runs: device time is precious
+    raise app.UsageError(f"--parts: unknown {unknown}; accepted: {', '.join(PARTS)}")
   out = Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   result = dict(environment=environment(), parts=[])
@@ -309,8 +318,6 @@ def main(argv):
       rec = run_part("tests", cmd, limit, out, _env(XLA_PYTHON_CLIENT_PREALLOCATE="false"))
       rec.update(pytest_summary(out / "tests.log"))
       result["parts"].append(rec)
-    else:
-      raise app.UsageError(f"unknown part {part!r}; accepted: bench, peers, tests")
   result["bench"], result["peers"] = _load(bench_json), _load(peers_json)
   tests = next((p for p in result["parts"] if p["part"] == "tests"), None)
   text = summary(result["bench"], result["peers"], tests)
