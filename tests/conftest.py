@@ -26,7 +26,12 @@ if not (
 ):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
-import jax  # noqa: E402  (after XLA_FLAGS)
+# On a GPU every process that touches it (each pytest-xdist worker, each process a test starts,
+# which inherit this) would reserve 75% of its memory up front, so the second one runs out:
+# each allocates what it uses instead, unless the environment already chose.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402  (after XLA_FLAGS and the allocator setting)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,15 @@ from jetrl.precision.exact import fp8_fprop
 
 G = get_recipe("jet_exact").train.fprop
 
-pytestmark = pytest.mark.skipif(ffi_build.compiler() is None, reason="no C++ compiler")
+pytestmark = [
+  pytest.mark.skipif(ffi_build.compiler() is None, reason="no C++ compiler"),
+  # The kernels are registered for XLA's CPU platform and used only where JAX's backend is the
+  # CPU (cpu_kernels.usable): on a GPU jet_exact's exact sums are XLA's, and test_exact.py
+  # checks them there.
+  pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="jet_exact's CPU kernels serve CPU processes only"
+  ),
+]
 
 
 def test_the_kernels_build_and_pass_their_self_check():

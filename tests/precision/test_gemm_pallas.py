@@ -2,8 +2,12 @@
 (Pallas interpret mode) against the XLA path, backend selection, and the FP8-in-program check.
 
 Interpret mode runs the kernel's program on the CPU, one grid step at a time: shapes are small.
+On a machine with a GPU these tests still run it on the CPU device (`on_cpu`), against the
+explicit XLA path: there the program's FP8 block dots would be XLA GPU dots, summed at the
+tensor cores' precision, which the compiled-kernel test below and test_gpu.py check instead.
 """
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -42,6 +46,18 @@ def _interp(prec):
   return with_gemm_backend(prec, "pallas_interpret")
 
 
+def _xla(prec):
+  """The reference path, named: on a GPU "auto" would pick a GPU kernel."""
+  return with_gemm_backend(prec, "xla")
+
+
+def on_cpu():
+  """Run what follows on the CPU device (the default device already, without a GPU)."""
+  if jax.default_backend() == "cpu":
+    return contextlib.nullcontext()
+  return jax.default_device(jax.devices("cpu")[0])
+
+
 @pytest.fixture(scope="module")
 def xwd():
   rng = np.random.default_rng(0)
@@ -71,15 +87,16 @@ def test_kernel_matches_float64_reference(p, q, c, tiles):
   a32, b32 = rng.standard_normal((p, c)), rng.standard_normal((q, c))
   aq, sa = ref_quantize(a32, (1, 128))
   bq, sb = ref_quantize(b32, (1, 128), "e5m2" if tiles is None else "e4m3")
-  out = scaled_matmul_nt(
-    jnp.asarray(aq),
-    jnp.asarray(sa),
-    jnp.asarray(bq),
-    jnp.asarray(sb),
-    out_dtype=jnp.float32,
-    interpret=True,
-    tiles=tiles,
-  )
+  with on_cpu():
+    out = scaled_matmul_nt(
+      jnp.asarray(aq),
+      jnp.asarray(sa),
+      jnp.asarray(bq),
+      jnp.asarray(sb),
+      out_dtype=jnp.float32,
+      interpret=True,
+      tiles=tiles,
+    )
   ref = np.zeros((p, q))
   for kb in range(sa.shape[1]):
     sl = slice(128 * kb, 128 * (kb + 1))
@@ -109,19 +126,27 @@ def test_linear_fprop_dgrad_wgrad_match_xla_path(xwd, gfmt):
   x, w, dy = xwd
   g = dataclasses.replace(BLOCK, grad_fmt=gfmt)
   prec = Precision("float32", fprop=g, dgrad=g, wgrad=g)  # float32 between operators
-  y0, vjp0 = jax.vjp(lambda a, b: linear(a, b, prec), x, w)
-  y1, vjp1 = jax.vjp(lambda a, b: linear(a, b, _interp(prec)), x, w)
-  (dx0, dw0), (dx1, dw1) = vjp0(jnp.asarray(dy)), vjp1(jnp.asarray(dy))
+  with on_cpu():
+    y0, vjp0 = jax.vjp(lambda a, b: linear(a, b, _xla(prec)), x, w)
+    y1, vjp1 = jax.vjp(lambda a, b: linear(a, b, _interp(prec)), x, w)
+    (dx0, dw0), (dx1, dw1) = vjp0(jnp.asarray(dy)), vjp1(jnp.asarray(dy))
   for got, want in ((y1, y0), (dx1, dx0), (dw1, dw0)):
     assert got.dtype == want.dtype == jnp.float32
     assert rel_err(got, want) < 2e-6, rel_err(got, want)
 
 
+@pytest.fixture
+def cpu_device():
+  with on_cpu():
+    yield
+
+
+@pytest.mark.usefixtures("cpu_device")
 def test_linear_k_multiple_of_block_bf16_and_grad_under_jit():
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.standard_normal((2, 40, 256)), jnp.bfloat16)  # [..., K], 80 tokens
   w = jnp.asarray(rng.standard_normal((256, 136)) * 0.05, jnp.float32)
-  jet = get_recipe("jet").train
+  jet = _xla(get_recipe("jet").train)
 
   def loss(a, b, p):
     return jnp.sum(linear(a, b, p).astype(jnp.float32) ** 2)
@@ -139,9 +164,10 @@ def test_linear_k_multiple_of_block_bf16_and_grad_under_jit():
   assert rel_err(g1[1], g0[1]) < 2**-7
 
 
+@pytest.mark.usefixtures("cpu_device")
 def test_per_tensor_scaling_and_non_finite_through_kernel(xwd):
   x, w, _ = xwd
-  prec = dataclasses.replace(get_recipe("fp8_tensor").train, compute_dtype="float32")
+  prec = _xla(dataclasses.replace(get_recipe("fp8_tensor").train, compute_dtype="float32"))
   assert rel_err(linear(x, w, _interp(prec)), linear(x, w, prec)) < 2e-6
   xn = x.copy()
   xn[3, 5] = np.nan
@@ -242,7 +268,7 @@ def test_lowered_pallas_path_feeds_fp8_to_the_dot(xwd):
 
 def test_check_catches_the_cpu_emulation_and_xla_upcasts(xwd):
   x, w, _ = xwd
-  jet = get_recipe("jet").train
+  jet = _xla(get_recipe("jet").train)  # the CPU emulation (what "auto" runs without a GPU)
   emu = check_fp8_in_compiled(lambda a, b: linear(a, b, jet), x, w, platform="cpu")
   assert not emu.ok and not emu.fp8_gemms  # dequantize-then-float32-matmul
   xq, wq = quantize(x, (1, K))[0], quantize(w, (K, N))[0]
@@ -251,6 +277,10 @@ def test_check_catches_the_cpu_emulation_and_xla_upcasts(xwd):
   )
   lowered = check_fp8_in_compiled(dot, xq, wq, platform="cpu", compile=False)
   assert lowered.ok and lowered.stage == "lowered"
+  if jax.default_backend() != "cpu":  # compiling is for the local platform only
+    with pytest.raises(ValueError, match="cannot compile for 'cpu'"):
+      check_fp8_in_compiled(dot, xq, wq, platform="cpu", compile=True)
+    return
   # The CPU compiler converts the FP8 operands up before its dot: the compiled check fails.
   compiled = check_fp8_in_compiled(dot, xq, wq, platform="cpu", compile=True)
   assert compiled.stage == "compiled" and not compiled.ok and compiled.upcasts, compiled.summary()

@@ -20,6 +20,13 @@ JET32_E5M2 = Precision(
   wgrad=dataclasses.replace(BLOCK, grad_fmt="e5m2"),
 )
 M, K, N = 130, 300, 200  # partial token groups, partial K and N blocks
+# On a GPU `linear`'s FP8 GEMMs run where "auto" sends them (cuBLASLt or the Pallas kernel),
+# whose tensor cores sum each 128-product block at their own reduced precision before the
+# float32 promotion: docs/numerics.md ("The GPU GEMMs and their tolerance") bounds the result
+# at 1e-3 of the output's largest magnitude. On the CPU the XLA path sums in float32, and the
+# tighter tolerances below hold.
+ON_GPU = jax.default_backend() == "gpu"
+GPU_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +48,14 @@ def test_forward_matches_dequantize_then_matmul_float64(xwd):
   y = jax.jit(lambda a, b: linear(a, b, JET32))(x, w)
   ref = ref_fake(x, (1, 128)) @ ref_fake(w, (128, 128))
   assert y.dtype == jnp.float32
-  assert rel_err(y, ref) < 3e-6, rel_err(y, ref)
+  tol = GPU_TOL if ON_GPU else 3e-6
+  assert rel_err(y, ref) < tol, rel_err(y, ref)
   # bf16 compute dtype: inputs are bf16 between operators, output rounded to bf16.
   yb = jax.jit(lambda a, b: linear(a, b, get_recipe("jet").train))(x, w)
   refb = ref_fake(to_bf16(x), (1, 128)) @ ref_fake(w, (128, 128))
   assert yb.dtype == jnp.bfloat16
-  np.testing.assert_allclose(
-    np.asarray(yb, np.float64), refb, rtol=2**-8, atol=2**-8 * np.abs(refb).max() * 1e-2
-  )
+  atol = (GPU_TOL if ON_GPU else 2**-8 * 1e-2) * np.abs(refb).max()
+  np.testing.assert_allclose(np.asarray(yb, np.float64), refb, rtol=2**-8, atol=atol)
   # And it is really FP8: far from the unquantized product.
   assert rel_err(y, x.astype(np.float64) @ w) > 1e-3
 
@@ -60,8 +67,9 @@ def test_backward_matches_spec_reference(xwd, prec, gfmt):
   dx, dw = jax.jit(vjp)(jnp.asarray(dy))
   dx_ref = ref_fake(dy, (1, 128), gfmt) @ ref_fake(w, (128, 128)).T
   dw_ref = ref_fake(x, (128, 1)).T @ ref_fake(dy, (128, 1), gfmt)
-  assert rel_err(dx, dx_ref) < 3e-6, rel_err(dx, dx_ref)
-  assert rel_err(dw, dw_ref) < 3e-6, rel_err(dw, dw_ref)
+  tol = GPU_TOL if ON_GPU else 3e-6
+  assert rel_err(dx, dx_ref) < tol, rel_err(dx, dx_ref)
+  assert rel_err(dw, dw_ref) < tol, rel_err(dw, dw_ref)
   assert dx.dtype == jnp.float32 and dw.dtype == jnp.float32
 
 
@@ -124,13 +132,14 @@ def test_batch_invariance_blockwise(recipe):
   qb, sb = quantize(batch, block)
   np.testing.assert_array_equal(np.asarray(q1).view(np.uint8), np.asarray(qb)[7:8].view(np.uint8))
   np.testing.assert_array_equal(np.asarray(s1), np.asarray(sb)[7:8])
-  # linear: same FP8 inputs; the matmul itself may differ in the last float32 bits.
+  # linear: same FP8 inputs; the matmul itself may differ in the last float32 bits. On a GPU
+  # the kernel's algorithm, and with it the order and precision of its block sums, may depend
+  # on the number of rows (docs/numerics.md: the engine floor), within the GPU tolerance.
   p32 = dataclasses.replace(prec, compute_dtype="float32")
   y1 = linear(row, w, p32)
   yb = linear(batch, w, p32)[7:8]
-  np.testing.assert_allclose(
-    np.asarray(y1), np.asarray(yb), rtol=1e-5, atol=1e-6 * np.abs(np.asarray(yb)).max()
-  )
+  atol = (GPU_TOL if ON_GPU else 1e-6) * np.abs(np.asarray(yb)).max()
+  np.testing.assert_allclose(np.asarray(y1), np.asarray(yb), rtol=1e-5, atol=atol)
 
 
 def test_per_tensor_scaling_is_batch_dependent():

@@ -240,7 +240,7 @@ def test_help_lists_every_flag_grouped_by_config():
 def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
   """The entry point itself: exit code 2 and one message, no traceback."""
   script = str(root / "experiments" / "train.py")
-  env = dict(os.environ)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")  # a CPU is all it needs, on any machine
   out = subprocess.run(
     [sys.executable, script, f"--workdir={tmp_path}", "--recipe=fp8"],
     capture_output=True,
@@ -312,6 +312,7 @@ def test_a_failing_reward_function_ends_the_command_in_one_line(tmp_path, root):
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),  # error handling: no GPU needed
     )
     for name, argv in runs.items()
   }
@@ -365,6 +366,7 @@ def test_third_party_info_logs_are_quiet_unless_verbosity_is_given(tmp_path):
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),  # logging only: no GPU needed
     )
     for argv in argvs
   ]
