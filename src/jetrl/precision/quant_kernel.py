@@ -13,8 +13,8 @@ elementwise fusion, reading the array twice per layout. `quantize_rows_cols` rea
 The scales come out transposed, in the layout the cuBLASLt GEMM reads (one row per 128-block,
 rows of the operand contiguous). The arithmetic is `jetrl.precision.quantize`'s, operation for
 operation (float32 amax, scale = amax * float32(1/FMAX), 1 for an all-zero group,
-inv = 1 / scale, clip, round to nearest even), so the FP8 values and scales are bit-identical
-to it: tested in interpret mode on the CPU and compiled on a GPU. Power-of-two scales are not
+inv = 1 / scale correctly rounded, clip, round to nearest even), so the FP8 values and scales
+are bit-identical to it: tested in interpret mode on the CPU and compiled on a GPU. Power-of-two scales are not
 implemented here (`supported` says so; callers use `quantize` for them).
 """
 
@@ -47,20 +47,42 @@ def _amax(ax, axis: int):
   return jnp.where(jnp.isnan(jnp.sum(ax, axis=axis)), jnp.float32(jnp.nan), jnp.max(ax, axis=axis))
 
 
-def _kernel(x_ref, *out_refs, rows: bool, cols: bool, fmax: float, dtype):
+# Triton lowers a float32 `/` to PTX's div.full.f32, which is not correctly rounded (up to 2
+# ulp off); XLA's float32 division, which `quantize` uses, is (div.rn.f32). The compiled kernel
+# therefore divides with div.rn.f32 itself, so that its 1 / scale, and with it every FP8 value,
+# is the same as quantize's.
+DIV_RN_F32 = "div.rn.f32 $0, $1, $2;"
+
+
+def _reciprocal(s, interpret: bool):
+  """1 / s, correctly rounded (IEEE), in the kernel."""
+  one = jnp.ones_like(s)
+  if interpret:  # jnp's division, IEEE on the CPU
+    return one / s
+  (inv,) = plgpu.elementwise_inline_asm(
+    DIV_RN_F32,
+    args=[one, s],
+    constraints="=r,r,r",
+    pack=1,
+    result_shape_dtypes=[jax.ShapeDtypeStruct(s.shape, jnp.float32)],
+  )
+  return inv
+
+
+def _kernel(x_ref, *out_refs, rows: bool, cols: bool, fmax: float, dtype, interpret: bool):
   x = x_ref[...].astype(jnp.float32)
   ax = jnp.abs(x)
   refs = list(out_refs)
   if rows:
     q_ref, s_ref = refs.pop(0), refs.pop(0)
     s = _scale(_amax(ax, 1), fmax)
-    inv = jnp.float32(1.0) / s
+    inv = _reciprocal(s, interpret)
     q_ref[...] = jnp.clip(x * inv[:, None], -fmax, fmax).astype(dtype)
     s_ref[...] = s[None, :]
   if cols:
     q_ref, s_ref = refs.pop(0), refs.pop(0)
     s = _scale(_amax(ax, 0), fmax)
-    inv = jnp.float32(1.0) / s
+    inv = _reciprocal(s, interpret)
     q_ref[...] = jnp.clip(x * inv[None, :], -fmax, fmax).astype(dtype).T
     s_ref[...] = s[None, :]
 
@@ -97,7 +119,9 @@ def quantize_rows_cols(
       pl.BlockSpec((1, B), lambda i, j: (i, j)),
     ]
   outs = pl.pallas_call(
-    functools.partial(_kernel, rows=rows, cols=cols, fmax=fp8_max(dtype), dtype=dtype),
+    functools.partial(
+      _kernel, rows=rows, cols=cols, fmax=fp8_max(dtype), dtype=dtype, interpret=interpret
+    ),
     out_shape=tuple(out_shape),
     grid=(mb, kb),
     in_specs=[pl.BlockSpec((B, B), lambda i, j: (i, j))],
