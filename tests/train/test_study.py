@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from conftest import quiet
@@ -273,7 +274,8 @@ def test_gpu_study_toy_report_and_resume(gpu_toy_study, root):
   assert saved["verdicts"]["1"]["valid"] == "not judged" and not saved["not_run"]
   assert not saved["cut_short"] and saved["config"]["end_by_s"] == 480
   assert saved["config"]["lengths"] == [1] and saved["config"]["sampling"]["temperature"] == 0.7
-  assert saved["warm_start"]["steps"] == 4 and saved["device"]["platform"] == "cpu"
+  assert saved["warm_start"]["steps"] == 4
+  assert saved["device"]["platform"] == jax.devices()[0].platform  # "cpu" here, "gpu" on a GPU
   rows = {r["recipe"]: r for r in out["rows"]}
   assert set(rows) == {"fp8_rollout", "jet"}
   for r in rows.values():
