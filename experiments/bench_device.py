@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,13 @@ flags.DEFINE_string(
   "keeps compile times short); dropped if this XLA rejects them.",
 )
 flags.DEFINE_bool("ptx_check", True, "Dump the PTX of a probe program and count FP8 MMA lines.")
+flags.DEFINE_bool(
+  "profile",
+  False,
+  "After timing each rollout and update, run it once more under the profiler and record its "
+  "kernels (jetrl.kernel_profile: count per decode step, device busy share, the top kernels); "
+  "the traces themselves are deleted.",
+)
 flags.DEFINE_string("json_out", None, "Path for the results as JSON.")
 
 _T0 = time.perf_counter()
@@ -553,6 +561,23 @@ class _fq_scope:  # pylint: disable=invalid-name
       gemms.set_fused_quant(False)
 
 
+def _profile(fn, steps: int, name: str) -> dict:
+  """`fn` once under the profiler (jetrl.kernel_profile), the trace deleted; printed too."""
+  from jetrl.kernel_profile import format_summary, profile_call  # pylint: disable=import-outside-toplevel
+
+  d = tempfile.mkdtemp(prefix="jetrl_profile_")
+  try:
+    s = profile_call(fn, d, steps=steps)
+    s.pop("trace", None)
+  except Exception as e:  # pylint: disable=broad-except
+    s = dict(kernels=0, note=f"profiling failed: {type(e).__name__}: {str(e)[:300]}")
+  finally:
+    shutil.rmtree(d, ignore_errors=True)
+  for ln in format_summary(s):
+    print(f"  {name}: {ln}", flush=True)
+  return s
+
+
 def run_rollout(model: str, settings, interpret: bool, recipes=("bf16", "fp8_rollout", "jet")):
   """Sampler tokens/s per recipe, for each (batch, prompt_len, new_tokens) in settings."""
   try:
@@ -590,6 +615,8 @@ def run_rollout(model: str, settings, interpret: bool, recipes=("bf16", "fp8_rol
             **memory_gib(),
           )
         )
+        if FLAGS.profile:  # per decode step: the prefill's kernels count in too
+          rows[-1]["profile"] = _profile(run, new_tokens, f"{name} rollout")
       except Exception as e:  # pylint: disable=broad-except
         rows.append(dict(row, skipped=f"{type(e).__name__}: {str(e)[:300]}"))
       print(f"  ... {name} {batch}x{prompt_len}+{new_tokens} done at {elapsed():.0f} s", flush=True)
@@ -668,6 +695,12 @@ def run_update(
         times.append(time.perf_counter() - t0)
       t = float(np.median(times[1:]))
       mfu = 6.0 * n_params * tokens / t / (FLAGS.peak_tflops * 1e12)
+      prof = None
+      if FLAGS.profile:
+        step = lambda s=state: update_step(
+          s, batch, jax.random.PRNGKey(0), model_config=cfg, cfg=ucfg, precision=rec.train
+        )[1]
+        prof = _profile(step, 1, f"{name} update")
       rows.append(
         dict(
           row,
@@ -678,6 +711,7 @@ def run_update(
           params=n_params,
           finite=bool(float(metrics["skipped_updates"]) == 0),
           **memory_gib(),
+          **({"profile": prof} if prof is not None else {}),
         )
       )
       del state

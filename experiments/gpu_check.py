@@ -155,6 +155,40 @@ def _fmt(v, spec=".0f"):
   return "-" if v is None else format(v, spec)
 
 
+def _profile_table(bench) -> list[str]:
+  """The kernels of the profiled rollouts and updates (bench_device.py --profile)."""
+  rows = []
+  for part, per in (("rollout", "decode step"), ("update", "step")):
+    for r in (bench or {}).get(part) or []:
+      p = r.get("profile")
+      if not p:
+        continue
+      setting = (
+        f"{r.get('batch')}x{r.get('prompt_len')}+{r.get('new_tokens')}"
+        if part == "rollout"
+        else f"{r.get('rows')}x{r.get('seq')}"
+      )
+      if not p.get("kernels"):
+        rows.append(f"| {part} | {r.get('recipe')} | {setting} | {p.get('note', '-')} | | | |")
+        continue
+      top = p["top"][0] if p.get("top") else {}
+      rows.append(
+        f"| {part} | {r.get('recipe')} | {setting} | {p['kernels_per_step']:.0f} a {per} | "
+        f"{p['mean_kernel_us']:.1f} | {100 * p['busy_share']:.0f}% | "
+        f"`{top.get('name', '-')[:60]}` ({100 * top.get('share', 0):.0f}%) |"
+      )
+  if not rows:
+    return []
+  return [
+    "## Kernels (one profiled call each; busy: kernel time / first-to-last span)",
+    "",
+    "| part | recipe | setting | kernels | mean kernel (us) | busy | top kernel (share) |",
+    "|---|---|---|---|---|---|---|",
+    *rows,
+    "",
+  ]
+
+
 def summary(bench, peers, tests) -> str:
   """Markdown tables: jetrl next to the peers, measured in this one run."""
   out = []
@@ -249,6 +283,7 @@ def summary(bench, peers, tests) -> str:
         cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
       out.append("| " + " | ".join(cells) + " |")
     out.append("")
+  out += _profile_table(bench)
   gen = (peers or {}).get("generate") if isinstance(peers, dict) else None
   if gen:
     out += [

@@ -11,6 +11,10 @@ import sys
 
 PROBE = r"""
 import importlib.util, json, pathlib, sys
+PROFILED = dict(rollout=[dict(recipe="jet", batch=64, prompt_len=256, new_tokens=256, profile=dict(
+  kernels=1280, kernels_per_step=5.0, mean_kernel_us=2.5, busy_share=0.25,
+  top=[dict(name="fusion.12", share=0.4)]))], update=[dict(recipe="bf16", rows=16, seq=1024,
+  profile=dict(kernels=0, note="profiling failed: X"))])
 root = pathlib.Path(sys.argv[1])
 spec = importlib.util.spec_from_file_location("gpu_check", root / "experiments" / "gpu_check.py")
 gc = importlib.util.module_from_spec(spec)
@@ -24,6 +28,7 @@ print(json.dumps(dict(
     json.loads((run / "peers.json").read_text()),
     gc.pytest_summary(log),
   ),
+  profiled=gc.summary(PROFILED, None, None),
 )))
 """
 
@@ -75,6 +80,7 @@ def test_summary_tables_and_failed_tests(root, tmp_path):
   assert any(ln.startswith("| bf16 | 64 | 256 | 256 | 1.72e+04 | 3.71 |") for ln in lines)
   assert any(ln.startswith("| jet | 64 | 256 | 256 |") and "time budget" in ln for ln in lines)
   assert "- FAILED tests/b_test.py::test_three[bf16]" in lines
+  assert not any(ln.startswith("## Kernels") for ln in lines)  # run 1 profiled nothing
 
 
 def test_a_run_stopped_before_its_summary_still_names_its_failures(root, tmp_path):
@@ -99,3 +105,16 @@ def test_an_unknown_part_is_refused_before_anything_runs(root, tmp_path):
   assert out.returncode != 0
   assert "--parts: unknown ['gemm']; accepted: bench, peers, tests" in out.stderr
   assert not (tmp_path / "o").exists()
+
+
+def test_the_kernel_table_of_profiled_runs(root, tmp_path):
+  lines = _probe(root, tmp_path, LOG)["profiled"].splitlines()
+  assert lines[
+    lines.index(
+      "| part | recipe | setting | kernels | mean kernel (us) | busy | top kernel (share) |"
+    )
+    + 2 :
+  ][:2] == [
+    "| rollout | jet | 64x256+256 | 5 a decode step | 2.5 | 25% | `fusion.12` (40%) |",
+    "| update | bf16 | 16x1024 | profiling failed: X | | | |",
+  ]
