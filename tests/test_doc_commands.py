@@ -1,6 +1,6 @@
-"""Every experiments/ command shown in README.md, docs/ and the experiments' docstrings names a script that exists and
-flags that script accepts, with values it accepts; a command shown with its error gives that
-error. Nothing runs: each script's flags are parsed (and, for a configuration tree, its
+"""Every experiments/ command shown in README.md, docs/ and the experiments' docstrings names a
+script that exists and flags that script accepts, with values it accepts; a command shown with
+its error gives that error. Nothing runs: each script's flags are parsed (and, for a configuration tree, its
 configuration built) in a subprocess (tests/_doc_command_flags.py).
 
 What a command line is, here: `python[3] [-m] experiments/NAME.py` and what follows on its line

@@ -14,8 +14,8 @@ The scales come out transposed, in the layout the cuBLASLt GEMM reads (one row p
 rows of the operand contiguous). The arithmetic is `jetrl.precision.quantize`'s, operation for
 operation (float32 amax, scale = amax * float32(1/FMAX), 1 for an all-zero group,
 inv = 1 / scale correctly rounded, clip, round to nearest even), so the FP8 values and scales
-are bit-identical to it: tested in interpret mode on the CPU and compiled on a GPU. Power-of-two scales are not
-implemented here (`supported` says so; callers use `quantize` for them).
+are bit-identical to it: tested in interpret mode on the CPU and compiled on a GPU. Power-of-two
+scales are not implemented here (`supported` says so; callers use `quantize` for them).
 """
 
 from __future__ import annotations
