@@ -43,16 +43,16 @@ def _tree_script(root: str, script: str):
   raise RuntimeError(f"{script} did not call jetrl.train.cli.main")
 
 
-def _error(e: BaseException) -> str:
+def _error(e: BaseException, stderr) -> str:
+  """The error a script gives: an exception's message, or what it printed before exiting."""
   if isinstance(e, SystemExit):
-    return f"exit {e.code}: {_STDERR.getvalue().strip()[-500:]}"
+    return f"exit {e.code}: {stderr.getvalue().strip()[-500:]}"
   return f"{type(e).__name__}: {e}"
 
 
 def main() -> None:
   import io  # pylint: disable=import-outside-toplevel
 
-  global _STDERR  # pylint: disable=global-statement
   root, script, argvs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
   sys.path.insert(0, os.path.join(root, "experiments"))
   from absl import flags  # pylint: disable=import-outside-toplevel
@@ -74,8 +74,8 @@ def main() -> None:
     spec.loader.exec_module(module)
   results = []
   for argv in argvs:
-    _STDERR = io.StringIO()
-    saved, sys.stderr = sys.stderr, _STDERR
+    stderr = io.StringIO()
+    saved, sys.stderr = sys.stderr, stderr
     flags.FLAGS.unparse_flags()
     try:
       if tree is not None and any(a in ("--help", "-h", "--helpfull") for a in argv):
@@ -88,13 +88,11 @@ def main() -> None:
         real["build"](tree[0], flags.FLAGS, exclude=tree[1])
       results.append(None)
     except (Exception, SystemExit) as e:  # pylint: disable=broad-except
-      results.append(_error(e))
+      results.append(_error(e, stderr))
     finally:
       sys.stderr = saved
   print(json.dumps(results))
 
-
-_STDERR = None
 
 if __name__ == "__main__":
   main()
