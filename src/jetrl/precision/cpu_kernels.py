@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.precision import ffi_build
+from jetrl.precision import target as _target
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_cpu.cc"
 TARGET = "jetrl_exact_fp8_gemm"
@@ -189,4 +190,4 @@ def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
 def usable() -> bool:
   """Whether code being traced now should call the kernels: the CPU backend, one device in
   the process (XLA would gather a custom call's operands onto every device), kernel built."""
-  return jax.default_backend() == "cpu" and jax.device_count() == 1 and available()
+  return _target.platform() == "cpu" and jax.device_count() == 1 and available()

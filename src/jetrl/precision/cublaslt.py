@@ -118,6 +118,30 @@ class _State:
   lib = None
   reason: Optional[str] = "not loaded yet"
   info: dict = {}
+  compile_only = False  # registered for compiling only (`load_for_compile`): never runs
+
+
+def load_for_compile() -> Optional[str]:
+  """Register the real handler for CUDA in a process that only compiles for a Hopper GPU it
+  does not have (`jetrl.aot`): the library is built as for a GPU and loaded lazily, so its
+  cuBLASLt calls stay unresolved (it is never executed here, and no CUDA library is needed).
+  cuBLASLt is not here to be asked which shapes it has an algorithm for: every shape counts
+  as supported (on the H200 runs in docs/device every GEMM shape of the product was).
+  None when registered, else why not."""
+  if _State.lib is not None:
+    return None
+  try:
+    path = build(SOURCE)
+    lib = ctypes.CDLL(str(path), mode=os.RTLD_LAZY)
+    _register(lib, "CUDA")
+  except Exception as e:  # pylint: disable=broad-except
+    _State.reason = f"{type(e).__name__}: {e}"
+    return _State.reason
+  _State.lib, _State.reason, _State.compile_only = lib, None, True
+  _State.info.update(library=str(path), compile_only=True)
+  unavailable_reason.cache_clear()
+  supported.cache_clear()
+  return None
 
 
 def _register(lib, platform: str) -> None:
@@ -187,6 +211,8 @@ def load(
 @functools.lru_cache(maxsize=None)
 def unavailable_reason() -> Optional[str]:
   """Why the cuBLASLt GEMM cannot run in this process (None if it can); decided once."""
+  if _State.compile_only:
+    return None
   return load()
 
 
@@ -203,6 +229,8 @@ def supported(p: int, q: int, c: int, a_dtype, b_dtype, out_dtype, b_blocks: boo
   codes = [DTYPE_CODES.get(np.dtype(d)) for d in (a_dtype, b_dtype, out_dtype)]
   if None in codes or codes[0] > 1 or codes[1] > 1 or codes[2] < 2:
     return False
+  if _State.compile_only:
+    return True
   pp, qp, cp = _padded(p, q, c)
   err = ctypes.create_string_buffer(256)
   ok = _State.lib.jetrl_cublaslt_supported(

@@ -25,6 +25,7 @@ from jetrl.precision import backend as _backend
 from jetrl.precision import cublaslt as _cublaslt
 from jetrl.precision import gemm_pallas as _gp
 from jetrl.precision import quant_kernel as _qk
+from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.quantize import dequantize, quantize
 from jetrl.precision.weights import QuantizedWeight, weight_blocks
@@ -83,7 +84,7 @@ def _fused(g) -> bool:
 def _rows_cols(x, fmt: str, rows: bool):
   """The one-pass kernel's rows or cols pair (interpret mode off a GPU: the CPU tests)."""
   ((q, s_t),) = _qk.quantize_rows_cols(
-    x, format_dtype(fmt), rows=rows, cols=not rows, interpret=jax.default_backend() != "gpu"
+    x, format_dtype(fmt), rows=rows, cols=not rows, interpret=_target.platform() != "gpu"
   )
   return q, s_t
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.precision import target as _target
 from jetrl.precision.formats import E4M3, fp8_max
 
 
@@ -77,7 +78,7 @@ def cast_to_fp8(x: jax.Array, dtype) -> jax.Array:
   slower); elsewhere it is the native convert (one instruction per two values on Hopper). The
   result is a real FP8 array.
   """
-  if jax.default_backend() != "cpu":
+  if _target.platform() != "cpu":
     return x.astype(jnp.float32).astype(dtype)
   if np.dtype(dtype) == np.dtype(E4M3):
     mbits, bias, nan_code = 3, 7, 0x7F

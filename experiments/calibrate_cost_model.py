@@ -1,0 +1,268 @@
+"""Fit the compiled-program cost model (jetrl.aot.cost) on recorded H200 measurements.
+
+  python experiments/calibrate_cost_model.py                 # fit from the committed kernels
+  python experiments/calibrate_cost_model.py --recompile     # compile the programs again first
+
+It compiles, for an H200 from this CPU machine, the programs that the recorded GPU runs in
+docs/device timed (experiments/bench_device.py's GEMM loops at M = 4096, the sampler for
+qwen2.5-1.5b at 64 x 256 + 256 tokens, the 1.5B update at 16 x 1024 tokens), keeps their
+kernels in docs/compile/h200_recorded.json (so a refit needs no compile: --recompile redoes
+them, about 15 minutes on two cores), fits the model's constants on one part of the
+measurements (--fit: the bf16 and cuBLASLt FP8 GEMMs alone, and the bf16 and fp8_rollout
+rollouts, whose kernel counts differ, so that launch cost and bandwidth separate) and prints
+the error on every measurement, the held-out ones marked. --write_params stores the fit in
+src/jetrl/aot/calibration.json, which the compile report reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from jetrl.aot.compile import setup_environment  # noqa: E402
+
+setup_environment()
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("recompile", False, "Compile the recorded programs again (else read --cache).")
+flags.DEFINE_string(
+  "cache", str(ROOT / "docs/compile/h200_recorded.json"), "Kernels of the recorded programs."
+)
+flags.DEFINE_list(
+  "runs",
+  ["2026-11-30-h200-2", "2026-11-30-h200-3"],
+  "docs/device runs whose measurements to use.",
+)
+flags.DEFINE_list(
+  "fit",
+  ["gemm:bf16", "gemm:fp8_cublaslt", "rollout:bf16", "rollout:fp8_rollout"],
+  "Measurement groups to fit on (the rest are held out).",
+)
+flags.DEFINE_bool("write_params", False, "Store the fit in src/jetrl/aot/calibration.json.")
+
+GEMM_VARIANTS = ("bf16", "fp8_cublaslt", "linear", "train_bf16", "train_jet")
+LOOP_ITERS = 10
+
+
+def measurements(runs) -> list[dict]:
+  """Recorded (group, key, seconds, run) items from docs/device/<run>/bench_device.json."""
+  out = []
+  for run in runs:
+    d = json.loads((ROOT / "docs/device" / run / "bench_device.json").read_text())
+    for g in d.get("gemm", []):
+      shape = f"{g['m']}x{g['k']}x{g['n']}"
+      for v in GEMM_VARIANTS:
+        if isinstance(g.get(v), dict) and "us" in g[v]:
+          out.append(dict(group=f"gemm:{v}", key=f"gemm:{v}:{shape}", s=g[v]["us"] * 1e-6, run=run))
+    for r in d.get("rollout", []):
+      if "ms_per_step" in r:
+        key = f"rollout:{r['recipe']}:{r['batch']}x{r['prompt_len']}x{r['new_tokens']}"
+        out.append(
+          dict(group=f"rollout:{r['recipe']}", key=key, s=r["ms_per_step"] * 1e-3, run=run)
+        )
+    for r in d.get("update", []):
+      if "seconds" in r:
+        key = f"update:{r['recipe']}:{r['rows']}x{r['seq']}"
+        out.append(dict(group=f"update:{r['recipe']}", key=key, s=r["seconds"], run=run))
+  return out
+
+
+def _gemm_program(variant: str, m: int, k: int, n: int, devices):
+  """bench_device's timing loop around one GEMM variant, as a Program."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
+  from jetrl import precision
+  from jetrl.aot.programs import Program, one_device_sharding
+  from jetrl.precision import cublaslt
+
+  rep = one_device_sharding(devices)
+  sds = lambda s, d: jax.ShapeDtypeStruct(s, jnp.dtype(d), sharding=rep)
+  jet = precision.with_gemm_backend(precision.get_recipe("jet"), "cublaslt")
+  bf16 = precision.get_recipe("bf16")
+  x, w, dy = sds((m, k), jnp.bfloat16), sds((k, n), jnp.bfloat16), sds((m, n), jnp.bfloat16)
+  vjp = lambda rec: (
+    lambda a, b, d: jax.vjp(lambda a_, b_: precision.linear(a_, b_, rec.train), a, b)[1](d)
+  )
+  fns = {
+    "bf16": (
+      lambda a, b: lax.dot_general(
+        a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16
+      ),
+      (x, w),
+    ),
+    "fp8_cublaslt": (
+      lambda a, sa, b, sb: cublaslt.gemm(a, sa, b, sb, b_blocks=True, out_dtype=jnp.bfloat16),
+      (
+        sds((m, k), jnp.float8_e4m3fn),
+        sds((m, -(-k // 128)), jnp.float32),
+        sds((n, k), jnp.float8_e4m3fn),
+        sds((-(-n // 128), -(-k // 128)), jnp.float32),
+      ),
+    ),
+    "linear": (lambda a, b: precision.linear(a, b, jet.rollout), (x, w)),
+    "train_bf16": (vjp(bf16), (x, w, dy)),
+    "train_jet": (vjp(jet), (x, w, dy)),
+  }
+  fn, args = fns[variant]
+
+  def run(*a):
+    out_shape = jax.eval_shape(fn, *a)
+
+    def body(_, carry):
+      a_, _y = lax.optimization_barrier(carry)
+      return a_, fn(*a_)
+
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+    return lax.fori_loop(0, LOOP_ITERS, body, (tuple(a), zeros))[1]
+
+  return Program(f"gemm:{variant}:{m}x{k}x{n}", jax.jit(run), args, {})
+
+
+def compile_recorded(items, target, cache: Path, redo: bool) -> dict:
+  """{key: [Compiled.to_json(), ...]} for every recorded measurement's program(s), kept in
+  `cache` after each (a key already there is compiled again only with `redo`)."""
+  from jetrl.aot import programs
+  from jetrl.aot.compile import compile_program
+  from jetrl.aot.targets import compiling_for, devices
+  from jetrl.models import get_config
+  from jetrl.precision import get_recipe
+
+  devs = devices(target)
+  cfg = get_config("qwen2.5-1.5b")
+  out = json.loads(cache.read_text()) if cache.exists() else {}
+  for key in sorted({i["key"] for i in items}):
+    if key in out and not redo:
+      continue
+    kind, name, size = key.split(":")
+    t0 = time.perf_counter()
+    with compiling_for(target):
+      if kind == "gemm":
+        m, k, n = (int(v) for v in size.split("x"))
+        progs = [_gemm_program(name, m, k, n, devs)]
+      elif kind == "rollout":
+        b, p, t = (int(v) for v in size.split("x"))
+        progs = programs.rollout_programs(
+          cfg, get_recipe(name), devs, batch=b, prompt_len=p, new_tokens=t
+        )
+      else:
+        rows, seq = (int(v) for v in size.split("x"))
+        progs = [
+          programs.update_program(
+            cfg, get_recipe(name), devs, rows=rows, prompt_len=seq // 2, completion_len=seq // 2
+          )
+        ]
+      out[key] = [compile_program(p, target).to_json() for p in progs]
+    print(f"  compiled {key} in {time.perf_counter() - t0:.0f} s", flush=True)
+    cache.write_text(json.dumps(out, indent=1) + "\n")
+  return out
+
+
+def predicted_seconds(key: str, compiled: list, target, params) -> float:
+  """The model's seconds for what the measurement `key` timed."""
+  from jetrl.aot import cost
+
+  if key.startswith("gemm:"):  # one iteration of the timing loop
+    (c,) = compiled
+    loop = [k for k in c.launches.kernels if k.loop is not None]
+    per = cost.program_seconds(c.launches, target, params, kernels=loop) / LOOP_ITERS
+    return per + params.iteration_us * 1e-6
+  total = sum(cost.program_seconds(c.launches, target, params) for c in compiled)
+  if key.startswith("rollout:"):  # the whole sample() call per new token
+    return total / int(key.split("x")[-1])
+  return total
+
+
+def main(argv):
+  del argv
+  from jetrl.aot import cost
+  from jetrl.aot.compile import Compiled
+  from jetrl.aot.targets import get_target
+
+  target = get_target("h200")
+  items = measurements(FLAGS.runs)
+  cache = Path(FLAGS.cache)
+  keys = {i["key"] for i in items}
+  data = json.loads(cache.read_text()) if cache.exists() else {}
+  if FLAGS.recompile or not keys <= set(data):
+    print(f"compiling the recorded programs for {target.name} ...", flush=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    data = compile_recorded(items, target, cache, FLAGS.recompile)
+  compiled = {k: [Compiled.from_json(c) for c in v] for k, v in data.items()}
+  fit_items = [i for i in items if i["group"] in FLAGS.fit]
+  if not fit_items:
+    raise app.UsageError(f"--fit={FLAGS.fit} matches no measurement")
+
+  def loss_items(params):
+    return [
+      (predicted_seconds(i["key"], compiled[i["key"]], target, params), i["s"]) for i in fit_items
+    ]
+
+  import numpy as np
+  from scipy.optimize import minimize
+
+  names = list(cost.CostParams().as_dict())
+  caps = {"bw_eff": 1.0, "gemm_eff_bf16": 1.0, "gemm_eff_fp8": 1.0}
+
+  def params_of(x):
+    vals = {n: float(np.exp(v)) for n, v in zip(names, x)}
+    return cost.CostParams(**{n: min(v, caps.get(n, v)) for n, v in vals.items()})
+
+  def loss(x):
+    return float(np.mean([math.log(p / s) ** 2 for p, s in loss_items(params_of(x))]))
+
+  x0 = np.log(list(cost.CostParams().as_dict().values()))
+  res = minimize(loss, x0, method="Nelder-Mead", options=dict(maxiter=6000, xatol=1e-5, fatol=1e-9))
+  params = params_of(res.x)
+  rows, errs = [], {"fit": [], "held_out": []}
+  for i in items:
+    pred = predicted_seconds(i["key"], compiled[i["key"]], target, params)
+    err = pred / i["s"] - 1
+    role = "fit" if i["group"] in FLAGS.fit else "held_out"
+    errs[role].append(abs(err))
+    rows.append(dict(i, estimate_s=pred, error=err, role=role))
+  print(f"\nfitted on {', '.join(FLAGS.fit)} ({len(fit_items)} measurements):")
+  for n, v in params.as_dict().items():
+    print(f"  {n:<14} {v:.4g}")
+  print("\n| measurement | run | measured | estimated | error | role |\n|---|---|---|---|---|---|")
+  for r in rows:
+    unit, scale = ("us", 1e6) if r["s"] < 1e-3 else ("ms", 1e3)
+    print(
+      f"| {r['key']} | {r['run'][-1]} | {r['s'] * scale:.1f} {unit} | "
+      f"{r['estimate_s'] * scale:.1f} {unit} | {100 * r['error']:+.0f}% | {r['role']} |"
+    )
+  summary = {
+    role: dict(n=len(e), median_abs=float(np.median(e)), max_abs=float(np.max(e)))
+    for role, e in errs.items()
+    if e
+  }
+  for role, s in summary.items():
+    print(
+      f"{role}: {s['n']} measurements, median |error| {100 * s['median_abs']:.0f}%, "
+      f"max {100 * s['max_abs']:.0f}%"
+    )
+  if FLAGS.write_params:
+    rec = dict(
+      params=params.as_dict(),
+      target=target.name,
+      fit=FLAGS.fit,
+      runs=FLAGS.runs,
+      errors=summary,
+      rows=[{k: r[k] for k in ("key", "run", "s", "estimate_s", "error", "role")} for r in rows],
+      command="python experiments/calibrate_cost_model.py --write_params",
+    )
+    cost.CALIBRATION.write_text(json.dumps(rec, indent=1) + "\n")
+    print(f"wrote {cost.CALIBRATION}")
+
+
+if __name__ == "__main__":
+  app.run(main)

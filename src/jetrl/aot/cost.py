@@ -1,0 +1,73 @@
+"""An estimate of a compiled program's time on its target, from its kernels (jetrl.aot.hlo).
+
+Per kernel: max(bytes / (HBM bandwidth x bw_eff), FLOPs / (peak x gemm_eff)) + launch_us,
+with the target's published peaks (FP8 for a GEMM on FP8 operands, the float32 one, TF32 on
+a GPU, for float32 operands, else bf16) and gemm_eff by GEMM kind (FP8, or not); plus iteration_us for each `while` iteration (on a GPU the
+loop's predicate goes to the host and back every iteration). The free constants are fitted
+on recorded H200 measurements (`experiments/calibrate_cost_model.py`, which also reports the
+error on the measurements not fitted on) and kept in `calibration.json` beside this file.
+
+Every time it gives is an estimate of a program that was compiled, not run; the report says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable, Optional
+
+from jetrl.aot.hlo import Kernel, Launches
+from jetrl.aot.targets import Target
+
+CALIBRATION = Path(__file__).parent / "calibration.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostParams:
+  """The model's free constants (fitted; see the module doc)."""
+
+  launch_us: float = 3.0
+  iteration_us: float = 10.0
+  bw_eff: float = 0.8
+  gemm_eff_bf16: float = 0.7
+  gemm_eff_fp8: float = 0.6
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def load_params(path: Path = CALIBRATION) -> tuple[CostParams, dict]:
+  """The fitted constants and their record (fit and held-out errors, command); defaults and
+  an empty record when no calibration file exists."""
+  if not path.exists():
+    return CostParams(), {}
+  rec = json.loads(path.read_text())
+  return CostParams(**rec["params"]), rec
+
+
+def kernel_seconds(k: Kernel, target: Target, p: CostParams) -> float:
+  """Estimated seconds of one launch of `k`."""
+  t_mem = k.bytes / (target.hbm_gbps * 1e9 * p.bw_eff)
+  t_flop = 0.0
+  if k.flops:
+    fp8 = k.fp8 and target.peak_fp8_tflops is not None
+    if fp8:
+      peak, eff = target.peak_fp8_tflops, p.gemm_eff_fp8
+    elif k.gemm_dtype == "f32":
+      peak, eff = target.peak_f32_tflops, p.gemm_eff_bf16
+    else:
+      peak, eff = target.peak_bf16_tflops, p.gemm_eff_bf16
+    t_flop = k.flops / (peak * 1e12 * eff)
+  return max(t_mem, t_flop) + p.launch_us * 1e-6
+
+
+def program_seconds(
+  launches: Launches, target: Target, p: CostParams, kernels: Optional[Iterable[Kernel]] = None
+) -> float:
+  """Estimated seconds of one call: every kernel times its count, plus the loop iterations
+  (`kernels`: a subset to sum instead, without the iterations)."""
+  if kernels is not None:
+    return sum(kernel_seconds(k, target, p) * k.count for k in kernels)
+  t = sum(kernel_seconds(k, target, p) * k.count for k in launches.kernels)
+  return t + launches.iterations * p.iteration_us * 1e-6

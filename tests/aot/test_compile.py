@@ -1,0 +1,147 @@
+"""Compiling for an H200 and a TPU v5e on this CPU machine (jetrl.aot): the kernels, bytes,
+FLOPs and memory plans of known small programs against hand-computed values, FP8 GEMMs present
+as the kernels a GPU runs, and the compile report's command."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jetrl.aot import programs
+from jetrl.aot.compile import compile_program
+from jetrl.aot.programs import Program, one_device_sharding
+from jetrl.aot.targets import compiling_for, devices, get_target
+
+HAVE_CUDA = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+HAVE_TPU = importlib.util.find_spec("libtpu") is not None
+need_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="the aot extra (CUDA plugin) is missing")
+need_tpu = pytest.mark.skipif(not HAVE_TPU, reason="the aot extra (libtpu) is missing")
+
+M, K, N = 512, 256, 384
+
+
+def _gemm(target_name):
+  target = get_target(target_name)
+  devs = devices(target)
+  rep = one_device_sharding(devs)
+  a = jax.ShapeDtypeStruct((M, K), jnp.bfloat16, sharding=rep)
+  b = jax.ShapeDtypeStruct((K, N), jnp.bfloat16, sharding=rep)
+  f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.bfloat16))
+  with compiling_for(target):
+    return compile_program(Program("gemm", f, (a, b), {}), target)
+
+
+@need_cuda
+def test_h200_gemm_is_one_kernel_with_its_bytes_and_flops():
+  c = _gemm("h200")
+  gemms = [k for k in c.launches.kernels if k.flops]
+  assert len(c.launches.kernels) == 1 and len(gemms) == 1
+  (k,) = gemms
+  assert k.kind in ("cublas", "gemm_fusion") and k.count == 1
+  assert k.flops == 2 * M * N * K
+  assert k.bytes_read == (M * K + K * N) * 2 and k.bytes_written == M * N * 2
+  assert c.memory["argument"] == (M * K + K * N) * 2
+  assert c.memory["output"] == M * N * 2
+
+
+@need_tpu
+def test_tpu_v5e_gemm_flops():
+  c = _gemm("tpu-v5e")
+  assert sum(k.flops * k.count for k in c.launches.kernels) == 2 * M * N * K
+  assert c.memory["argument"] == (M * K + K * N) * 2
+
+
+@need_cuda
+def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
+  from jetrl.precision import get_recipe, linear
+
+  target = get_target("h200")
+  rep = one_device_sharding(devices(target))
+  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=rep)
+  w = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=rep)
+  jet = get_recipe("jet")
+  f = jax.jit(lambda a, b: linear(a, b, jet.rollout))
+  with compiling_for(target):
+    c = compile_program(Program("linear", f, (x, w), {}), target, keep_text=True)
+  ffi = [k for k in c.launches.kernels if k.kind == "jetrl_fp8_ffi"]
+  assert len(ffi) == 1 and ffi[0].fp8 and ffi[0].flops == 2 * 256 * 384 * 512
+  assert "f8e4m3fn[256,512]" in c.hlo_text  # the activations reach the GEMM as FP8
+  # outside the context the same function traces for the CPU again: no FFI call
+  lowered = f.trace(jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 384), jnp.bfloat16))
+  assert "jetrl_fp8_blockwise_gemm" not in lowered.lower().as_text()
+
+
+@need_cuda
+def test_update_memory_plan_holds_params_and_adam_state():
+  from jetrl.models import get_config
+  from jetrl.precision import get_recipe
+
+  cfg = dataclasses.replace(get_config("tiny"), n_layers=1, max_seq_len=64)
+  target = get_target("h200")
+  devs = devices(target)
+  n = sum(a.size for a in jax.tree_util.tree_leaves(programs.abstract_params(cfg, jnp.float32)))
+  with compiling_for(target):
+    p = programs.update_program(
+      cfg, get_recipe("bf16"), devs, rows=2, prompt_len=8, completion_len=8
+    )
+    c = compile_program(p, target)
+  # float32 params plus AdamW's two moments, all arguments of the step (donated: aliased)
+  assert c.memory["argument"] >= 3 * 4 * n
+  assert c.peak_bytes > 3 * 4 * n
+  assert c.memory["alias"] >= 3 * 4 * n
+  assert sum(k.flops * k.count for k in c.launches.kernels) > 0
+
+
+def _report(tmp_path, *flags):
+  out = tmp_path / "report.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run(
+    [sys.executable, "experiments/compile_report.py", *flags, f"--json_out={out}"],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    timeout=600,
+  )
+  return r, (json.loads(out.read_text()) if out.exists() else None)
+
+
+SMALL = ("--model=tiny", "--layers=1", "--batch=2", "--prompt_len=8", "--new_tokens=4")
+SMALL += ("--rows=2", "--seq=16")
+
+
+@need_cuda
+def test_compile_report_command_h200(tmp_path):
+  r, data = _report(
+    tmp_path, "--target=h200", "--recipe=jet", "--programs=rollout,update,sft", *SMALL
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "ESTIMATES" in r.stdout and "per decode step" in r.stdout
+  progs = {p["program"]: p for p in data["programs"]}
+  assert set(progs) == {"rollout_weights", "prefill", "decode", "update", "sft"}
+  step = progs["decode"]["decode_step"]
+  # one layer: the FP8 projections (fused q/k/v, o, fused gate/up, down) on cuBLASLt
+  assert step["by_kind"].get("jetrl_fp8_ffi") == 4
+  assert progs["decode"]["kernels"] >= 4 * step["kernels"]  # 4 steps of the loop
+  assert all(p["fits"] for p in progs.values())
+
+
+@need_tpu
+def test_compile_report_command_tpu7x(tmp_path):
+  r, data = _report(tmp_path, "--target=tpu7x", "--recipe=bf16", "--programs=rollout", *SMALL)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert {p["program"] for p in data["programs"]} == {"rollout_weights", "prefill", "decode"}
+
+
+def test_compile_report_rejects_a_bad_recipe(tmp_path):
+  r, _ = _report(tmp_path, "--target=h200", "--recipe=fp7", *SMALL)
+  assert r.returncode != 0
+  assert "--recipe='fp7'" in r.stderr and "accepted recipes" in r.stderr
