@@ -46,7 +46,12 @@ flags.DEFINE_integer("seq", 1024, "Update / SFT tokens per row (half prompt, hal
 flags.DEFINE_string("mesh", "", "Mesh of a multi-device target's update, e.g. fsdp:8 (--mesh).")
 flags.DEFINE_string("param_dtype", "bfloat16", "Stored dtype of the params the rollout reads.")
 flags.DEFINE_integer("top", 5, "Top kernels listed by bytes and by FLOPs.")
-flags.DEFINE_string("json_out", "", "Write the figures as JSON here.")
+flags.DEFINE_string("json_out", "", "Write the figures (and the kernels) as JSON here.")
+flags.DEFINE_string(
+  "from_json",
+  "",
+  "Print the report of an earlier --json_out again, with the current cost model (no compile).",
+)
 
 
 def _model_config():
@@ -87,8 +92,47 @@ def _check_flags():
     raise app.UsageError("--seq must be >= 2 (a prompt token and a completion token)")
 
 
+def _reprint(path: str) -> int:
+  """The report of a --json_out file, estimated with today's calibration."""
+  from jetrl.aot import cost, report
+  from jetrl.aot.compile import Compiled
+  from jetrl.aot.targets import get_target
+
+  try:
+    d = json.loads(Path(path).read_text())
+    compiled = [Compiled.from_json(c) for c in d["compiled"]]
+  except (OSError, ValueError, KeyError) as e:
+    raise app.UsageError(f"--from_json={path!r}: not a compile report JSON ({e})")
+  target = get_target(d["target"])
+  params, calib = cost.load_params()
+  print(f"compile report (from {path}): {d['model']}, recipe {d['recipe']}, target {target.name}")
+  text, rows = report.lines(compiled, target, params, calib, FLAGS.top)
+  print("\n".join(text))
+  _summaries(rows, target, d["params"], d["settings"]["new_tokens"])
+  return 0
+
+
+def _summaries(rows, target, n_params: int, new_tokens: int) -> None:
+  """MFU of the update / SFT step and the rollout's time per generated token (estimates)."""
+  for r in rows:
+    if r["program"] in ("update", "sft") and r.get("tokens"):
+      mfu = 6.0 * n_params * r["tokens"] / (r["est_ms"] / 1e3)
+      mfu /= target.peak_bf16_tflops * 1e12 * target.devices
+      r["est_mfu_6nd"] = mfu
+      print(f"{r['program']}: est. MFU (6 N D over the bf16 peak) {100 * mfu:.1f}%")
+  by = {r["program"]: r for r in rows}
+  if "decode" in by:
+    total_ms = sum(by[k]["est_ms"] for k in ("rollout_weights", "prefill", "decode") if k in by)
+    print(
+      f"rollout: est. {total_ms / new_tokens:.3f} ms per generated token "
+      f"(the whole sample() call over {new_tokens} steps, as bench_device reports it)"
+    )
+
+
 def main(argv):
   del argv
+  if FLAGS.from_json:
+    return _reprint(FLAGS.from_json)
   _check_flags()
   import jax.numpy as jnp
   import numpy as np
@@ -164,19 +208,7 @@ def main(argv):
   print()
   text, rows = report.lines(compiled, target, params, calib, FLAGS.top)
   print("\n".join(text))
-  for r in rows:
-    if r["program"] in ("update", "sft") and r.get("tokens"):
-      mfu = 6.0 * n_params * r["tokens"] / (r["est_ms"] / 1e3)
-      mfu /= target.peak_bf16_tflops * 1e12 * target.devices
-      r["est_mfu_6nd"] = mfu
-      print(f"{r['program']}: est. MFU (6 N D over the bf16 peak) {100 * mfu:.1f}%")
-  rollout = {r["program"]: r for r in rows}
-  if "decode" in rollout:
-    total_ms = sum(rollout[k]["est_ms"] for k in ("rollout_weights", "prefill", "decode"))
-    print(
-      f"rollout: est. {total_ms / FLAGS.new_tokens:.3f} ms per generated token "
-      f"(the whole sample() call over {FLAGS.new_tokens} steps, as bench_device reports it)"
-    )
+  _summaries(rows, target, n_params, FLAGS.new_tokens)
   for name, msg in failures:
     print(f"{name}: not compiled for {target.name}: {msg}")
   if FLAGS.json_out:
@@ -197,6 +229,7 @@ def main(argv):
       cost_params=params.as_dict(),
       programs=rows,
       failures=[dict(program=n, error=m) for n, m in failures],
+      compiled=[c.to_json() for c in compiled],
       note="compiled-program figures; est_* are cost-model estimates",
     )
     Path(FLAGS.json_out).write_text(json.dumps(out, indent=1) + "\n")

@@ -80,6 +80,34 @@ def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
 
 
 @need_cuda
+@pytest.mark.parametrize(
+  "backend,fused_quant,kinds",
+  [
+    ("pallas", False, {"pallas"}),  # the Pallas GEMM, lowered for Triton at compile time
+    ("cublaslt", True, {"pallas", "jetrl_fp8_ffi"}),  # the one-pass quantization kernel + FFI
+  ],
+)
+def test_pallas_kernels_compile_as_their_custom_calls(backend, fused_quant, kinds):
+  from jetrl.precision import gemms, get_recipe, linear, with_gemm_backend
+
+  target = get_target("h200")
+  rep = one_device_sharding(devices(target))
+  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=rep)
+  w = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=rep)
+  rec = with_gemm_backend(get_recipe("jet"), backend)
+  f = jax.jit(lambda a, b: linear(a, b, rec.rollout))
+  before = gemms.fused_quant_enabled()
+  gemms.set_fused_quant(fused_quant)
+  try:
+    with compiling_for(target):
+      c = compile_program(Program("linear", f, (x, w), {}), target)
+  finally:
+    gemms.set_fused_quant(before)
+  assert kinds <= {k.kind for k in c.launches.kernels}
+  assert not any(k.kind == "cublas" for k in c.launches.kernels)  # no dequantized float dot
+
+
+@need_cuda
 def test_update_memory_plan_holds_params_and_adam_state():
   from jetrl.models import get_config
   from jetrl.precision import get_recipe

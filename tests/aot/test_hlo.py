@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jetrl.aot import cost, hlo
+from jetrl.aot import cost, hlo, kernels
 from jetrl.aot.targets import get_target
 
 MODULE = """HloModule m, is_scheduled=true
@@ -79,7 +79,7 @@ ENTRY %main (x: f32[64,256], y: bf16[32,64], z: bf16[64,16], w: (s32[], bf16[8,1
 
 @pytest.fixture(scope="module")
 def launches():
-  return hlo.kernels(MODULE)
+  return kernels.kernels(MODULE)
 
 
 def by_name(launches):
@@ -134,9 +134,9 @@ def test_cost_model_by_hand(launches):
   k = by_name(launches)
   # memory-bound: bytes / (4.8e12 * 0.5) + 2 us
   assert cost.kernel_seconds(k["s"], target, p) == pytest.approx(8192 / 2.4e12 + 2e-6)
-  big = hlo.Kernel("g", "cublas", "c", 1e6, 1e6, 2e12, 1, "bf16")
+  big = kernels.Kernel("g", "cublas", "c", 1e6, 1e6, 2e12, 1, "bf16")
   assert cost.kernel_seconds(big, target, p) == pytest.approx(2e12 / (989e12 * 0.8) + 2e-6)
-  f32 = hlo.Kernel("g", "cublas", "c", 1e6, 1e6, 2e12, 1, "f32")  # TF32: half the bf16 peak
+  f32 = kernels.Kernel("g", "cublas", "c", 1e6, 1e6, 2e12, 1, "f32")  # TF32: half the bf16 peak
   assert cost.kernel_seconds(f32, target, p) == pytest.approx(2e12 / (494.5e12 * 0.8) + 2e-6)
   total = sum(cost.kernel_seconds(x, target, p) * x.count for x in launches.kernels)
   assert cost.program_seconds(launches, target, p) == pytest.approx(total + 5 * 7e-6)

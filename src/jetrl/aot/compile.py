@@ -14,20 +14,31 @@ import time
 from typing import Optional
 
 from jetrl.aot import cost as _cost
-from jetrl.aot import hlo as _hlo
+from jetrl.aot import kernels as _kn
+from jetrl.aot import thunks as _thunks
 from jetrl.aot.targets import Target, compiling_for
 
 GPU_XLA_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 
 
+DUMP_ENV = "JETRL_AOT_DUMP_DIR"
+
+
 def setup_environment(extra_xla_flags: str = GPU_XLA_FLAGS) -> None:
   """Before JAX starts: the CPU as the only runtime platform (compile-only devices need no
-  runtime), and the GPU benchmark's XLA flags unless XLA_FLAGS already sets them."""
+  runtime), the GPU benchmark's XLA flags unless XLA_FLAGS already sets them, and a dump
+  folder for XLA's thunk sequences (how a GPU program launches its kernels: jetrl.aot.thunks),
+  emptied after each compile."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several compiling processes
   flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_dump_to" not in flags:
+    os.environ[DUMP_ENV] = tempfile.mkdtemp(prefix="jetrl_aot_dump_")
+    extra_xla_flags += f" --xla_dump_to={os.environ[DUMP_ENV]}"
   for f in extra_xla_flags.split():
     if f.split("=")[0] not in flags:
       flags = f"{flags} {f}".strip()
@@ -39,12 +50,13 @@ class Compiled:
   """A compiled program's facts: its launches, memory plan (bytes) and compile seconds."""
 
   name: str
-  launches: _hlo.Launches
+  launches: _kn.Launches
   memory: dict
   compile_s: float
   steps: tuple[int, ...] = ()
   tokens: int = 0
   hlo_text: Optional[str] = None
+  xla_cost: Optional[dict] = None  # XLA's own cost analysis where it gives one (TPU)
 
   @property
   def peak_bytes(self) -> int:
@@ -60,23 +72,27 @@ class Compiled:
       steps=list(self.steps),
       tokens=self.tokens,
       iterations=self.launches.iterations,
+      trips=self.launches.trips,
+      xla_cost=self.xla_cost,
+      thunks=self.launches.thunks,
       kernels=aggregate(self.launches.kernels),
     )
 
   @classmethod
   def from_json(cls, d: dict) -> "Compiled":
-    ks = [_hlo.Kernel(**k) for k in d["kernels"]]
+    ks = [_kn.Kernel(**k) for k in d["kernels"]]
     return cls(
       d["name"],
-      _hlo.Launches(ks, d["iterations"]),
+      _kn.Launches(ks, d["iterations"], d.get("trips", []), d.get("thunks")),
       d["memory"],
       d["compile_s"],
       tuple(d.get("steps", ())),
       d.get("tokens", 0),
+      xla_cost=d.get("xla_cost"),
     )
 
 
-def aggregate(kernels: list[_hlo.Kernel]) -> list[dict]:
+def aggregate(kernels: list[_kn.Kernel]) -> list[dict]:
   """Kernels with the same kind, traffic, FLOPs and loop merged (counts added), as dicts."""
   acc: dict = collections.OrderedDict()
   for k in kernels:
@@ -99,14 +115,39 @@ def memory_stats(compiled) -> dict:
   )
 
 
+def _dumped_files() -> set:
+  d = os.environ.get(DUMP_ENV)
+  return set(os.listdir(d)) if d and os.path.isdir(d) else set()
+
+
+def _thunks_of_compile(before: set, launches: _kn.Launches) -> Optional[dict]:
+  """The launch counts from the thunk sequence XLA dumped for this compile (GPU), the dump
+  files removed; None where there is none (TPU, or no dump folder)."""
+  d = os.environ.get(DUMP_ENV)
+  new = sorted(_dumped_files() - before)
+  found = [f for f in new if f.endswith(".thunk_sequence_after_thunk_passes.txt")]
+  out = None
+  if found:
+    text = open(os.path.join(d, found[-1])).read()
+    out = dataclasses.asdict(_thunks.launch_counts(text, launches.trips))
+  for f in new:
+    try:
+      os.remove(os.path.join(d, f))
+    except OSError:
+      pass
+  return out
+
+
 def compile_program(program, target: Target, keep_text: bool = False) -> Compiled:
   """Lower and compile `program` for `target`; its kernels and memory plan."""
+  before = _dumped_files()
   t0 = time.perf_counter()
   with compiling_for(target):
     compiled = program.compile()
   dt = time.perf_counter() - t0
   text = compiled.as_text()
-  launches = _hlo.kernels(text, program.steps)
+  launches = _kn.kernels(text, program.steps)
+  launches.thunks = _thunks_of_compile(before, launches)
   return Compiled(
     program.name,
     launches,
@@ -115,7 +156,22 @@ def compile_program(program, target: Target, keep_text: bool = False) -> Compile
     tuple(program.steps),
     program.tokens,
     text if keep_text else None,
+    _xla_cost(compiled),
   )
+
+
+def _xla_cost(compiled) -> Optional[dict]:
+  """XLA's own FLOPs and bytes accessed of one call (loops counted once), where the backend
+  gives them (TPU does; the GPU compiler without a device does not)."""
+  try:
+    ca = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0] if ca else None
+  if not ca:
+    return None
+  return {k: float(ca[k]) for k in ("flops", "bytes accessed") if k in ca}
 
 
 def estimate_seconds(c: Compiled, target: Target, params: Optional[_cost.CostParams] = None):

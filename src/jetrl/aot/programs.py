@@ -79,9 +79,11 @@ def rollout_programs(
   prompt_len: int,
   new_tokens: int,
   param_dtype=jnp.bfloat16,
+  segments: Optional[tuple[int, ...]] = None,
 ) -> list[Program]:
   """The sampler as `jetrl.sampling.sample` runs it on one device: the rollout weights (each
-  projection quantized once per rollout), the prefill and the decode loop (its segments)."""
+  projection quantized once per rollout), the prefill and the decode loop (its segments:
+  `decode_segments`, or `segments` to compile another split, such as one loop)."""
   rep = one_device_sharding(devices)
   scfg = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, prompt_len=prompt_len)
   prec = recipe.rollout
@@ -95,7 +97,7 @@ def rollout_programs(
   cache, logits = jax.eval_shape(
     lambda p, t, m: _sampler._prefill(p, t, m, **pre_kw), rparams, tokens, mask
   )
-  segments = _sampler.decode_segments(new_tokens)
+  segments = segments or _sampler.decode_segments(new_tokens)
   steps = tuple(b - a for a, b in zip((0,) + segments[:-1], segments))
   dec_kw = dict(model_config=config, config=scfg, precision=prec, segments=segments)
   return [

@@ -11,8 +11,8 @@ from typing import Optional
 
 from jetrl.aot import cost as _cost
 from jetrl.aot.compile import Compiled
-from jetrl.aot.hlo import KINDS, Kernel
-from jetrl.aot.targets import GIB, Target
+from jetrl.aot.kernels import KINDS, Kernel
+from jetrl.aot.targets import GIB, TARGETS, Target
 
 GEMM_KINDS = ("cublas", "gemm_fusion", "cublaslt_fp8", "jetrl_fp8_ffi", "pallas")
 
@@ -59,6 +59,7 @@ def summary(c: Compiled, target: Target, params: _cost.CostParams) -> dict:
     peak_gib=c.peak_bytes / GIB,
     fits=c.peak_bytes <= target.hbm_bytes,
     compile_s=c.compile_s,
+    launches=c.launches.thunks,
   )
   steps = step_kernels(c)
   if steps:
@@ -109,6 +110,12 @@ def lines(compiled: list[Compiled], target: Target, params, calib: dict, n_top: 
     if err
     else "uncalibrated defaults"
   )
+  fitted_on = TARGETS.get(calib.get("target", ""))
+  if err and (fitted_on is None or fitted_on.device_kind != target.device_kind):
+    note = (
+      f"constants fitted on H200 runs, never checked on {target.name}: only its counts, "
+      "bytes and memory plan are facts"
+    )
   out = [
     "Figures of the compiled program (kernels, bytes, FLOPs, memory plan); 'est.' columns are",
     f"cost-model ESTIMATES, not measurements ({note}).",
@@ -137,6 +144,12 @@ def lines(compiled: list[Compiled], target: Target, params, calib: dict, n_top: 
       f"aliased {_gib(m['alias'])}, temporaries {_gib(m['temp'])}; peak {r['peak_gib']:.2f} GiB "
       f"of {target.hbm_gib:.0f} GiB ({'fits' if r['fits'] else 'does NOT fit'})"
     )
+    th = c.launches.thunks
+    if th:
+      out.append(
+        f"  launches (XLA's thunk sequence): {th['alone']} on their own, {th['graphs']} CUDA "
+        f"graphs holding {th['in_graph']} kernels"
+      )
     if "decode_step" in r:
       d = r["decode_step"]
       kinds = ", ".join(f"{k} {v:.0f}" for k, v in d["by_kind"].items())

@@ -32,7 +32,8 @@ class Target:
   bf16, FP8 (None: no FP8 MMA) and float32 operands (TF32 tensor cores on a GPU, which XLA
   uses for float32 dots at default precision; the bf16 rate's share on a TPU, whose MXU runs
   float32 at default precision as one bf16 pass);
-  hbm_gbps: HBM bandwidth per device in GB/s; hbm_gib: HBM per device.
+  hbm_gbps: HBM bandwidth per device in GB/s; hbm_gib: HBM per device; link_gbps: the
+  published device-to-device bandwidth one way, for collectives (not fitted on any measurement).
   """
 
   name: str
@@ -48,6 +49,7 @@ class Target:
   compute_capability: Optional[str] = None
   source: str = ""
   f32_share: float = 0.5  # float32 GEMM peak / bf16 peak
+  link_gbps: float = 0.0  # device-to-device bandwidth per direction (NVLink / ICI), GB/s
 
   @property
   def peak_f32_tflops(self) -> float:
@@ -67,6 +69,7 @@ _H200 = dict(
   hbm_gib=140.0,  # 141 GB of HBM3e, as the target file's device_memory_size
   config="h200.txtpb",
   compute_capability="9.0",
+  link_gbps=450.0,  # NVLink 4: 900 GB/s both directions
   source="NVIDIA H200 SXM datasheet (dense peaks, without sparsity)",
 )
 _H100 = dict(_H200, device_kind="NVIDIA H100", hbm_gbps=3350.0, hbm_gib=79.6, config="h100.txtpb")
@@ -79,6 +82,7 @@ _V5E = dict(
   hbm_gbps=819.0,
   hbm_gib=16.0,
   source="Google Cloud TPU v5e documentation (per chip)",
+  link_gbps=200.0,  # ICI 1600 Gbps
   f32_share=1.0,  # XLA's default precision runs a float32 dot as one bf16 pass on the MXU
 )
 _V5P = dict(
@@ -87,6 +91,7 @@ _V5P = dict(
   peak_bf16_tflops=459.0,
   hbm_gbps=2765.0,
   hbm_gib=95.0,
+  link_gbps=600.0,  # ICI 4800 Gbps
   source="Google Cloud TPU v5p documentation (per chip)",
 )
 _V6E = dict(
@@ -95,6 +100,7 @@ _V6E = dict(
   peak_bf16_tflops=918.0,
   hbm_gbps=1640.0,
   hbm_gib=32.0,
+  link_gbps=448.0,  # ICI 3584 Gbps
   source="Google Cloud TPU v6e (Trillium) documentation (per chip)",
 )
 # TPU7x (Ironwood): 2307 bf16 / 4614 FP8 TFLOP/s, 192 GB at 7.37 TB/s per chip, which JAX
@@ -106,6 +112,7 @@ _TPU7X = dict(
   peak_fp8_tflops=4614.0 / 2,
   hbm_gbps=7370.0 / 2,
   hbm_gib=192.0 * 1e9 / GIB / 2,
+  link_gbps=600.0 / 2,  # ICI 1.2 TB/s both directions per chip
   source="Google Cloud TPU7x (Ironwood) documentation, per chip halved (two devices a chip)",
 )
 # TPU v4: 275 bf16 TFLOP/s, 32 GiB at 1.2 TB/s per chip; JAX shows two devices a chip here.
@@ -115,6 +122,7 @@ _V4 = dict(
   peak_bf16_tflops=275.0 / 2,
   hbm_gbps=1200.0 / 2,
   hbm_gib=16.0,
+  link_gbps=300.0 / 2,  # ICI 2400 Gbps per chip
   source="Google Cloud TPU v4 documentation, per chip halved (two devices a chip)",
 )
 
