@@ -67,11 +67,11 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
       f"linear: precision must be a jetrl.precision.Precision or None, got {type(precision)}"
     )
   cd = dtype_from_name(precision.compute_dtype)
-  if not precision.is_fp8:
-    lead = x.shape[:-1]
-    y = _gemms.matmul_f32(x.reshape(-1, x.shape[-1]).astype(cd), w.astype(cd))
-    return y.astype(cd).reshape(*lead, w.shape[1])
   # The cast's own VJP returns dx in x's dtype; inside, activations are in the compute dtype.
+  # A recipe without FP8 GEMMs (bf16, fp32) takes the same custom VJP, whose dgrad and wgrad
+  # multiply the compute-dtype gradient: JAX's own transpose of a bf16 dot with a float32
+  # result would multiply float32 cotangents, a float32 (TF32) GEMM on a GPU at half the
+  # bf16 rate, for the same values (bf16 x bf16 products are exact in float32).
   return _fp8_linear(x.astype(cd), w, precision)
 
 
@@ -132,6 +132,8 @@ def _bwd(precision: Precision, res, dy):
   g = precision.wgrad
   if g is None:
     dw = _gemms.matmul_f32(x2, dy2, transpose_a=True)
+    if not precision.is_fp8:  # as JAX's own transpose of the compute-dtype dot rounds it
+      dw = dw.astype(cd)
   else:
     dw = _gemms.wgrad(x2, dy2, g, w.dtype)
   return dx, dw.astype(w.dtype)
