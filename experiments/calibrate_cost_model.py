@@ -291,7 +291,7 @@ def main(argv):
       runs=FLAGS.runs,
       errors=summary,
       rows=[{k: r[k] for k in ("key", "run", "s", "estimate_s", "error", "role")} for r in rows],
-      command="python experiments/calibrate_cost_model.py --write_params",
+      command=" ".join(["python"] + sys.argv),
     )
     cost.CALIBRATION.write_text(json.dumps(rec, indent=1) + "\n")
     print(f"wrote {cost.CALIBRATION}")

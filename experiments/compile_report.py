@@ -63,7 +63,13 @@ def _model_config():
   if FLAGS.model.lower() in PRESETS:
     cfg = get_config(FLAGS.model)
   else:
-    path = Path(resolve_path(FLAGS.model))
+    try:
+      path = Path(resolve_path(FLAGS.model))
+    except ValueError as e:
+      raise app.UsageError(
+        f"--model={FLAGS.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model "
+        f"folder: {e}"
+      ) from None
     if not (path / "config.json").is_file():
       raise app.UsageError(
         f"--model={FLAGS.model!r} is neither a preset ({', '.join(PRESETS)}) nor a folder "

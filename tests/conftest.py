@@ -9,6 +9,7 @@ jitted sampler, update and SFT steps compile once and are reused by every test t
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import pathlib
 
@@ -26,14 +27,23 @@ if not (
 ):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
-# With the compile-only plugins installed (the `aot` extra: the CUDA plugin, libtpu), JAX on a
-# machine with neither device would try to start both at every process start: the tests, and
-# the processes they start, run on the CPU unless the environment chose (compiling for a GPU
-# or TPU needs no runtime of it: jetrl.aot).
-if not os.path.exists("/dev/nvidiactl") and not os.path.exists("/dev/accel0"):
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# libtpu takes a machine-wide lock unless told that several processes (compiling only) may load it.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+# With the compile-only plugins installed (the `aot` extra: the CUDA plugin, libtpu; `make
+# test` runs tests/aot in that environment), JAX on a machine with neither device would try to
+# start both: the tests, and the processes they start, run on the CPU unless the environment
+# chose (compiling for a GPU or TPU needs no runtime of it: jetrl.aot), and several processes
+# may load libtpu (it takes a machine-wide lock otherwise).
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is not there either
+    return False
+
+
+if _installed("libtpu") or _installed("jax_plugins.xla_cuda12"):
+  if not os.path.exists("/dev/nvidiactl") and not os.path.exists("/dev/accel0"):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 # On a GPU every process that touches it (each pytest-xdist worker, each process a test starts,
 # which inherit this) would reserve 75% of its memory up front, so the second one runs out:

@@ -20,8 +20,16 @@ from jetrl.aot.compile import compile_program
 from jetrl.aot.programs import Program, one_device_sharding
 from jetrl.aot.targets import compiling_for, devices, get_target
 
-HAVE_CUDA = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-HAVE_TPU = importlib.util.find_spec("libtpu") is not None
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
+HAVE_CUDA = _installed("jax_plugins.xla_cuda12")
+HAVE_TPU = _installed("libtpu")
 need_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="the aot extra (CUDA plugin) is missing")
 need_tpu = pytest.mark.skipif(not HAVE_TPU, reason="the aot extra (libtpu) is missing")
 
@@ -173,3 +181,20 @@ def test_compile_report_rejects_a_bad_recipe(tmp_path):
   r, _ = _report(tmp_path, "--target=h200", "--recipe=fp7", *SMALL)
   assert r.returncode != 0
   assert "--recipe='fp7'" in r.stderr and "accepted recipes" in r.stderr
+
+
+@need_cuda
+def test_compile_report_reads_a_hugging_face_folder(tmp_path):
+  from jetrl.models import get_config, init_params, save_pretrained
+
+  cfg = dataclasses.replace(get_config("tiny"), n_layers=2, max_seq_len=64)
+  folder = tmp_path / "model"
+  save_pretrained(init_params(cfg, jax.random.PRNGKey(0)), cfg, str(folder))
+  flags = (f"--model={folder}", "--rows=2", "--seq=16", "--programs=update")
+  r, data = _report(tmp_path, "--target=h200", "--recipe=bf16", *flags)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert data["layers"] == 2
+  n = sum(a.size for a in jax.tree_util.tree_leaves(programs.abstract_params(cfg, jnp.float32)))
+  assert data["params"] == n
+  r, _ = _report(tmp_path, "--target=h200", "--model=/nonexistent/folder", "--programs=update")
+  assert r.returncode != 0 and "neither a preset" in r.stderr
