@@ -33,6 +33,7 @@ from jetrl.data import (
   task_kwargs,
 )
 from jetrl.data.prompts import has_chat_template
+from jetrl.data.user_reward import RewardError
 from jetrl.data.tokenizer import Tokenizer
 from jetrl.models import (
   check_vocab,
@@ -318,7 +319,23 @@ def score_rows(task, tok, problems, tokens, lengths):
     texts.append(decode(tok, row[:-1] if n and int(row[-1]) in stop else row))
   prompts = [p.prompt for p in problems]
   answers = [p.answer for p in problems]
-  return texts, np.asarray(task.reward(prompts, texts, answers), np.float32)
+  return texts, checked_rewards(task, task.reward(prompts, texts, answers))
+
+
+def checked_rewards(task, values) -> np.ndarray:
+  """A reward call's values as float32; RewardError when one is not finite once cast (1e300
+  is finite as a Python float and Inf in float32)."""
+  with np.errstate(over="ignore", invalid="ignore"):
+    out = np.asarray(np.asarray(values, np.float64), np.float32)
+  bad = np.flatnonzero(~np.isfinite(out))
+  if bad.size:
+    raise RewardError(
+      f"the reward of task {getattr(task, 'name', type(task).__name__)!r} returned "
+      f"{bad.size} values that are not finite in float32 (the first: "
+      f"{float(np.asarray(values, np.float64)[bad[0]])!r} at position {int(bad[0])}); a "
+      "reward must be finite and within float32's range"
+    )
+  return out
 
 
 def completions_and_rewards(task, tok, problems, rollout, group: int):
