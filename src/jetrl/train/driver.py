@@ -17,6 +17,7 @@ import json
 import os
 from typing import Any, Callable, Optional
 
+from jetrl.train.run_files import write_atomic
 from jetrl import parallel
 from jetrl.train import resume, setup
 from jetrl.train.hooks import (
@@ -177,8 +178,7 @@ class Outputs:
 
   def write_json(self, name: str, value: dict) -> None:
     if self.primary:
-      with open(os.path.join(self.workdir, self.kind.prefix + name), "w") as f:
-        json.dump(value, f, indent=1)
+      write_atomic(os.path.join(self.workdir, self.kind.prefix + name), json.dumps(value, indent=1))
 
   def close(self) -> None:
     if self.tb is not None:
