@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jetrl.data import RewardError, load_reward
-from jetrl.train.setup import checked_rewards
+from jetrl.train.scoring import checked_rewards
 
 PLUGIN = """
 import os, subprocess, sys, time

@@ -113,8 +113,17 @@ def tokenizer_and_task(cfg, given=None, reward=None):
   tok = setup.make_tokenizer(cfg.model, cfg.task)
   setup.token_ids(tok)  # a tokenizer without eos is an error before anything is built
   encode = setup.prompt_encoder(cfg.task, tok)
+  positions = None  # a checkpoint's positions bound its prompts; a preset's grow to fit
+  if os.path.isdir(cfg.model.name):
+    positions = setup.model_config(cfg.model, tok, 0).max_seq_len
   task, width = setup.load_task(
-    cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
+    cfg.task,
+    seed=cfg.seed,
+    tok=tok,
+    encode=encode,
+    given=given,
+    reward=reward,
+    max_prompt_tokens=positions,
   )
   return tok, encode, task, width
 
