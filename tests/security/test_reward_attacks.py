@@ -209,3 +209,16 @@ def test_extractors_refuse_separated_numbers():
 def test_two_numbers_in_a_box_score_zero_for_either(a, b):
   for gold in (a, b):
     assert gsm8k_reward(None, [f"\\boxed{{{a}, {b}}}"], [gold]) == [0.0]
+
+
+def test_the_whole_batch_stays_inside_its_budget():
+  """Past `batch_timeout`, even the string comparisons stop: the rest score 0, counted."""
+  from jetrl.data.math_equivalence import worker_stats
+
+  before = worker_stats()["over_budget"]
+  hostile = [box("x" * 990 + str(k)) for k in range(3000)]
+  start = time.perf_counter()
+  out = math_reward(None, hostile, ["y"] * 3000, batch_timeout=0.05)
+  assert time.perf_counter() - start < 1.0
+  assert out == [0.0] * 3000
+  assert worker_stats()["over_budget"] > before

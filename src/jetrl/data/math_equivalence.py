@@ -337,6 +337,12 @@ def symbolic_equal(
   return verdict
 
 
+def count_over_budget() -> None:
+  """Counts one comparison left out because its batch's time was spent."""
+  with _WORKER.lock:
+    _WORKER.stats["over_budget"] += 1
+
+
 def worker_stats() -> dict:
   """Counts of sympy requests, timeouts, (re)starts and comparisons refused for lack of batch
   time (over_budget) in this process."""
