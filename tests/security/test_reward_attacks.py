@@ -168,6 +168,7 @@ def test_gsm8k_separated_numbers_score_zero(completion, gold):
     ("#### 1,080", "1080"),
     ("#### $18.", "18"),
     ("#### 18 dollars", "18"),
+    ("#### 5%", "5"),
     ("\\boxed{18 \\text{ apples}}", "18"),
     ("\\boxed{- 5}", "-5"),
   ],

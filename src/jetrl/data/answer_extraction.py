@@ -25,7 +25,7 @@ _THOUSANDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|\.?[0-9]+(?:\.[0
 _SIGN_SPACE = re.compile(r"([-+])[ ]+")
 # What may follow the number after `####` on its line: words and end punctuation, never
 # another number or an operator (`#### 18 - 2` is not 18).
-_AFTER_HASH = re.compile(r"[^\n0-9+\-*/^=\\×÷%]*(?:\n|\Z)")
+_AFTER_HASH = re.compile(r"[^\n0-9+\-*/^=\\×÷]*(?:\n|\Z)")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 
 
