@@ -77,7 +77,7 @@ class Math500(DatasetTask):
         (
           "answer",
           f"{gold!r:.60} cannot be scored by the reward: \\boxed{{...}} of it does not "
-          "score 1 against it (are its braces balanced?), so no completion could"
+          "score 1 against it (are its braces balanced?), so no completion could",
         )
       ]
     return []
