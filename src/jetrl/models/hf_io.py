@@ -18,13 +18,14 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jetrl.models.folder_paths import inside_folder
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.params import check_params, param_shapes
 
@@ -261,24 +262,6 @@ def resolve_path(path: str) -> str:
     ) from e
 
 
-def _inside(folder: str, file: Any, index: str) -> str:
-  """`folder/file` when the index entry `file` names a file inside `folder`; ValueError
-  otherwise (`../other/model.safetensors`, an absolute path). The check is on the name: the
-  hub's cache links a snapshot's files to blobs beside it, which is where they belong."""
-  root = os.path.normpath(os.path.abspath(folder))
-  if not isinstance(file, str) or not file or os.path.isabs(file):
-    raise ValueError(
-      f"{index}: weight_map entry {file!r} must be a file name relative to the model folder"
-    )
-  target = os.path.normpath(os.path.join(root, file))
-  if os.path.commonpath([root, target]) != root or target == root:
-    raise ValueError(
-      f"{index}: weight_map entry {file!r} points outside the model folder {folder!r}; "
-      "every shard must be a file inside it"
-    )
-  return os.path.join(folder, file)
-
-
 def _weight_files(path: str) -> dict:
   """{tensor name: file} for model.safetensors or a sharded model.safetensors.index.json."""
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
@@ -290,7 +273,7 @@ def _weight_files(path: str) -> dict:
       weight_map = json.load(f).get("weight_map")
     if not isinstance(weight_map, dict):
       raise ValueError(f"{index}: no 'weight_map'")
-    return {name: _inside(path, file, index) for name, file in weight_map.items()}
+    return {name: inside_folder(path, file, index) for name, file in weight_map.items()}
   if os.path.exists(single):
     with safe_open(single, framework="np") as f:
       return {name: single for name in f.keys()}
