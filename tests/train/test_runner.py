@@ -17,6 +17,7 @@ import pytest
 
 from conftest import quiet
 from jetrl.train import Hook, run
+from jetrl.train.checkpoint import meta_digest
 
 STEP_FIELDS = [
   "reward_mean",
@@ -169,11 +170,12 @@ def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
     r"--optimizer.lr: checkpoint has 0.0001, this run has 0.001",
   ):
     run(cfg.replace(recipe="jet", optimizer={"lr": 1e-3}), log=quiet)
-  # A checkpoint written by a configuration with other fields (an older layout) is named too.
+  # A checkpoint written by a configuration with other fields (an older layout) is named too
+  # (its metadata rewritten with its own checksum, as the version that wrote it would have).
   meta = os.path.join(cfg.workdir, "checkpoints", "2", "meta", "metadata")
   saved = json.load(open(meta))
   saved["config"]["lr"] = 1e-4
-  json.dump(saved, open(meta, "w"))
+  json.dump(dict(saved, meta_checksum=meta_digest(saved)), open(meta, "w"))
   with pytest.raises(
     ValueError,
     match=r"--lr: the checkpoint has this field \(0.0001\), this "
@@ -183,7 +185,7 @@ def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
   # A checkpoint from when the PPO ratio's old log-probs defaulted to the rollout's.
   del saved["config"]["lr"]
   saved["config"]["update"]["old_logp"] = "rollout"
-  json.dump(saved, open(meta, "w"))
+  json.dump(dict(saved, meta_checksum=meta_digest(saved)), open(meta, "w"))
   with pytest.raises(
     ValueError,
     match=r"(?s)--update.old_logp: checkpoint has 'rollout', this run has 'recompute'.*"

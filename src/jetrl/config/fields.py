@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import types
 import typing
 from collections.abc import Mapping
@@ -152,6 +153,10 @@ def _kind(t: Any, where: str) -> Kind:
 # --- checks ---------------------------------------------------------------------------------
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
 def check_int(name: str, value: Any, lo: int, hi: int = INT_MAX) -> int:
   """`value` if it is an int in [lo, hi]; ConfigError naming `name` otherwise."""
   if isinstance(value, bool) or not isinstance(value, int):
@@ -171,7 +176,29 @@ def check_float(
     raise ConfigError(name, f"must be a finite number{interval}, got {value!r}")
   if not ((lo < value) if lo_open else (lo <= value)) or value > hi:
     raise ConfigError(name, f"must be{interval}, got {value!r}")
+  # The run computes in float32: the value must still be in range, and not subnormal, there.
+  x32 = as_float32(value)
+  if (
+    not math.isfinite(x32)
+    or not ((lo < x32) if lo_open else (lo <= x32))
+    or x32 > hi
+    or 0 < abs(x32) < FLOAT32_TINY
+  ):
+    raise ConfigError(
+      name,
+      f"must be{interval} in float32, the precision the run computes in (normal values from "
+      f"{FLOAT32_TINY:.2g} to {FLOAT32_MAX:.3g} in magnitude, or 0), got {value!r} "
+      f"({x32!r} in float32)",
+    )
   return value
+
+
+def as_float32(value: float) -> float:
+  """`value` rounded to float32 (to +-inf past its range, to 0 or a subnormal below it)."""
+  try:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+  except OverflowError:
+    return math.copysign(math.inf, value)
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> Any:

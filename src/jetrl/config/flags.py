@@ -162,7 +162,9 @@ def define_flags(
 
 
 def load_config_file(path: str, default: Any) -> Any:
-  """The config a file describes, on top of `default` (see the module docstring)."""
+  """The config a file describes, on top of `default` (see the module docstring). A Python
+  file is executed: it is code the user chose to run, like a reward plugin (docs/reliability.md,
+  "Threat model"); JSON and YAML files are read as data."""
   cls = type(default)
   if not os.path.isfile(path):
     raise FlagError(CONFIG_FLAG, f"{path!r} is not a file")

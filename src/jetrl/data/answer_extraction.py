@@ -21,6 +21,11 @@ NUMBER = re.compile(
 )  # decimals
 _HASH = re.compile(r"####[ \t]*")
 _CANONICAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
+_THOUSANDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|\.?[0-9]+(?:\.[0-9]+)?")
+_SIGN_SPACE = re.compile(r"([-+])[ ]+")
+# What may follow the number after `####` on its line: words and end punctuation, never
+# another number or an operator (`#### 18 - 2` is not 18).
+_AFTER_HASH = re.compile(r"[^\n0-9+\-*/^=\\×÷]*(?:\n|\Z)")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 
 
@@ -58,13 +63,21 @@ def extract_boxed(text: str) -> str | None:
 def canonical_number(text: str) -> str | None:
   """A decimal number in canonical form, or None if `text` is not one.
 
-  Drops `$`, `\\$`, spaces, thousands commas and a leading `+`; strips leading zeros of the
-  integer part and trailing zeros of the fraction (so `1,000.50` -> `1000.5`, `+7.0` -> `7`,
-  `-0` -> `0`, `.5` -> `0.5`). Numbers over MAX_NUMBER_CHARS characters give None.
+  Drops `$`, `\\$`, outer spaces, a space after the sign, thousands commas and a leading `+`;
+  strips leading zeros of the integer part and trailing zeros of the fraction (so `1,000.50` ->
+  `1000.5`, `+7.0` -> `7`, `-0` -> `0`, `.5` -> `0.5`). A comma is a thousands separator only
+  between groups of three digits (`1,080`; `1,0,8,0` and `10,80` are not numbers), and a
+  space inside the digits separates two numbers (`1 8` is not 18). Numbers over
+  MAX_NUMBER_CHARS characters give None.
   """
   if not isinstance(text, str) or len(text) > 4 * MAX_NUMBER_CHARS:
     return None
-  s = text.replace("\\$", "").replace("$", "").replace(" ", "").replace(",", "")
+  s = _SIGN_SPACE.sub(r"\1", text.replace("\\$", "").replace("$", "").strip(), count=1)
+  s = s.replace("$", "").strip()
+  digits = s.lstrip("+-")
+  if not _THOUSANDS.fullmatch(digits):
+    return None
+  s = s.replace(",", "")
   if s.startswith("+"):
     s = s[1:]
   if not _CANONICAL.fullmatch(s) or len(s) > MAX_NUMBER_CHARS:
@@ -98,21 +111,27 @@ def hash_number(text: str) -> str | None:
   if last is None:
     return None
   m = NUMBER.match(text, last.end())
-  return None if m is None else canonical_number(m.group())
+  if m is None or not _AFTER_HASH.match(text, m.end()):
+    return None
+  return canonical_number(m.group())
 
 
 def boxed_number(text: str) -> str | None:
   """The number in the last `\\boxed{}`, canonical, or None.
 
   The whole box when it is a number (after unwrapping `\\text{}` and dropping `\\%`), else the
-  last number inside it.
+  one number inside it (`\\boxed{18 \\text{ apples}}`). A box holding several numbers
+  (`\\boxed{1, 8}`, `\\boxed{1 8}`, `\\boxed{3+15=18}`) gives None.
   """
   content = extract_boxed(text)
   if content is None:
     return None
   content = _TEXT_WRAPPER.sub(r"\1", content).replace("\\%", "").replace("%", "").strip()
   whole = canonical_number(content)
-  return whole if whole is not None else last_number(content)
+  if whole is not None:
+    return whole
+  found = NUMBER.findall(content)
+  return canonical_number(found[0]) if len(found) == 1 else None
 
 
 GSM8K_EXTRACTORS = {"hash": hash_number, "boxed": boxed_number, "last": last_number}
@@ -120,9 +139,20 @@ DEFAULT_GSM8K_ORDER = ("hash", "boxed", "last")
 
 
 def gsm8k_answer(text: str, order=DEFAULT_GSM8K_ORDER) -> str | None:
-  """The final number of a GSM8K-style completion, trying the extractors in `order`."""
+  """The final number of a GSM8K-style completion, trying the extractors in `order`.
+
+  A completion that marks its answer (`####`, a `\\boxed{}`) that cannot be read as one number
+  has none: "last" is not tried after those extractors (`\\boxed{1, 8}` is not 8).
+  """
+  marked = False
   for name in order:
+    if name == "last" and marked:
+      return None
     found = GSM8K_EXTRACTORS[name](text)
     if found is not None:
       return found
+    if name == "hash":
+      marked = marked or _HASH.search(text) is not None
+    elif name == "boxed":
+      marked = marked or extract_boxed(text) is not None
   return None

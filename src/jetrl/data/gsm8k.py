@@ -44,6 +44,17 @@ class GSM8K(DatasetTask):
     parts = row["answer"].rsplit("####", 1)
     if len(parts) < 2 or not parts[1].strip():
       return [("answer", "must end in '#### <final answer>'")]
+    # The reward must be able to score the row: its own gold solution must score 1.
+    final = self.row_answer(row)
+    if gsm8k_reward(None, [self.row_solution(row)], [final], order=self.order) != [1.0]:
+      return [
+        (
+          "answer",
+          f"its final answer {parts[1].strip()!r:.60} is not a number the reward can read "
+          "(a plain number, with commas only between groups of three digits): its own "
+          "gold solution would score 0",
+        )
+      ]
     return []
 
   def row_question(self, row: dict) -> str:

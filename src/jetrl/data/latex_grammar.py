@@ -73,7 +73,6 @@ IGNORED = frozenset(
     "mathrm",
     "mathbf",
     "mathit",
-    "text",
     "rm",
     "quad",
     "qquad",

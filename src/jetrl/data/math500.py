@@ -13,12 +13,26 @@ Problem.answer is the dataset's `answer`; Problem.solution its `solution` (endin
 
 from __future__ import annotations
 
+import decimal
 import math
 from typing import Any, Sequence
 
 from jetrl.data.loading import DatasetTask
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT
 from jetrl.data.rewards import DEFAULT_BATCH_TIMEOUT, check_timeouts, math_reward
+
+
+def answer_text(answer) -> str:
+  """A row's answer as the reference string: a JSON number written out in plain digits
+  (`1e20` -> `100000000000000000000`, never `1e+20`, which the reward would read as
+  1*e + 20), exactly as the number it is; a string as it is."""
+  if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+    return str(answer)
+  if isinstance(answer, int):
+    return str(answer)
+  if answer.is_integer():
+    return str(int(answer))
+  return format(decimal.Decimal(repr(answer)), "f")
 
 
 class Math500(DatasetTask):
@@ -56,13 +70,23 @@ class Math500(DatasetTask):
       return [("answer", f"must be a non-empty string or a number, got {answer!r:.40}")]
     if solution is not None and not isinstance(solution, str):
       return [("solution", f"must be a string when present, got {type(solution).__name__}")]
+    # The reward must be able to score the row: its answer, boxed, must score 1 against it.
+    gold = self.row_answer(row)
+    if math_reward(None, [f"\\boxed{{{gold}}}"], [gold], symbolic=False) != [1.0]:
+      return [
+        (
+          "answer",
+          f"{gold!r:.60} cannot be scored by the reward: \\boxed{{...}} of it does not "
+          "score 1 against it (are its braces balanced?), so no completion could",
+        )
+      ]
     return []
 
   def row_question(self, row: dict) -> str:
     return row["problem"]
 
   def row_answer(self, row: dict) -> str:
-    return str(row["answer"])
+    return answer_text(row["answer"])
 
   def row_solution(self, row: dict) -> str:
     return row.get("solution") or ""

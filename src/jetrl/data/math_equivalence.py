@@ -8,7 +8,8 @@
      when they have the same number of items and the items are equal in order; both are
      unbracketed comma lists (`-2,1`) and sets -> equal when the items match in some order
      (`a \\pm b` counts as the list `a+b, a-b`);
-  4. otherwise sympy decides (numeric or symbolic equivalence) in a worker process, with a
+  4. either holds words (`\\text{east}` after normalising) -> equal when the texts are;
+  5. otherwise sympy decides (numeric or symbolic equivalence) in a worker process, with a
      time limit per comparison. A comparison that times out, fails to parse, or errs counts as
      not equal. The worker is restarted after a timeout.
 
@@ -50,6 +51,7 @@ _DECIMAL = re.compile(r"-?(?:[0-9]{1,60}(?:\.[0-9]{1,60})?|\.[0-9]{1,60})")
 _FRAC = re.compile(r"(-?)\\frac\{(%s)\}\{(%s)\}" % (_INT, _INT))
 _SLASH = re.compile(r"(%s)/(%s)" % (_INT, _INT))
 _MIXED = re.compile(r"(-?)([0-9]{1,60})\\frac\{([0-9]{1,60})\}\{([0-9]{1,60})\}")
+_TEXT_WORDS = re.compile(r"\\text\{([^{}]*)\}")
 _PM = re.compile(r"\\pm(?![A-Za-z])")
 _OPENERS = ("(", "[", "\\{")
 _CLOSERS = (")", "]", "\\}")
@@ -190,6 +192,8 @@ def _normalized_equal(
     if sp[0] in ("list", "\\{\\}"):  # unbracketed lists and sets: any order
       return _match_unordered(sp[1], sg[1], same)
     return all(same(a, b) for a, b in zip(sp[1], sg[1]))
+  if "\\text{" in p or "\\text{" in g:  # words are compared as text, never as products
+    return _TEXT_WORDS.sub(r"\1", p) == _TEXT_WORDS.sub(r"\1", g)
   if not symbolic:
     return False
   return symbolic_equal(p, g, timeout, deadline=deadline)
@@ -331,6 +335,12 @@ def symbolic_equal(
     while len(_CACHE) > CACHE_SIZE:
       _CACHE.popitem(last=False)
   return verdict
+
+
+def count_over_budget() -> None:
+  """Counts one comparison left out because its batch's time was spent."""
+  with _WORKER.lock:
+    _WORKER.stats["over_budget"] += 1
 
 
 def worker_stats() -> dict:

@@ -2,9 +2,11 @@
 
 `normalize_latex` removes what does not change an answer's value: spacing commands and
 spaces, `\\left`/`\\right`/`\\big`, `\\displaystyle`, dollar signs, percent signs, degree marks
-(`^\\circ`, `^{\\circ}`, `°`), `\\text{}`/`\\mbox{}` wrappers (unit words inside them, or after
-a number, are dropped), a trailing period, thousands separators in a plain number, a leading
-`x =` on a one-variable answer, and `\\dfrac`/`\\tfrac` spelling. It also writes shorthand
+(`^\\circ`, `^{\\circ}`, `°`), `\\text{}`/`\\mbox{}` wrappers around math (unit words inside
+them, or after a number, are dropped; radians are not a unit word, since degree marks are
+dropped; words stay text, written `\\text{words}`, compared as text and never as a product of
+letters), a trailing period, thousands separators in a plain number, a leading `x =` on a
+one-variable answer, and `\\dfrac`/`\\tfrac` spelling. It also writes shorthand
 arguments out (`\\frac12` -> `\\frac{1}{2}`, `\\sqrt2` -> `\\sqrt{2}`), one-character
 exponents and subscripts without braces (`x^{2}` -> `x^2`), and `.5` as `0.5`.
 """
@@ -19,7 +21,7 @@ UNIT_WORDS = frozenset(
   """
 unit units sq square squared cubic cu cm centimeter centimeters centimetre centimetres mm
 millimeter millimeters m meter meters metre metres km kilometer kilometers in inch inches ft
-foot feet yd yard yards mi mile miles degree degrees deg radian radians cent cents dollar
+foot feet yd yard yards mi mile miles degree degrees deg cent cents dollar
 dollars s sec second seconds min minute minutes h hr hrs hour hours day days week weeks month
 months year years mph kph pound pounds lb lbs ounce ounces oz gallon gallons liter liters litre
 litres ml g gram grams kg kilogram kilograms ton tons mg per each
@@ -52,7 +54,9 @@ _LEADING_POINT = re.compile(r"(?<![0-9])\.([0-9])")
 _THOUSANDS = re.compile(r"-?[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?")
 _VAR_PREFIX = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_[A-Za-z0-9]+)?(?:=|\\in(?![A-Za-z]))")
 _CHOICE = re.compile(r"\(([A-Z])\)")
-_NUMBER_THEN_UNITS = re.compile(r"([0-9}])\s+([A-Za-z. ]+?)(?:\^\{?[23]\}?)?\s*$")
+_WORD = re.compile(r"[A-Za-z]{2}")
+_UNIT_TAIL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz. ")
+_SQUARED_END = re.compile(r"\^\{?[23]\}?\Z")
 _RENAMES = (
   (re.compile(r"\\(?:leqslant|leq)(?![A-Za-z])"), r"\\le"),
   (re.compile(r"\\(?:geqslant|geq)(?![A-Za-z])"), r"\\ge"),
@@ -91,6 +95,25 @@ def _is_units(words: str) -> bool:
   return bool(parts) and all(w in UNIT_WORDS for w in parts)
 
 
+def _strip_trailing_units(s: str) -> str:
+  """`5 cm^2` -> `5`: drops unit words (and a ^2 / ^3) after a number or a closing brace.
+
+  One pass from the end, linear in the length (a backtracking regex here once took seconds
+  on a number followed by a thousand spaces).
+  """
+  end = len(s.rstrip(" "))
+  m = _SQUARED_END.search(s, 0, end)
+  core = end if m is None else m.start()
+  k = core
+  while k > 0 and s[k - 1] in _UNIT_TAIL_CHARS:
+    k -= 1
+  words = s[k:core]
+  lead = len(words) - len(words.lstrip(" "))
+  if k == 0 or s[k - 1] not in "0123456789}" or lead == 0 or not _is_units(words[lead:]):
+    return s
+  return s[:k]
+
+
 def _unwrap_text(s: str) -> str:
   """Replaces `\\text{X}` and friends by X, or by nothing when X is unit words after content."""
   pattern = re.compile(r"\\(?:%s)(?![A-Za-z])\s*\{" % "|".join(_TEXT_CMDS))
@@ -111,6 +134,9 @@ def _unwrap_text(s: str) -> str:
       tail = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", s[close + 1 :])
       pos = close + 1 + (tail.end() if tail else 0)
     else:
+      inner = _strip_trailing_units(" ".join(inner.split()))
+      if _WORD.search(inner):  # words stay text: `\text{seat}` is not s*e*a*t
+        inner = "\\text{" + inner + "}"
       out.append(" " + inner + " " if inner.strip() else "")
       pos = close + 1
   out.append(s[pos:])
@@ -172,9 +198,7 @@ def normalize_latex(answer: str) -> str:
   for pattern, new in _RENAMES:
     s = pattern.sub(new, s)
   s = _unwrap_text(s)
-  m = _NUMBER_THEN_UNITS.search(s)
-  if m and _is_units(m.group(2)):
-    s = s[: m.start()] + m.group(1)
+  s = _strip_trailing_units(s)
   s = s.strip().rstrip(".").strip()
   # Spaces carry no meaning, except between a command and a letter (`\pi r`).
   s = _CMD_THEN_LETTER.sub("\\1\0", s)

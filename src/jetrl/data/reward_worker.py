@@ -79,9 +79,11 @@ def to_json_value(value):
 
 def score(fn, req):
   out = fn(req.get("prompts"), req["completions"], req["answers"], **(req.get("kwargs") or {}))
-  try:
+  if isinstance(out, (list, tuple)):
     values = list(out)
-  except TypeError:
+  elif getattr(out, "ndim", None) == 1 and hasattr(out, "tolist"):  # a numpy / JAX vector
+    values = out.tolist()
+  else:  # a dict (its keys), a str (its characters), a generator, ...: not a list
     return {"bad": f"returned a {type(out).__name__}, not a list of floats"}
   rewards = []
   for k, v in enumerate(values):

@@ -15,7 +15,8 @@ answer may be the bare number ("1,080") or a whole GSM8K worked answer ending in
 MATH (`math_reward`): the completion's answer is the contents of its last `\\boxed{}` or
 `\\fbox{}`; it is compared with the reference by `math_equal` (normalised strings, exact
 rationals, tuples, then sympy with a time limit per answer). The sympy comparisons of one call
-share a budget of `batch_timeout` seconds: every completion is first compared without sympy,
+share a budget of `batch_timeout` seconds (which bounds the whole call): every completion is
+first compared without sympy (in time linear in their length),
 then those still undecided go to sympy in order until the budget is spent; the rest score 0
 (counted as `over_budget` in `jetrl.data.math_equivalence.worker_stats()`). So a batch of
 hostile answers costs at most about `batch_timeout` seconds, however many there are.
@@ -41,6 +42,7 @@ from jetrl.data.answer_extraction import (
   hash_number,
 )
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT, math_equal
+from jetrl.data.math_equivalence import count_over_budget as worker_stats_over_budget
 from jetrl.data.task import check_reward_args, completion_text
 
 DEFAULT_BATCH_TIMEOUT = 10.0  # seconds of sympy time per math_reward call
@@ -123,10 +125,17 @@ def math_reward(
   """1.0 per completion whose last `\\boxed{}` equals the reference answer (+ format term)."""
   check_reward_args(prompts, completions, answers)
   timeout, batch_timeout = check_timeouts(timeout, batch_timeout)
-  pairs = [_math_pair(c, a) for c, a in zip(completions, answers)]
-  ok = [p is not None and math_equal(*p, symbolic=False) for p in pairs]
+  deadline = time.monotonic() + batch_timeout  # the whole call, string checks included
+  pairs, ok = [], []
+  for c, a in zip(completions, answers):
+    p = None
+    if time.monotonic() <= deadline:
+      p = _math_pair(c, a)
+    else:
+      worker_stats_over_budget()
+    pairs.append(p)
+    ok.append(p is not None and math_equal(*p, symbolic=False))
   if symbolic:
-    deadline = time.monotonic() + batch_timeout
     for k, p in enumerate(pairs):
       if p is not None and not ok[k]:
         ok[k] = math_equal(*p, timeout=timeout, deadline=deadline)

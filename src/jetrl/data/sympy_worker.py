@@ -60,6 +60,9 @@ def load_grammar():
 
 
 def _expr_equal(a, b) -> bool:
+  """Whether a equals b, exactly: the grammar reads decimals as the rationals they write, so
+  every value here is exact, and a difference is zero or it is not (`1000!+1` is not `1000!`;
+  `2220+10^{-7}` is not `2220`). A relative tolerance once made both equal."""
   import sympy  # pylint: disable=import-outside-toplevel
 
   if isinstance(a, sympy.Tuple) or isinstance(b, sympy.Tuple):
@@ -77,11 +80,14 @@ def _expr_equal(a, b) -> bool:
   if a.has(*unbounded) or b.has(*unbounded):
     return False
   diff = a - b
-  if diff.is_number:  # relative 1e-9, in sympy Floats (a Python float overflows past 1e308)
-    error = sympy.Abs(sympy.N(diff, 50))
-    scale = sympy.Max(1, sympy.Abs(sympy.N(b, 50)))
-    return bool(error <= scale / 10**9)
-  return sympy.simplify(diff) == 0
+  if diff.is_Rational:  # exact values: equal only when the difference is exactly 0
+    return bool(diff == 0)
+  if diff.is_number:  # in sympy Floats (a Python float overflows past 1e308)
+    error = sympy.Abs(sympy.N(diff, 60))
+    scale = sympy.Max(1, sympy.Abs(sympy.N(b, 60)))
+    if error > scale / 10**40:  # certainly different
+      return False
+  return sympy.simplify(diff) == 0 or (diff.is_number and diff.equals(0) is True)
 
 
 def equivalent(a: str, b: str, parse) -> bool:

@@ -12,10 +12,10 @@ What each failure gets (every message names the function, "reward 'file.py:fn'")
 | failure | result |
 |---|---|
 | no such file or module, an import that raises, no such function, not callable | ValueError when loaded, before anything runs |
-| a result that is not a list, has the wrong length, or holds a non-number | RewardError (the function's bug would recur every batch) |
+| a result that is not a list (a dict, a str, a generator; a tuple or a numpy vector is taken), has the wrong length, or holds a non-number | RewardError (the function's bug would recur every batch) |
 | an exception inside the function | the batch scores 0, with a warning holding the exception |
-| None, NaN or Inf values | those completions score 0, with a warning and a count |
-| no reply within `timeout` seconds (a hang) | the worker is killed, the batch scores 0, with a warning; the next batch starts a new worker |
+| None, NaN or Inf values, or values beyond float32's range (1e300: Inf once cast) | those completions score 0, with a warning and a count |
+| no reply within `timeout` seconds (a hang) | the worker is killed with its process group (what it started too), the batch scores 0, with a warning; the next batch starts a new worker |
 | the worker process dies | the batch scores 0, with a warning; a new worker is started |
 | `max_failures` failing batches in a row (exceptions, hangs, deaths) | RewardError: a run does not go on with a reward that always fails |
 
@@ -28,6 +28,7 @@ import atexit
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -41,6 +42,7 @@ WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reward_w
 DEFAULT_TIMEOUT = 60.0  # seconds per batch
 DEFAULT_START_TIMEOUT = 120.0  # seconds to import the user's module
 DEFAULT_MAX_FAILURES = 3
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 
 class RewardError(RuntimeError):
@@ -133,6 +135,7 @@ class UserReward:
       bufsize=0,
       close_fds=True,
       env=env,
+      start_new_session=True,  # its own process group: what it starts is killed with it
     )
     self.owner = os.getpid()
     self.buffer = b""
@@ -156,6 +159,10 @@ class UserReward:
     proc, self.proc = self.proc, None
     if proc is not None and self.owner == os.getpid():
       try:
+        try:  # the whole group: a function that forked leaves no process behind
+          os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
         proc.kill()
         proc.wait(timeout=10)
       except Exception:  # pylint: disable=broad-except
@@ -280,7 +287,7 @@ class UserReward:
     out, bad = [], 0
     for v in rewards:
       x = _as_float(v)
-      if not math.isfinite(x):
+      if not finite_in_float32(x):
         bad += 1
         x = 0.0
       out.append(x)
@@ -288,9 +295,15 @@ class UserReward:
     if bad:
       self.stats["non_finite"] += bad
       self._warn(
-        f"{self.name} returned {bad} values of {n} that are None, NaN or Inf; they score 0"
+        f"{self.name} returned {bad} values of {n} that are None, NaN or Inf (in float32: "
+        "1e300 is Inf there); they score 0"
       )
     return out
+
+
+def finite_in_float32(x: float) -> bool:
+  """Whether x stays finite as the float32 the trainer holds it in (1e300 does not)."""
+  return math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
 def _as_float(v: Any) -> float:

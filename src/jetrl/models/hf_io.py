@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jetrl.models.folder_paths import inside_folder
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.params import check_params, param_shapes
 
@@ -272,7 +273,7 @@ def _weight_files(path: str) -> dict:
       weight_map = json.load(f).get("weight_map")
     if not isinstance(weight_map, dict):
       raise ValueError(f"{index}: no 'weight_map'")
-    return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    return {name: inside_folder(path, file, index) for name, file in weight_map.items()}
   if os.path.exists(single):
     with safe_open(single, framework="np") as f:
       return {name: single for name in f.keys()}

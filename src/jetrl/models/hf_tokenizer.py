@@ -8,18 +8,19 @@ end-of-generation ids of generation_config.json, as an `HFTokenizer` (a
 model's, or a separate tokenizer folder), with the end-of-generation ids of both, so that
 sampling stops on every id the model's generation config names, not only on the eos token
 (`stop_ids`). `HFTokenizer.save_pretrained(dir)` writes the tokenizer's files back out.
-Chat templates are rendered with jinja2 in a sandbox, the way `transformers` renders them.
+Chat templates are rendered with jinja2 in a sandbox, the way `transformers` renders them, in a
+worker process with time and memory limits (`jetrl.models.chat_render`).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
 from typing import Optional, Sequence
 
 from jetrl.data.tokenizer import Tokenizer, stop_token_ids
+from jetrl.models.chat_render import TemplateRenderer
 from jetrl.models.config import ModelConfig
 
 
@@ -119,7 +120,7 @@ class HFTokenizer:
     if not self.chat_template:
       raise ValueError("this tokenizer has no chat template")
     if self._compiled is None:
-      self._compiled = _compile(self.chat_template)
+      self._compiled = TemplateRenderer(self.chat_template)
     text = self._compiled.render(
       messages=list(messages),
       add_generation_prompt=add_generation_prompt,
@@ -163,33 +164,6 @@ class HFTokenizer:
     with open(config_path, "w", encoding="utf-8") as f:
       json.dump(config, f, ensure_ascii=False, indent=1)
     return (path, config_path)
-
-
-def _compile(template: str):
-  try:
-    import jinja2  # pylint: disable=import-outside-toplevel
-    from jinja2 import ext, sandbox  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ImportError("rendering a chat template needs jinja2 (pip install jinja2)") from e
-
-  def raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(
-      x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-  def strftime_now(fmt):
-    return datetime.datetime.now().strftime(fmt)
-
-  env = sandbox.ImmutableSandboxedEnvironment(
-    trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols]
-  )
-  env.filters["tojson"] = tojson
-  env.globals["raise_exception"] = raise_exception
-  env.globals["strftime_now"] = strftime_now
-  return env.from_string(template)
 
 
 def check_vocab(config: ModelConfig, tokenizer: Tokenizer) -> None:

@@ -3,7 +3,8 @@
 A checkpoint is written to a temporary directory and renamed into place when complete, so a
 run killed at any moment leaves either the previous checkpoint or the new one, never half of
 one. Its metadata carries a checksum of every array (`jetrl.train.checksum`) and refuses to be
-written with a NaN or Inf in it.
+written with a NaN or Inf in it; the metadata itself (step, data position, config, the arrays'
+checksums) carries a SHA-256 of the rest of it, so that everything a resume reads is checked.
 
 `restore_latest` restores the newest checkpoint that is intact: one that fails to load, whose
 arrays do not match their checksums, or that holds a non-finite value is moved aside to
@@ -20,6 +21,9 @@ restores in any number of processes (docs/scaling.md).
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 import shutil
 import time
@@ -36,10 +40,43 @@ from jetrl.train import checksum
 from jetrl.train.validation import FlagError, checkpoint_steps, is_hf_folder
 
 DAMAGED_DIR = "checkpoints_damaged"
+META_CHECKSUM = "meta_checksum"  # SHA-256 of the rest of the metadata
 
 
 class CheckpointError(RuntimeError):
   """No intact checkpoint could be restored."""
+
+
+class SaveError(CheckpointError):
+  """A checkpoint could not be written (the disk is full, say); the earlier ones are intact."""
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _disk_full(e: BaseException) -> Optional[OSError]:
+  """The OSError meaning "no space" (ENOSPC, EDQUOT, EFBIG) in `e`'s chain of causes, if any."""
+  seen = set()
+  todo = [e]
+  while todo:
+    x = todo.pop()
+    if x is None or id(x) in seen:
+      continue
+    seen.add(id(x))
+    if isinstance(x, OSError) and x.errno in _FULL_ERRNOS:
+      return x
+    todo += [x.__cause__, x.__context__, *getattr(x, "exceptions", ())]
+  return None
+
+
+def _free_space(path: str) -> str:
+  """What is free on the file system of `path` (or of the nearest parent that exists)."""
+  while path and not os.path.exists(path):
+    path = os.path.dirname(path)
+  try:
+    return f"{shutil.disk_usage(path or '.').free / 2**20:.1f} MiB"
+  except OSError:
+    return "unknown space"
 
 
 class Checkpointer:
@@ -72,12 +109,23 @@ class Checkpointer:
     if bad:
       raise ValueError(f"refusing to save checkpoint {step}: non-finite values in {bad[:4]}")
     meta = dict(meta, checksums=checksum.tree_checksums(state))
-    self._mngr.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      force=True,
-    )
-    self._mngr.wait_until_finished()
+    meta[META_CHECKSUM] = meta_digest(meta)
+    try:
+      self._mngr.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+      )
+      self._mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      full = _disk_full(e)
+      if full is None:
+        raise
+      raise SaveError(
+        f"checkpoint {step} could not be written to {self.directory}: {full.strerror or full} "
+        f"({_free_space(self.directory)} free there); the checkpoints before it are intact, "
+        "free some space and rerun to resume"
+      ) from None
 
   def restore(self, step: int, target: Any) -> tuple[Any, dict]:
     """Restore the state into the structure, dtypes and shardings of `target`, verified
@@ -97,6 +145,7 @@ class Checkpointer:
       ),
     )
     meta = dict(out.meta)
+    verify_meta(meta, f"{self.directory}/{step}")
     verify(out.state, meta, f"{self.directory}/{step}")
     return out.state, meta
 
@@ -118,8 +167,12 @@ class Checkpointer:
     ).state
 
   def restore_meta(self, step: int) -> dict:
+    """The checkpoint's metadata, verified against its own checksum (ValueError if it differs:
+    a flipped `"step": 6` -> `7` would skip a step, `"data_pos"` shift the data)."""
     out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    return dict(out.meta)
+    meta = dict(out.meta)
+    verify_meta(meta, f"{self.directory}/{step}")
+    return meta
 
   def restore_latest(
     self,
@@ -180,6 +233,32 @@ class Checkpointer:
 
   def close(self):
     self._mngr.close()
+
+
+def meta_digest(meta: dict) -> str:
+  """SHA-256 of the metadata's canonical JSON (sorted keys), its own checksum left out."""
+  body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def verify_meta(meta: dict, where: str) -> None:
+  """ValueError unless the metadata matches its checksum; a warning when it has none."""
+  saved = meta.get(META_CHECKSUM)
+  if saved is None:
+    if "checksums" in meta:  # written by a version that checksummed the arrays only
+      warnings.warn(
+        f"checkpoint {where} (step {meta.get('step', '?')}) has no checksum of its metadata: "
+        "its step, data position and config are taken as they are",
+        RuntimeWarning,
+        stacklevel=3,
+      )
+    return
+  if saved != meta_digest(meta):
+    raise ValueError(
+      f"{where}: the metadata (step, data position, config, array checksums) does not match "
+      "its checksum"
+    )
 
 
 def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:

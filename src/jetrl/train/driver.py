@@ -17,6 +17,7 @@ import json
 import os
 from typing import Any, Callable, Optional
 
+from jetrl.train.run_files import write_atomic
 from jetrl import parallel
 from jetrl.train import resume, setup
 from jetrl.train.hooks import (
@@ -112,8 +113,17 @@ def tokenizer_and_task(cfg, given=None, reward=None):
   tok = setup.make_tokenizer(cfg.model, cfg.task)
   setup.token_ids(tok)  # a tokenizer without eos is an error before anything is built
   encode = setup.prompt_encoder(cfg.task, tok)
+  positions = None  # a checkpoint's positions bound its prompts; a preset's grow to fit
+  if os.path.isdir(cfg.model.name):
+    positions = setup.model_config(cfg.model, tok, 0).max_seq_len
   task, width = setup.load_task(
-    cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=given, reward=reward
+    cfg.task,
+    seed=cfg.seed,
+    tok=tok,
+    encode=encode,
+    given=given,
+    reward=reward,
+    max_prompt_tokens=positions,
   )
   return tok, encode, task, width
 
@@ -177,8 +187,7 @@ class Outputs:
 
   def write_json(self, name: str, value: dict) -> None:
     if self.primary:
-      with open(os.path.join(self.workdir, self.kind.prefix + name), "w") as f:
-        json.dump(value, f, indent=1)
+      write_atomic(os.path.join(self.workdir, self.kind.prefix + name), json.dumps(value, indent=1))
 
   def close(self) -> None:
     if self.tb is not None:

@@ -58,8 +58,12 @@ def bin_labels(edges: Sequence[int]) -> list[str]:
 def save(fig, path: str) -> str:
   plt = _pyplot()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  fig.savefig(path, dpi=90, bbox_inches="tight")
+  tmp = f"{path}.tmp-{os.getpid()}"  # renamed over `path`: a link there is replaced, not followed
+  if os.path.lexists(tmp):
+    os.unlink(tmp)
+  fig.savefig(tmp, dpi=90, bbox_inches="tight", format=os.path.splitext(path)[1][1:] or "png")
   plt.close(fig)
+  os.replace(tmp, path)
   return path
 
 

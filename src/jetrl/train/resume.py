@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import jax
 
+from jetrl.train.run_files import append_text
 from jetrl.config import FlagError, flatten, leaf_paths, upgrade
 from jetrl.rl.optimizer import schedule_key
 
@@ -171,11 +172,11 @@ def record_changes(
   """Appends forced configuration changes to workdir/config_changes.jsonl, with a warning."""
   if not changes or jax.process_index() != 0:
     return
-  with open(os.path.join(workdir, CHANGES_FILE), "a", encoding="utf-8") as f:
-    for c in changes:
-      f.write(json.dumps({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **c}) + "\n")
-      log(
-        f"warning: resuming at step {step} with --{c['field']}={c['now']} (the checkpoint "
-        f"had {c['checkpoint']}): the learning-rate schedule changes from here; recorded "
-        f"in {CHANGES_FILE}"
-      )
+  for c in changes:
+    record = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **c}
+    append_text(os.path.join(workdir, CHANGES_FILE), json.dumps(record) + "\n")
+    log(
+      f"warning: resuming at step {step} with --{c['field']}={c['now']} (the checkpoint "
+      f"had {c['checkpoint']}): the learning-rate schedule changes from here; recorded "
+      f"in {CHANGES_FILE}"
+    )

@@ -44,6 +44,12 @@ from jetrl.models import (
 )
 from jetrl.models.hf_io import config_from_hf
 from jetrl.sampling import SamplingConfig, sample
+from jetrl.train.scoring import (  # noqa: F401  (kept importable from here)
+  checked_rewards,
+  completions_and_rewards,
+  score_rollout,
+  score_rows,
+)
 
 DATASET_TASKS = tuple(t for t in TASKS if t not in SYNTHETIC_TASKS)
 Encoder = Callable[[str], list]
@@ -183,31 +189,46 @@ def load_task(
   encode: Optional[Encoder] = None,
   given: Optional[Task] = None,
   reward=None,
+  max_prompt_tokens: Optional[int] = None,
 ):
   """(task, prompt width): the task (`given`, or the config's), scored by `reward` when given
   (`WithReward`), its data loaded and checked, and the static prompt width (the longest of its
-  train prompts as `encode` gives them, rounded up to 16, plus 16: every prompt of a dataset
-  split of up to PROBE_ALL problems, so no later step meets a longer one, else the first 64
-  of a generated task, whose lengths are fixed by its settings). A data error is a
-  FlagError naming --task.data_path (or --task.name), with the file and line it found; a chat
-  template that fails names --task.prompt_format (or --task.system_prompt)."""
+  train and test prompts as `encode` gives them, rounded up to 16, plus 16: every prompt of a
+  dataset split of up to PROBE_ALL problems, so no later step or evaluation meets a longer
+  one, else the first 64 of a generated task, whose lengths are fixed by its settings). A
+  data error, or a prompt longer than `max_prompt_tokens` (the model's positions), is a
+  FlagError naming --task.data_path (or --task.name), with the file and line it found, or
+  the split and problem; a chat template that fails names --task.prompt_format (or
+  --task.system_prompt)."""
   encode = encode or (lambda text: encode_prompt(tok, text))
   try:
     loaded = given if given is not None else make_task(task, seed=seed)
     if reward is not None:
       loaded = WithReward(loaded, reward)
-    count = loaded.num_problems("train")
-    problems = loaded.batch("train", 0, count if count and count <= PROBE_ALL else 64)
+    problems = {}
+    for split in ("train", "test"):
+      count = loaded.num_problems(split)
+      problems[split] = loaded.batch(split, 0, count if count and count <= PROBE_ALL else 64)
   except ValueError as e:
     raise FlagError("task.data_path" if task.data_path else "task.name", str(e)) from None
   try:
-    probe = [encode(p.prompt) for p in problems]
+    probes = {split: [encode(p.prompt) for p in ps] for split, ps in problems.items()}
   except ValueError as e:
     flag = "task.name"
     if task.prompt_format == "chat":
       flag = "task.system_prompt" if task.system_prompt is not None else "task.prompt_format"
     raise FlagError(flag, f"a prompt of task {loaded.name!r} cannot be encoded: {e}") from None
-  return loaded, prompt_width(probe) + 16
+  if max_prompt_tokens is not None:
+    for split, probe in probes.items():
+      for k, ids in enumerate(probe):
+        if len(ids) > max_prompt_tokens:
+          raise FlagError(
+            "task.data_path" if task.data_path else "task.name",
+            f"problem {k} of the {split} split of task {loaded.name!r} has a prompt of "
+            f"{len(ids)} tokens ({len(problems[split][k].prompt)} characters); the model "
+            f"holds {max_prompt_tokens} positions",
+          )
+  return loaded, prompt_width(probes["train"] + probes["test"]) + 16
 
 
 def make_tokenizer(model, task=None) -> Tokenizer:
@@ -305,49 +326,6 @@ def decode(tok: Tokenizer, ids: Sequence[int]) -> str:
 def prompt_width(prompts: Sequence[Sequence[int]]) -> int:
   """Static prompt width: the longest prompt rounded up to a multiple of 16."""
   return -(-max(len(p) for p in prompts) // 16) * 16
-
-
-def score_rows(task, tok, problems, tokens, lengths):
-  """(texts, rewards) of completion rows: `problems[i]` is row i's problem, `tokens` [R, T]
-  and `lengths` [R] its sampled ids (numpy); a trailing stop id is not part of the text."""
-  toks, lens = np.asarray(tokens), np.asarray(lengths)
-  stop = set(token_ids(tok).stop)
-  texts = []
-  for row, n in zip(toks, lens):
-    row = row[:n]
-    texts.append(decode(tok, row[:-1] if n and int(row[-1]) in stop else row))
-  prompts = [p.prompt for p in problems]
-  answers = [p.answer for p in problems]
-  return texts, np.asarray(task.reward(prompts, texts, answers), np.float32)
-
-
-def completions_and_rewards(task, tok, problems, rollout, group: int):
-  """Decode a rollout's completions (on the host) and score them; rows are prompt-major."""
-  return score_rows(
-    task, tok, [p for p in problems for _ in range(group)], rollout.tokens, rollout.lengths
-  )
-
-
-def score_rollout(task, tok, problems, rollout, group: int):
-  """(rewards, lengths, stop reasons) of every row of a rollout, as numpy, on every process.
-
-  Each process decodes and scores the rows it holds (`jetrl.parallel.owned_rows`; all of them
-  with one process) and the rewards are gathered: reward functions run where the completions
-  are, and no process reads another's shards. Rows are prompt-major (`group` per problem)."""
-  from jetrl import parallel  # pylint: disable=import-outside-toplevel
-
-  rows = parallel.owned_rows(rollout.tokens)
-  texts_rewards = score_rows(
-    task,
-    tok,
-    [problems[int(r) // group] for r in rows],
-    parallel.rows_to_host(rollout.tokens, rows),
-    parallel.rows_to_host(rollout.lengths, rows),
-  )
-  n = rollout.tokens.shape[0]
-  rewards = parallel.gather_rows(texts_rewards[1], rows, n)
-  lengths, stop = parallel.to_host((rollout.lengths, rollout.stop_reason))
-  return rewards, np.asarray(lengths), np.asarray(stop)
 
 
 def evaluate(

@@ -24,6 +24,7 @@ import socket
 import time
 from typing import Callable, Optional, Sequence
 
+from jetrl.train.run_files import open_no_follow
 from jetrl.train.validation import FlagError
 from jetrl.train.writers import read_jsonl
 
@@ -54,7 +55,7 @@ class WorkdirLock:
 
   def __init__(self, workdir: str, log: Callable[[str], None] = print):
     self.path = os.path.join(workdir, LOCK_NAME)
-    self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    self.fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT)  # never a link's target
     try:
       fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       busy = False

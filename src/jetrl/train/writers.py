@@ -21,6 +21,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from jetrl.train.run_files import append_text, refuse_link, write_atomic
+
 
 def _clean(d: dict) -> dict:
   out = {}
@@ -84,20 +86,17 @@ class MetricWriter:
   def truncate_after(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint a resumed run restarts from),
     and a torn last line."""
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled or not os.path.lexists(self.path):
       return
+    refuse_link(self.path)
     keep = [json.dumps(r) + "\n" for r in read_jsonl(self.path) if r.get("step", -1) <= step]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      f.writelines(keep)
-    os.replace(tmp, self.path)
+    write_atomic(self.path, "".join(keep))
 
   def write(self, step: int, metrics: dict) -> dict:
     record = {"step": int(step), **_clean(metrics)}
     if not self.enabled:
       return record
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    append_text(self.path, json.dumps(record) + "\n")
     if self._tb is not None:
       self._tb.scalars(
         step,
@@ -115,8 +114,7 @@ class MetricWriter:
   def write_many(self, records: list[dict]) -> None:
     """Appends records as they are (each with its own "step"), in one write."""
     if self.enabled and records:
-      with open(self.path, "a") as f:
-        f.write("".join(json.dumps(_clean(r)) + "\n" for r in records))
+      append_text(self.path, "".join(json.dumps(_clean(r)) + "\n" for r in records))
 
   def records(self) -> list[dict]:
     return read_jsonl(self.path) if os.path.exists(self.path) else []

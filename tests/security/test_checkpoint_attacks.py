@@ -1,0 +1,119 @@
+"""Everything a resume reads from a checkpoint is checked: its arrays against their checksums
+and its metadata (step, data position, config) against its own. One flipped digit in the
+metadata once resumed a run with exit code 0, skipping a step or shifting the data."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jetrl.train.checkpoint import CheckpointError, Checkpointer
+
+
+def tree(step: int) -> dict:
+  return {"w": jnp.full((4, 4), float(step), jnp.float32), "step": jnp.asarray(step, jnp.int32)}
+
+
+def saved(tmp_path, steps=(3, 6)):
+  ck = Checkpointer(str(tmp_path), keep=3)
+  for s in steps:
+    ck.save(s, tree(s), {"step": s, "data_pos": 2 * s, "config": {"lr": 1e-4}})
+  ck.close()
+  return tmp_path / "checkpoints"
+
+
+def metadata_file(directory, step):
+  return directory / str(step) / "meta" / "metadata"
+
+
+def restore(tmp_path):
+  ck = Checkpointer(str(tmp_path), keep=3)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state, meta = ck.restore_latest(tree(0), log=lambda *a: None)
+  ck.close()
+  return state, meta, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize(
+  "old, new",
+  [('"step": 6', '"step": 7'), ('"data_pos": 12', '"data_pos": 13'), ('"lr": 0.0001', '"lr": 0.1')],
+)
+def test_an_edited_metadata_field_sets_the_checkpoint_aside(tmp_path, old, new):
+  directory = saved(tmp_path)
+  path = metadata_file(directory, 6)
+  text = json.dumps(json.loads(path.read_text()))  # one canonical spelling to edit
+  assert old in text
+  path.write_text(text.replace(old, new))
+  state, meta, messages = restore(tmp_path)
+  assert meta["step"] == 3 and meta["data_pos"] == 6 and int(state["step"]) == 3
+  assert any(
+    "checkpoints/6 is damaged" in m and "does not match its checksum" in m for m in messages
+  )
+  assert sorted(p.name for p in directory.iterdir()) == ["3"]
+
+
+def test_every_checkpoint_with_edited_metadata_is_an_error(tmp_path):
+  directory = saved(tmp_path, steps=(6,))
+  path = metadata_file(directory, 6)
+  path.write_text(json.dumps(json.loads(path.read_text())).replace('"step": 6', '"step": 9'))
+  with pytest.raises(CheckpointError, match="step 6: metadata unreadable.*does not match"):
+    restore(tmp_path)
+
+
+def test_any_changed_digit_of_the_metadata_is_found(tmp_path):
+  """Each digit of the metadata file in turn (a sample of 12 positions) changed by one."""
+  directory = saved(tmp_path, steps=(6,))
+  path = metadata_file(directory, 6)
+  original = path.read_text()
+  positions = [m.start() for m in re.finditer(r"[0-9]", original)]
+  sample = positions[:: max(1, len(positions) // 12)][:12]
+  for k in sample:
+    digit = str((int(original[k]) + 1) % 10)
+    path.write_text(original[:k] + digit + original[k + 1 :])
+    ck = Checkpointer(str(tmp_path), keep=3, create=False)
+    with pytest.raises(ValueError, match="does not match its checksum"):
+      ck.restore_meta(6)
+    ck.close()
+  path.write_text(original)
+  _, meta, _ = restore(tmp_path)
+  assert meta["step"] == 6 and meta["data_pos"] == 12
+  np.testing.assert_array_equal(meta["config"]["lr"], 1e-4)
+
+
+def test_a_full_disk_is_one_error_naming_the_path_and_the_free_space(tmp_path, monkeypatch):
+  """Orbax reports a full disk deep inside its own errors (a 257-line traceback once)."""
+  import errno
+  import os
+
+  from jetrl.train.checkpoint import SaveError
+
+  ck = Checkpointer(str(tmp_path), keep=3)
+  ck.save(3, tree(3), {"step": 3})
+
+  def full(*args, **kwargs):
+    try:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "x"))
+    except OSError as inner:
+      raise RuntimeError("orbax: could not finalize the checkpoint") from inner
+
+  monkeypatch.setattr(ck._mngr, "save", full)
+  with pytest.raises(SaveError) as caught:
+    ck.save(6, tree(6), {"step": 6})
+  message = str(caught.value)
+  assert "\n" not in message and isinstance(caught.value, CheckpointError)
+  assert message.startswith(f"checkpoint 6 could not be written to {tmp_path}/checkpoints: ")
+  assert "No space left on device" in message and re.search(r"\([0-9.]+ MiB free", message)
+
+  def other(*args, **kwargs):
+    raise RuntimeError("something else")
+
+  monkeypatch.setattr(ck._mngr, "save", other)
+  with pytest.raises(RuntimeError, match="something else"):
+    ck.save(6, tree(6), {"step": 6})
+  ck.close()
