@@ -165,7 +165,8 @@ def _check_plugin(target: Target) -> None:
   if not found:
     what = "the CUDA plugin (jax-cuda12-plugin)" if target.platform == "gpu" else "libtpu"
     raise MissingPlugin(
-      f"compiling for {target.name} needs {what}: pip install -e '.[aot]' (or make aot)"
+      f"compiling for {target.name} needs {what}: make aot (a .venv-aot with the aot extra), "
+      "or pip install -e '.[aot]'"
     )
 
 
