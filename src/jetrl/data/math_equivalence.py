@@ -38,7 +38,7 @@ import warnings
 from fractions import Fraction
 
 from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
-from jetrl.data.pipes import read_line
+from jetrl.data.pipes import kill_worker, read_line
 
 DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
 STARTUP_TIMEOUT = 60.0
@@ -264,11 +264,7 @@ class _Worker:
   def _kill(self):
     proc, self.proc = self.proc, None
     if proc is not None and self.owner == os.getpid():
-      try:
-        proc.kill()
-        proc.wait(timeout=5)
-      except Exception:
-        pass
+      kill_worker(proc, wait_s=5)
 
   def _read_line(self, timeout: float) -> bytes | None:
     line, self.buffer, _ = read_line(self.proc.stdout.fileno(), self.buffer, timeout)

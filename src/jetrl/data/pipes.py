@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import time
 from typing import Optional
 
@@ -27,3 +28,26 @@ def read_line(fd: int, buffer: bytes, timeout: float) -> tuple[Optional[bytes], 
     buffer += chunk
   line, _, rest = buffer.partition(b"\n")
   return line, rest, False
+
+
+def kill_worker(proc, *, group: bool = False, wait_s: float = 10.0) -> None:
+  """Kill a worker process (and, with `group`, its whole process group: a worker started with
+  `start_new_session` leaves nothing behind), reap it and close its pipes; never raises."""
+  if proc is None:
+    return
+  try:
+    if group:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+    proc.kill()
+    proc.wait(timeout=wait_s)
+  except Exception:  # pylint: disable=broad-except
+    pass
+  for pipe in (proc.stdin, proc.stdout):
+    try:
+      if pipe is not None:
+        pipe.close()
+    except Exception:  # pylint: disable=broad-except
+      pass

@@ -28,14 +28,13 @@ import atexit
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import warnings
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-from jetrl.data.pipes import read_line
+from jetrl.data.pipes import kill_worker, read_line
 from jetrl.data.task import check_reward_args
 
 WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reward_worker.py")
@@ -158,20 +157,7 @@ class UserReward:
   def _kill(self) -> None:
     proc, self.proc = self.proc, None
     if proc is not None and self.owner == os.getpid():
-      try:
-        try:  # the whole group: a function that forked leaves no process behind
-          os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-          pass
-        proc.kill()
-        proc.wait(timeout=10)
-      except Exception:  # pylint: disable=broad-except
-        pass
-      for pipe in (proc.stdin, proc.stdout):
-        try:
-          pipe.close()
-        except Exception:  # pylint: disable=broad-except
-          pass
+      kill_worker(proc, group=True)  # a function that forked leaves no process behind
 
   def _read_line(self, timeout: float) -> Optional[bytes]:
     line, self.buffer, closed = read_line(self.proc.stdout.fileno(), self.buffer, timeout)

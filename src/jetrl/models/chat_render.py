@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Optional
 
-from jetrl.data.pipes import read_line
+from jetrl.data.pipes import kill_worker, read_line
 from jetrl.models import template_worker
 
 WORKER_PATH = template_worker.__file__
@@ -32,18 +32,9 @@ class ChatTemplateError(ValueError):
 
 
 def _kill(proc, owner: Optional[int] = None) -> None:
-  if proc is None or (owner is not None and owner != os.getpid()):
+  if owner is not None and owner != os.getpid():
     return  # a forked copy never kills the worker of the process it was forked from
-  try:
-    proc.kill()
-    proc.wait(timeout=10)
-  except Exception:  # pylint: disable=broad-except
-    pass
-  for pipe in (proc.stdin, proc.stdout):
-    try:
-      pipe.close()
-    except Exception:  # pylint: disable=broad-except
-      pass
+  kill_worker(proc)
 
 
 class TemplateRenderer:
