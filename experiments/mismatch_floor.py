@@ -22,7 +22,7 @@ import numpy as np
 from jetrl.precision import RECIPES, get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.sampling import SamplingConfig, sample
-from jetrl.train import ModelSpec, TaskConfig, setup
+from jetrl.train import ModelSpec, TaskConfig, pieces
 from jetrl.train.checkpoint import load_params_from
 
 FLAGS = flags.FLAGS
@@ -52,15 +52,15 @@ def main(argv):
     raise app.UsageError(f"--chunk_rows must divide prompts x group_size = {rows}")
   task_cfg = TaskConfig(name=FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length)
   model = ModelSpec(name=FLAGS.model)
-  task = setup.make_task(task_cfg, seed=FLAGS.seed)
-  tok = setup.make_tokenizer(model, task_cfg)
+  task = pieces.make_task(task_cfg, seed=FLAGS.seed)
+  tok = pieces.make_tokenizer(model, task_cfg)
   problems = task.batch("train", 0, FLAGS.prompts)
-  prompts = [setup.encode_prompt(tok, p.prompt) for p in problems]
-  width = setup.prompt_width(prompts)
-  mcfg, params = setup.make_model(model, tok, FLAGS.seed, width + FLAGS.max_new_tokens)
+  prompts = [pieces.encode_prompt(tok, p.prompt) for p in problems]
+  width = pieces.prompt_width(prompts)
+  mcfg, params = pieces.make_model(model, tok, FLAGS.seed, width + FLAGS.max_new_tokens)
   if FLAGS.init_from:
     params = load_params_from(FLAGS.init_from, params)
-  ids = setup.token_ids(tok)
+  ids = pieces.token_ids(tok)
   fn = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "temperature"))
   print("| recipe | rollout vs train: mean abs Δlogp | max | train vs train (floor): mean | max |")
   print("|---|---:|---:|---:|---:|")

@@ -13,7 +13,7 @@ every --checkpoint.every steps; rerunning the same command resumes from the late
 from jetrl.data import RewardError
 from jetrl.train import SFTConfig, run_sft
 from jetrl.train.checkpoint import CheckpointError
-from jetrl.train.cli import SFT_RENAMED_FLAGS, main
+from jetrl.train.cli import main
 from jetrl.train.skips import SkippedUpdatesError
 
 if __name__ == "__main__":
@@ -21,6 +21,5 @@ if __name__ == "__main__":
     SFTConfig(),
     run_sft,
     doc=__doc__,
-    renamed=SFT_RENAMED_FLAGS,
     errors=(SkippedUpdatesError, CheckpointError, RewardError),
   )

@@ -22,7 +22,7 @@ evaluates a model or a run's checkpoint on held-out problems.
 from jetrl.data import RewardError
 from jetrl.train import TrainConfig, run
 from jetrl.train.checkpoint import CheckpointError
-from jetrl.train.cli import RENAMED_FLAGS, main
+from jetrl.train.cli import main
 from jetrl.train.skips import SkippedUpdatesError
 
 
@@ -39,6 +39,5 @@ if __name__ == "__main__":
     TrainConfig(),
     train,
     doc=__doc__,
-    renamed=RENAMED_FLAGS,
     errors=(SkippedUpdatesError, CheckpointError, RewardError),
   )

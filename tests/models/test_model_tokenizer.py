@@ -127,19 +127,19 @@ def test_special_ids_must_fit_the_model(tmp_path):
     f"{n + 7} not in \\[0, vocab_size={n + 2}\\)",
   ):
     M.load_tokenizer(str(tmp_path), config=config)
-  from jetrl.train import setup
+  from jetrl.train import pieces
 
   tok = M.load_tokenizer(str(tmp_path))  # the training path loads it without a config
-  assert setup.token_ids(tok).stop == (n - 2, n + 7) and isinstance(tok, Tokenizer)
+  assert pieces.token_ids(tok).stop == (n - 2, n + 7) and isinstance(tok, Tokenizer)
   with pytest.raises(ValueError, match=f"--model.name: .*end-of-generation id #1 {n + 7}"):
-    setup.check_tokenizer(config, tok)
+    pieces.check_tokenizer(config, tok)
   # A tokenizer given by --model.tokenizer is what the error names then.
   from jetrl.train import ModelSpec
 
   spec = ModelSpec(name=str(tmp_path), tokenizer=str(tmp_path))
   with pytest.raises(ValueError, match=f"--model.tokenizer: .*end-of-generation id #1 {n + 7}"):
-    setup.check_tokenizer(config, tok, spec)
-  setup.check_tokenizer(dataclasses.replace(config, vocab_size=n + 8), tok, spec)
+    pieces.check_tokenizer(config, tok, spec)
+  pieces.check_tokenizer(dataclasses.replace(config, vocab_size=n + 8), tok, spec)
 
 
 def test_missing_tokenizer_file(tmp_path):

@@ -29,13 +29,13 @@ from jetrl.rl import (
   update_step,
 )
 from jetrl.sampling import SamplingConfig, sample
-from jetrl.train import setup
+from jetrl.train import pieces, scoring
 from jetrl.train.config import ModelSpec
 from jetrl.train.sft import _solution_batch, sft_step
 
 EXACT, JET = get_recipe("jet_exact"), get_recipe("jet")
 TOK = char_tokenizer()
-IDS = setup.token_ids(TOK)
+IDS = pieces.token_ids(TOK)
 TASK = get_task("addition", difficulty=1, length=2, seed=0)
 MAX_NEW = 40
 WIDTH = 63  # inputs of a re-padded row: any prompt + completion here fits
@@ -66,7 +66,7 @@ def _prompts(which):
 
 @pytest.fixture(scope="module")
 def model():
-  cfg, params = setup.make_model(ModelSpec("tiny", 2), TOK, 0, 64)
+  cfg, params = pieces.make_model(ModelSpec("tiny", 2), TOK, 0, 64)
   # Sharpen the random model a little so sampled tokens are not uniform noise.
   return cfg, jax.tree_util.tree_map(lambda a: a * 3.0 if a.ndim >= 2 else a, params)
 
@@ -97,7 +97,7 @@ def sft_params(model):
 
 def _rollout(cfg, params, which, recipe, seed=0):
   problems = _prompts(which)
-  prompts = [setup.encode_prompt(TOK, p.prompt) for p in problems]
+  prompts = [pieces.encode_prompt(TOK, p.prompt) for p in problems]
   sc = SC_B if which == "B" else SC_A
   out = sample(params, cfg, prompts, jax.random.PRNGKey(seed), sc, recipe.rollout)
   return problems, sc, jax.tree_util.tree_map(np.asarray, out)
@@ -229,7 +229,7 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
   before = np.asarray(state.params["embed"]).copy()
   for step in range(3):
     problems, sc, out = _rollout(cfg, state.params, "A", EXACT, seed=step)
-    _, rewards = setup.completions_and_rewards(TASK, TOK, problems, out, sc.n)
+    _, rewards = scoring.completions_and_rewards(TASK, TOK, problems, out, sc.n)
     adv = group_advantages(jnp.asarray(rewards) + 0.1 * np.arange(len(rewards)), sc.n)
     state, m = update_step(
       state,

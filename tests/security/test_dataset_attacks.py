@@ -10,7 +10,7 @@ import pytest
 from jetrl.config import FlagError
 from jetrl.data import char_tokenizer, get_task
 from jetrl.train import TaskConfig
-from jetrl.train import setup
+from jetrl.train import pieces
 
 
 def write(path, rows):
@@ -88,8 +88,8 @@ def test_a_prompt_longer_than_the_model_is_refused_at_start_up(tmp_path):
   with pytest.raises(
     FlagError, match=r"^--task.data_path: problem \d+ of the test split .* prompt of 5\d\d\d tokens"
   ):
-    setup.load_task(cfg, seed=0, tok=tok, encode=encode, max_prompt_tokens=1024)
-  _, width = setup.load_task(
+    pieces.load_task(cfg, seed=0, tok=tok, encode=encode, max_prompt_tokens=1024)
+  _, width = pieces.load_task(
     cfg, seed=0, tok=tok, encode=encode
   )  # a preset's positions grow to fit it
   assert width >= 5000

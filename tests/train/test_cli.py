@@ -15,7 +15,8 @@ from conftest import quiet
 from jetrl.config import FlagError
 from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.train import SFTConfig, TrainConfig, run
-from jetrl.train.cli import RENAMED_FLAGS, usage
+from jetrl.config import former_names, resumable_paths
+from jetrl.train.cli import usage
 
 
 def parse(argv, default=None):
@@ -76,9 +77,11 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
     (["--sampling.temperature=0"], "--sampling.temperature: must be > 0"),
     (
       ["--eval.temperature=1e-30"],
-      "--eval.temperature: must be 0 (greedy) or in [0.01, 100] (as --sampling.temperature), "
-      "got 1e-30",
+      "--eval.temperature: must be 0 or in [0.01, 100], got 1e-30",
     ),
+    (["--sampling.temperature=1e-30"], "--sampling.temperature: must be 0 or in [0.01, 100]"),
+    (["--sampling.temperature=101"], "--sampling.temperature: must be 0 or in [0.01, 100]"),
+    (["--grad_fmt=e5m2", "--recipe=bf16"], "--grad_fmt: gradient format 'e5m2' needs a recipe"),
     (["--update.minibatches=3"], "--update.minibatches: prompts_per_step x sampling.n = 128 rows"),
     (["--task.name=chess"], "--task.name: 'chess' is not accepted"),
     (["--update.is_method=clip"], "--update.is_method: 'clip' is not accepted"),
@@ -232,9 +235,57 @@ def test_help_lists_every_flag_grouped_by_config():
   for spec in flag_specs(TrainConfig()):
     assert f"  --{spec.path}=" in text, spec.path
   assert "--sampling.stop_ids" not in text  # filled in by the run, not a flag
-  # Every old flag name maps to a flag that exists.
+  # Every old flag name maps to a flag that exists, and they are the names train.py had.
   names = {s.path for s in flag_specs(TrainConfig())}
-  assert set(RENAMED_FLAGS.values()) <= names
+  renamed = former_names(TrainConfig)
+  assert set(renamed.values()) <= names
+  assert renamed == OLD_TRAIN_FLAGS
+
+
+# The flags of experiments/train.py before the configuration had nodes, and their new names.
+OLD_TRAIN_FLAGS = {
+  **{k: f"model.{v}" for k, v in {"model": "name", "n_layers": "n_layers"}.items()},
+  **{k: f"task.{k}" for k in ("difficulty", "length", "data_path")},
+  "task": "task.name",
+  "lr": "optimizer.lr",
+  "warmup_steps": "optimizer.warmup_steps",
+  "schedule": "optimizer.schedule",
+  "weight_decay": "optimizer.weight_decay",
+  "max_grad_norm": "optimizer.max_grad_norm",
+  "eval_size": "eval.size",
+  "eval_every": "eval.every",
+  "ckpt_every": "checkpoint.every",
+  "keep_ckpts": "checkpoint.keep",
+  "tensorboard": "logging.tensorboard",
+  "plots": "logging.plots",
+  "group_size": "sampling.n",
+  "max_new_tokens": "sampling.max_new_tokens",
+  "temperature": "sampling.temperature",
+  "loss": "update.loss",
+  "is_correction": "update.is_method",
+  "is_cap": "update.is_cap",
+  "old_logp": "update.old_logp",
+  "clip_low": "update.clip_low",
+  "clip_high": "update.clip_high",
+  "kl_coef": "update.kl_coef",
+  "entropy_coef": "update.entropy_coef",
+  "dynamic_sampling": "update.dynamic_sampling",
+  "overlong_buffer": "update.overlong_buffer",
+  "mask_truncated": "update.mask_truncated",
+  "ppo_epochs": "update.ppo_epochs",
+  "minibatches": "update.minibatches",
+  "micro_batches": "update.micro_batches",
+  "master_dtype": "update.master_dtype",
+}
+
+
+def test_resumable_fields_are_the_ones_a_resume_may_change():
+  """The fields marked resumable are those a resumed run may change (the lists from before
+  they were marked on the fields): bookkeeping, evaluation cadence, checkpoints, logging."""
+  common = {"workdir", "steps", "task.reward_timeout", "checkpoint", "logging", "mesh"}
+  common |= {"max_skipped_steps", "overwrite", "allow_schedule_change"}
+  assert set(resumable_paths(TrainConfig)) == common | {"eval.every", "eval.batch"}
+  assert set(resumable_paths(SFTConfig)) == common | {"eval"}
 
 
 def test_command_line_errors_help_and_renamed_flags(tmp_path, root):

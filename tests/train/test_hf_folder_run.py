@@ -22,7 +22,7 @@ import pytest
 from conftest import quiet
 from jetrl.data import Problem, Task, get_task
 from jetrl.models import forward
-from jetrl.train import rl_step, run, run_sft, setup, sft
+from jetrl.train import evaluation, rl_step, run, run_sft, sft
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -157,7 +157,7 @@ class Calls:
 
   def __init__(self, monkeypatch):
     self.train, self.eval = [], []
-    for module, calls in ((rl_step, self.train), (setup, self.eval)):
+    for module, calls in ((rl_step, self.train), (evaluation, self.eval)):
       monkeypatch.setattr(module, "sample", self._wrap(module.sample, calls))
 
   @staticmethod

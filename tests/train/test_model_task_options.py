@@ -9,6 +9,7 @@ tokenizer written as a Hugging Face tokenizer folder (its ids are known by hand)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -22,8 +23,18 @@ from jetrl.config import FlagError
 from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.data import Problem, Task, char_tokenizer, register_task, unregister_task
 from jetrl.models import forward, get_config, init_params
+from jetrl.precision import get_recipe
 from jetrl.sampling import SamplingConfig, sample
-from jetrl.train import ModelSpec, TaskConfig, TrainConfig, run, run_sft, setup
+from jetrl.train import (
+  EvalConfig,
+  ModelSpec,
+  TaskConfig,
+  TrainConfig,
+  evaluation,
+  pieces,
+  run,
+  run_sft,
+)
 
 CHAT_TEMPLATE = (
   "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
@@ -167,14 +178,14 @@ def test_start_up_refusals_name_the_flag(
 
 
 def test_prompt_formats_give_the_templates_ids(tmp_path):
-  tok = setup.make_tokenizer(ModelSpec(tokenizer=tokenizer_folder(tmp_path)))
+  tok = pieces.make_tokenizer(ModelSpec(tokenizer=tokenizer_folder(tmp_path)))
   chars = char_tokenizer()
-  chat = setup.prompt_encoder(TaskConfig(prompt_format="chat", system_prompt="be brief"), tok)
+  chat = pieces.prompt_encoder(TaskConfig(prompt_format="chat", system_prompt="be brief"), tok)
   want = chars.encode("s:be brief\nu:12+3\na:", add_special_tokens=False)  # no bos on top
   assert chat("12+3") == want
-  default_system = setup.prompt_encoder(TaskConfig(prompt_format="chat"), tok)
+  default_system = pieces.prompt_encoder(TaskConfig(prompt_format="chat"), tok)
   assert default_system("12+3") == chars.encode("u:12+3\na:", add_special_tokens=False)
-  plain = setup.prompt_encoder(TaskConfig(), tok)
+  plain = pieces.prompt_encoder(TaskConfig(), tok)
   assert plain("12+3") == [1] + chars.encode("12+3", add_special_tokens=False)
   # A dataset task under the chat format hands out the user message, not its plain template.
   data = tmp_path / "gsm"
@@ -193,7 +204,9 @@ def test_prompt_formats_give_the_templates_ids(tmp_path):
       'as a number on the last line, in the form "#### <number>".\nAnswer:\n',
     ),
   ):
-    task = setup.make_task(TaskConfig(name="gsm8k", data_path=str(data), prompt_format=fmt), seed=0)
+    task = pieces.make_task(
+      TaskConfig(name="gsm8k", data_path=str(data), prompt_format=fmt), seed=0
+    )
     assert task.problem("train", 0).prompt == prompt
 
 
@@ -210,12 +223,12 @@ def _cut(tokens, lengths, stop, pad):
 
 def test_rollouts_and_greedy_evaluation_stop_on_every_eos_id(tmp_path):
   spec = ModelSpec(n_layers=1, tokenizer=tokenizer_folder(tmp_path / "a"))
-  tok = setup.make_tokenizer(spec)
-  mcfg = setup.model_config(spec, tok, 64)
+  tok = pieces.make_tokenizer(spec)
+  mcfg = pieces.model_config(spec, tok, 64)
   assert mcfg.vocab_size == 53
   params = init_params(mcfg, jax.random.PRNGKey(3))
-  task = setup.make_task(TaskConfig(difficulty=1, length=1), seed=0)
-  prompts = [setup.encode_prompt(tok, p.prompt) for p in task.batch("test", 0, 4)]
+  task = pieces.make_task(TaskConfig(difficulty=1, length=1), seed=0)
+  prompts = [pieces.encode_prompt(tok, p.prompt) for p in task.batch("test", 0, 4)]
 
   def rollout(stop, temperature):
     sc = SamplingConfig(
@@ -232,10 +245,10 @@ def test_rollouts_and_greedy_evaluation_stop_on_every_eos_id(tmp_path):
     for v in seen - {0, 1, 2}:
       counts[v] = counts.get(v, 0) + 1
   k = max((c, v) for v, c in counts.items() if c == 2)[1]
-  tok = setup.make_tokenizer(
+  tok = pieces.make_tokenizer(
     ModelSpec(n_layers=1, tokenizer=tokenizer_folder(tmp_path / "b", eos_ids=[2, k]))
   )
-  ids = setup.token_ids(tok)
+  ids = pieces.token_ids(tok)
   assert ids.stop == (2, k) and ids.eos == 2
   for temperature, (tokens, lengths) in ref.items():
     want_tokens, want_lengths = _cut(tokens, lengths, {2, k}, 0)
@@ -245,7 +258,10 @@ def test_rollouts_and_greedy_evaluation_stop_on_every_eos_id(tmp_path):
     np.testing.assert_array_equal(got_tokens, want_tokens)
   # Greedy evaluation (n=1: the greedy rows are duplicated in pairs above).
   _, want = _cut(*ref[0.0], {2, k}, 0)
-  res = setup.evaluate(params, mcfg, task, tok, None, size=4, max_new_tokens=24)
+  run_pieces = pieces.Pieces(
+    get_recipe("fp32"), tok, functools.partial(pieces.encode_prompt, tok), task, 0, mcfg
+  )
+  res = evaluation.evaluate(params, run_pieces, None, EvalConfig(size=4), max_new_tokens=24)
   assert res["eval_length"] == pytest.approx(want[::2].mean())
 
 
@@ -359,7 +375,7 @@ class LongLater(Echo):
 
 def test_prompt_width_covers_every_prompt_of_a_finite_split():
   tok = char_tokenizer()
-  task, width = setup.load_task(TaskConfig(), seed=0, tok=tok, given=LongLater("long_later"))
+  task, width = pieces.load_task(TaskConfig(), seed=0, tok=tok, given=LongLater("long_later"))
   longest = len(tok.encode(task.problem("train", 90).prompt))  # 1 + 4 + 70 + 1 = 76 ids
   assert longest == 76
   assert width == 80 + 16  # rounded up to 16, plus 16

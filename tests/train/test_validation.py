@@ -9,7 +9,7 @@ import pytest
 from jetrl.config import ConfigError, FlagError
 from jetrl.models import get_config
 from jetrl.train import SFTConfig, TrainConfig
-from jetrl.train.loop import resume_check
+from jetrl.train import resume
 from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.resume import record_changes
 
@@ -37,19 +37,18 @@ def base(tmp_path):
     ({"update.entropy_coef": -1.0}, r"^update.entropy_coef: must be in \[0, 100\]"),
     (
       {"sampling.temperature": 1e-30},
-      r"^sampling.temperature: must be in \[0.01, 100\], got "
+      r"^sampling.temperature: must be 0 or in \[0.01, 100\], got "
       r"1e-30",
     ),
     ({"sampling.temperature": 0.0}, r"^sampling.temperature: must be > 0 for RL sampling"),
-    ({"sampling.temperature": NAN}, r"^sampling.temperature: must be a finite number"),
+    ({"sampling.temperature": NAN}, r"^sampling.temperature: must be 0 or a finite number"),
     (
       {"eval.temperature": 1e-30},
-      r"^eval.temperature: must be 0 \(greedy\) or in \[0.01, 100\] \(as "
-      r"--sampling.temperature\), got 1e-30",
+      r"^eval.temperature: must be 0 or in \[0.01, 100\], got 1e-30",
     ),
-    ({"eval.temperature": 0.009}, r"^eval.temperature: must be 0 \(greedy\) or in \[0.01, 100\]"),
-    ({"eval.temperature": 101.0}, r"^eval.temperature: must be in \[0, 100\]"),
-    ({"eval.temperature": NAN}, r"^eval.temperature: must be a finite number"),
+    ({"eval.temperature": 0.009}, r"^eval.temperature: must be 0 or in \[0.01, 100\]"),
+    ({"eval.temperature": 101.0}, r"^eval.temperature: must be 0 or in \[0.01, 100\]"),
+    ({"eval.temperature": NAN}, r"^eval.temperature: must be 0 or a finite number"),
     ({"sampling.n": 1}, r"^sampling.n: must be >= 2 for group-relative advantages"),
     ({"update.is_cap": NAN}, r"^update.is_cap: must be a finite number"),
     ({"update.clip_low": NAN}, r"^update.clip_low: must be a finite number"),
@@ -79,6 +78,10 @@ def base(tmp_path):
 def test_bad_values_are_refused_naming_the_field(base, change, message):
   with pytest.raises(ConfigError, match=message):
     base.replace(**change)
+
+
+def rl_resume_check(cfg, directory, changes):
+  return resume.resume_check(cfg, directory, changes, kind="rl")
 
 
 def test_paths_are_checked_when_a_run_starts(base, tmp_path):
@@ -153,8 +156,11 @@ def test_memory_floor_matches_hand_computed_bytes():
 def test_evaluation_temperatures_greedy_or_as_sampling(base):
   for t in (0.0, 0.01, 0.5, 100.0):
     assert base.replace(eval={"temperature": t}).eval.temperature == t
+  # The ends of the range hold for sampling too (0.01 rounds below 0.01 in float32).
+  for t in (0.01, 100.0):
+    assert base.replace(sampling={"temperature": t}).sampling.temperature == t
   for t in (1e-30, 0.0099):
-    with pytest.raises(ConfigError, match="^eval.temperature: must be 0 \\(greedy\\)"):
+    with pytest.raises(ConfigError, match="^eval.temperature: must be 0 or in"):
       SFTConfig(workdir="w").replace(eval={"temperature": t})
 
 
@@ -197,8 +203,10 @@ def test_schedule_change_on_resume(base, tmp_path):
   cosine = base.replace(optimizer={"schedule": "cosine"}, steps=30)
   saved = {"config": cosine.to_dict(), "kind": "rl"}
   changes = []
-  resume_check(cosine, "ckpts", changes)(saved)  # same flags
-  resume_check(cosine.replace(eval={"every": 5}), "ckpts", changes)(saved)  # not schedule-shaping
+  rl_resume_check(cosine, "ckpts", changes)(saved)  # same flags
+  rl_resume_check(cosine.replace(eval={"every": 5}), "ckpts", changes)(
+    saved
+  )  # not schedule-shaping
   schedule = "--optimizer.schedule=cosine, --optimizer.warmup_steps=0"
   with pytest.raises(
     FlagError,
@@ -206,10 +214,10 @@ def test_schedule_change_on_resume(base, tmp_path):
     r"--steps=30, and the learning-rate schedule "
     rf"\({schedule}\) depends on it",
   ):
-    resume_check(cosine.replace(steps=40), "ckpts", changes)(saved)
+    rl_resume_check(cosine.replace(steps=40), "ckpts", changes)(saved)
   assert changes == []
   forced = cosine.replace(steps=40, allow_schedule_change=True)
-  resume_check(forced, "ckpts", changes)(saved)
+  rl_resume_check(forced, "ckpts", changes)(saved)
   assert changes == [{"field": "steps", "checkpoint": 30, "now": 40, "schedule": schedule}]
   logs = []
   record_changes(str(tmp_path), 12, changes, logs.append)
@@ -218,19 +226,19 @@ def test_schedule_change_on_resume(base, tmp_path):
   # A constant schedule without warmup does not depend on --steps; with warmup past the
   # new end it does.
   constant = base.replace(steps=30)
-  resume_check(constant.replace(steps=40), "ckpts", [])({"config": constant.to_dict()})
+  rl_resume_check(constant.replace(steps=40), "ckpts", [])({"config": constant.to_dict()})
   warm = base.replace(steps=30, optimizer={"warmup_steps": 35})
   with pytest.raises(FlagError, match="--steps: the checkpoint in ckpts was written with"):
-    resume_check(warm.replace(steps=40), "ckpts", [])({"config": warm.to_dict()})
+    rl_resume_check(warm.replace(steps=40), "ckpts", [])({"config": warm.to_dict()})
   # Older checkpoints without the newer fields still resume (defaults stand in).
   old = constant.to_dict()
   del old["overwrite"], old["logging"]["plot_every"], old["update"]["remat"]
-  resume_check(constant, "ckpts", [])({"config": old})
+  rl_resume_check(constant, "ckpts", [])({"config": old})
 
 
 def test_a_bad_data_row_is_a_flag_error_before_anything_is_built(tmp_path):
   from jetrl.data import char_tokenizer
-  from jetrl.train import setup
+  from jetrl.train import pieces
 
   rows = [{"question": f"what is {i}", "answer": f"so\n#### {i}"} for i in range(300)]
   del rows[186]["answer"]
@@ -243,4 +251,4 @@ def test_a_bad_data_row_is_a_flag_error_before_anything_is_built(tmp_path):
     match=r"--task.data_path: gsm8k: .*train\.jsonl:187: the row "
     r"lacks columns \['answer'\]",
   ):
-    setup.load_task(TaskConfig(name="gsm8k", data_path=str(path)), seed=0, tok=char_tokenizer())
+    pieces.load_task(TaskConfig(name="gsm8k", data_path=str(path)), seed=0, tok=char_tokenizer())

@@ -8,7 +8,7 @@ import pytest
 from jetrl.config import ConfigError, FlagError
 from jetrl.data import get_task
 from jetrl.data.synthetic import misreport
-from jetrl.train import setup
+from jetrl.train import pieces
 from jetrl.train.sft import misreported, mixed_tasks
 
 
@@ -43,8 +43,8 @@ def test_warm_start_options_are_checked(tiny_sft_config):
 
 def test_mixed_lengths_take_turns_and_share_one_width(tiny_sft_config):
   cfg = tiny_sft_config("w", mix_lengths=(1, 3), max_new_tokens=64)
-  tok = setup.make_tokenizer(cfg.model, cfg.task)
-  task, width = setup.load_task(cfg.task, seed=cfg.seed, tok=tok)
+  tok = pieces.make_tokenizer(cfg.model, cfg.task)
+  task, width = pieces.load_task(cfg.task, seed=cfg.seed, tok=tok)
   tasks, mixed_width = mixed_tasks(cfg, task, width, tok, None)
   assert [t.length for t in tasks] == [1, 3]
   # The width fits the longest prompt of either length: 3-digit operands, "abc+def\n".

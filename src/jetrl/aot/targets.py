@@ -194,6 +194,8 @@ def compiling_for(target: Target):
   """Trace-time choices follow `target` inside (jetrl.precision.target): on a Hopper GPU the
   FP8 GEMMs resolve to cuBLASLt (its handler registered for compiling only, never run) and
   the Pallas kernels lower for Triton instead of running interpreted."""
+  # Local: this module is read before JAX is imported (compile.setup_environment sets JAX's
+  # environment first), and jetrl.precision imports JAX.
   from jetrl.precision import backend, cublaslt  # pylint: disable=import-outside-toplevel
   from jetrl.precision import target as ptarget  # pylint: disable=import-outside-toplevel
 

@@ -70,17 +70,25 @@ def field(
   lo: Optional[float] = None,
   hi: Optional[float] = None,
   lo_open: bool = False,
+  also: tuple = (),
   flag: bool = True,
   legacy: tuple = (),
+  resumable: bool = False,
+  former: tuple = (),
 ) -> Any:
   """A config field: its default, help text and accepted values.
 
   choices: the accepted values (listed in the help and in the error).
   lo, hi: an inclusive range for an int or float (lo_open: exclude lo).
+  also: values accepted outside that range (a temperature of 0, greedy, beside [0.01, 100]).
   flag: False for fields a run fills in itself (never set from the command line).
   legacy: (old, new) pairs: a value an older version stored for this field (`old`, no longer
     accepted) and what it meant (`new`). A stored tree (a config file, a checkpoint's config)
     is read with `old` as `new` (`upgrade`); a flag or a constructor given `old` is an error.
+  resumable: the field may change when a run resumes from a checkpoint written with another
+    value (jetrl.train.resume); every other field must match the checkpoint's.
+  former: flag names this field had before the configuration had nodes (`lr` for
+    `--optimizer.lr`): a command line using one is refused with the new name.
   """
   metadata = {
     "help": help,
@@ -88,16 +96,21 @@ def field(
     "lo": lo,
     "hi": hi,
     "lo_open": lo_open,
+    "also": tuple(also),
     "flag": flag,
     "legacy": tuple(legacy),
+    "resumable": resumable,
+    "former": tuple(former),
   }
   return dataclasses.field(default=default, metadata=metadata)
 
 
-def node(default: Any, help: str = "") -> Any:
-  """A nested sub-config; `default` is an instance (frozen, so it can be shared) or a class."""
+def node(default: Any, help: str = "", *, resumable: bool = False) -> Any:
+  """A nested sub-config; `default` is an instance (frozen, so it can be shared) or a class.
+  resumable: every field below may change when a run resumes (see `field`)."""
   factory = default if isinstance(default, type) else (lambda: default)
-  return dataclasses.field(default_factory=factory, metadata={"help": help, "flag": True})
+  metadata = {"help": help, "flag": True, "resumable": resumable}
+  return dataclasses.field(default_factory=factory, metadata=metadata)
 
 
 # --- types ----------------------------------------------------------------------------------
@@ -177,11 +190,12 @@ def check_float(
   if not ((lo < value) if lo_open else (lo <= value)) or value > hi:
     raise ConfigError(name, f"must be{interval}, got {value!r}")
   # The run computes in float32: the value must still be in range, and not subnormal, there.
-  x32 = as_float32(value)
+  # The bounds are compared in float32 too: 0.01 is below 0.01 once both are rounded.
+  x32, lo32, hi32 = as_float32(value), as_float32(lo), as_float32(hi)
   if (
     not math.isfinite(x32)
-    or not ((lo < x32) if lo_open else (lo <= x32))
-    or x32 > hi
+    or not ((lo32 < x32) if lo_open else (lo32 <= x32))
+    or x32 > hi32
     or 0 < abs(x32) < FLOAT32_TINY
   ):
     raise ConfigError(
@@ -216,6 +230,8 @@ def _check_value(name: str, value: Any, kind: Kind, md: Mapping) -> None:
   if md.get("choices") is not None:
     check_choice(name, value, md["choices"])
     return
+  if not isinstance(value, bool) and value in md.get("also", ()):
+    return
   if base is bool:
     if not isinstance(value, bool):
       raise ConfigError(name, f"must be true or false, got {value!r}")
@@ -228,13 +244,19 @@ def _check_value(name: str, value: Any, kind: Kind, md: Mapping) -> None:
       INT_MAX if md.get("hi") is None else int(md["hi"]),
     )
   elif base is float:
-    check_float(
-      name,
-      value,
-      -math.inf if md.get("lo") is None else md["lo"],
-      math.inf if md.get("hi") is None else md["hi"],
-      lo_open=md.get("lo_open", False),
-    )
+    try:
+      check_float(
+        name,
+        value,
+        -math.inf if md.get("lo") is None else md["lo"],
+        math.inf if md.get("hi") is None else md["hi"],
+        lo_open=md.get("lo_open", False),
+      )
+    except ConfigError as e:
+      if not md.get("also"):
+        raise
+      also = " or ".join(f"{v:g}" for v in md["also"])
+      raise ConfigError(name, f"{e.detail.replace('must be', f'must be {also} or', 1)}") from None
   elif base is str and not isinstance(value, str):
     raise ConfigError(name, f"must be a string, got {value!r}")
 
@@ -294,6 +316,32 @@ def leaf_paths(config: Any, prefix: str = "") -> dict[str, Any]:
       out.update(leaf_paths(value, f"{prefix}{f.name}."))
     else:
       out[f"{prefix}{f.name}"] = value
+  return out
+
+
+def resumable_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
+  """The dotted paths of the fields and nodes of a config class marked resumable (`field(...,
+  resumable=True)`, `node(..., resumable=True)`): what may change when a run resumes."""
+  out = []
+  for f in dataclasses.fields(cls):
+    path = f"{prefix}{f.name}"
+    if f.metadata.get("resumable", False):
+      out.append(path)
+    elif kinds(cls)[f.name].is_node:
+      out.extend(resumable_paths(kinds(cls)[f.name].base, path + "."))
+  return tuple(out)
+
+
+def former_names(cls: type, prefix: str = "") -> dict[str, str]:
+  """{old flag name: the field's path} for every field of a config class that names its former
+  flags (`field(..., former=...)`)."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    path = f"{prefix}{f.name}"
+    if kinds(cls)[f.name].is_node:
+      out.update(former_names(kinds(cls)[f.name].base, path + "."))
+    for old in f.metadata.get("former", ()):
+      out[old] = path
   return out
 
 

@@ -15,6 +15,7 @@ from jetrl.data.math_equivalence import math_equal
 from jetrl.data.math_normalize import normalize_latex
 from jetrl.data.prompts import chat_prompt_ids
 from jetrl.data.registry import (
+  DATASET_TASKS,
   SYNTHETIC_TASKS,
   TASKS,
   get_task,
@@ -42,6 +43,7 @@ __all__ = [
   "Math500",
   "math_equal",
   "normalize_latex",
+  "DATASET_TASKS",
   "SYNTHETIC_TASKS",
   "TASKS",
   "get_task",

@@ -22,6 +22,7 @@ from jetrl.data.task import Task
 _CLASSES = {cls.name: cls for cls in (Addition, Multiplication, Sorting, GSM8K, Math500)}
 TASKS = tuple(_CLASSES)
 SYNTHETIC_TASKS = ("addition", "multiplication", "sorting")
+DATASET_TASKS = tuple(t for t in TASKS if t not in SYNTHETIC_TASKS)  # read from files
 _USER: dict[str, Any] = {}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

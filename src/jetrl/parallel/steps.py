@@ -11,6 +11,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jetrl.parallel.rules import Layout
+from jetrl.rl.update import jit_update_step
 
 
 def sharded_update_step(layout: Layout) -> Callable:
@@ -21,8 +22,6 @@ def sharded_update_step(layout: Layout) -> Callable:
   back replicated. Same signature as `update_step`; pass a state placed with
   `layout.shard_state` and a batch placed with `layout.shard_batch`.
   """
-  from jetrl.rl.update import jit_update_step  # local: keeps jetrl.parallel light to import
-
   cache = {}
 
   def step(state, batch, key, **kw):

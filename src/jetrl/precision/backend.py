@@ -29,6 +29,7 @@ import logging
 import os
 from typing import Optional
 
+from jetrl.precision import cublaslt
 from jetrl.precision import target as _target
 
 GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
@@ -95,8 +96,6 @@ def kernel_unsupported_reason(block: int) -> Optional[str]:
 
 def cublaslt_unsupported_reason(gemm) -> Optional[str]:
   """Why cuBLASLt cannot serve this Fp8Gemm at all (None if it can, shape permitting)."""
-  from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
-
   if gemm.scaling == "block" and gemm.block != 128:
     return f"block={gemm.block}: cuBLASLt scales 1x128 / 128x128 blocks only"
   return cublaslt.unavailable_reason()
@@ -110,8 +109,6 @@ def _say_once(message: str) -> None:
 def _auto() -> str:
   if not fp8_gpu_available():
     return "xla"
-  from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
-
   reason = cublaslt.unavailable_reason()
   if reason is None:
     return "cublaslt"

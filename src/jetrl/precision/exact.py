@@ -38,10 +38,13 @@ from typing import Optional
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jetrl.precision import cpu_kernels as _cpu_kernels
 from jetrl.precision.formats import E4M3
 from jetrl.precision.quantize import quantize
+from jetrl.precision.recipes import Fp8Gemm
+from jetrl.precision.weights import quantize_weight
 
 F64 = jnp.float64
 # Float64 represents every integer of magnitude <= 2^53 exactly.
@@ -209,3 +212,25 @@ def fp8_fprop(
     acc = jnp.moveaxis(out, 0, 1).reshape(mp, n)[:m]
   chex.assert_shape(acc, (m, n))
   return acc
+
+
+def _kernel_matches_xla() -> Optional[str]:
+  """The CPU kernel's `fp8_fprop` against the XLA path's, bit for bit (what is wrong, or None):
+  a small GEMM with every kind of tail (M not a multiple of 4, K of 128, N of 32 or 128)."""
+  g = Fp8Gemm(scaling="block")  # jet_exact's fprop
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((7, 300)).astype(np.float32) * np.exp(rng.uniform(-6, 3, (7, 300)))
+  w = rng.standard_normal((300, 161)).astype(np.float32) * 0.05
+  x, w = jnp.asarray(x), jnp.asarray(w)
+  q, s, _ = quantize_weight(w, g)
+  with jax.default_device(jax.devices("cpu")[0]):
+    fn = lambda kernel: jax.jit(lambda x, q, s: fp8_fprop(x, q, s, g, kernel=kernel))
+    got = np.asarray(fn(True)(x, q, s))
+    want = np.asarray(fn(False)(x, q, s))
+  if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+    bad = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
+    return f"self-check: {bad} of {got.size} GEMM outputs differ from the XLA path's bits"
+  return None
+
+
+_cpu_kernels.add_self_check(_kernel_matches_xla)

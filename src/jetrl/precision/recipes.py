@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Union
 
+import jax.numpy as jnp
+
 from jetrl.precision.backend import check_backend
 from jetrl.precision.formats import COMPUTE_DTYPES, FORMATS
 
@@ -131,57 +133,93 @@ class Recipe:
     """True when the rollout runs exactly the training forward."""
     return self.rollout == self.train.forward
 
+  @property
+  def fp8_backward(self) -> bool:
+    """True when the training step's dgrad or wgrad GEMMs run in FP8 (so `grad_fmt` matters)."""
+    return self.train.dgrad is not None or self.train.wgrad is not None
 
-_BLOCK = Fp8Gemm(scaling="block")
-_TENSOR = Fp8Gemm(scaling="tensor")
-
-
-def _build(name: str, grad_fmt: str = "e4m3") -> Recipe:
-  block = dataclasses.replace(_BLOCK, grad_fmt=grad_fmt)
-  tensor = dataclasses.replace(_TENSOR, grad_fmt=grad_fmt)
-  if name == "fp32":
-    return Recipe(name, Precision("float32"), description="fp32 everywhere (parity tests)")
-  if name == "bf16":
-    return Recipe(name, Precision("bfloat16"), description="bf16 train and rollout")
-  if name == "fp8_rollout":
-    return Recipe(
-      name,
-      Precision("bfloat16"),
-      rollout_override=Precision("bfloat16", fprop=block),
-      description="bf16 training, FP8 blockwise rollout (off-policy baseline)",
-    )
-  if name == "jet":
-    return Recipe(
-      name,
-      Precision("bfloat16", fprop=block, dgrad=block, wgrad=block),
-      description="FP8 fprop/dgrad/wgrad; rollout = the training fprop",
-    )
-  if name == "jet_exact":
-    return Recipe(
-      name,
-      Precision("bfloat16", fprop=block, dgrad=block, wgrad=block, batch_invariant=True),
-      description="jet with a batch-invariant forward: rollout log-probs equal the "
-      "training forward's bit for bit",
-    )
-  if name == "fp8_tensor":
-    return Recipe(
-      name,
-      Precision("bfloat16", fprop=tensor, dgrad=tensor, wgrad=tensor),
-      description="FP8 per-tensor current scaling (batch-dependent baseline)",
-    )
-  raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
+  @property
+  def compute_bytes(self) -> int:
+    """Bytes of one value between operators in the training step (2 for bf16, 4 for fp32)."""
+    return jnp.dtype(COMPUTE_DTYPES[self.train.compute_dtype]).itemsize
 
 
-RECIPES = ("fp32", "bf16", "fp8_rollout", "jet", "fp8_tensor", "jet_exact")
+def _fp8_train(gemm: Fp8Gemm, **kw) -> Precision:
+  """bf16 between operators, every GEMM in FP8 (one settings object shared by the three)."""
+  return Precision("bfloat16", fprop=gemm, dgrad=gemm, wgrad=gemm, **kw)
+
+
+def _fp32(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe("fp32", Precision("float32"), description="fp32 everywhere (parity tests)")
+
+
+def _bf16(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe("bf16", Precision("bfloat16"), description="bf16 train and rollout")
+
+
+def _fp8_rollout(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "fp8_rollout",
+    Precision("bfloat16"),
+    rollout_override=Precision("bfloat16", fprop=block),
+    description="bf16 training, FP8 blockwise rollout (off-policy baseline)",
+  )
+
+
+def _jet(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "jet", _fp8_train(block), description="FP8 fprop/dgrad/wgrad; rollout = the training fprop"
+  )
+
+
+def _fp8_tensor(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "fp8_tensor",
+    _fp8_train(tensor),
+    description="FP8 per-tensor current scaling (batch-dependent baseline)",
+  )
+
+
+def _jet_exact(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "jet_exact",
+    _fp8_train(block, batch_invariant=True),
+    description="jet with a batch-invariant forward: rollout log-probs equal the "
+    "training forward's bit for bit",
+  )
+
+
+# The recipes, by name: each builder takes the block-scaled and the per-tensor FP8 GEMM
+# settings (with the run's gradient format) and returns its Recipe. A new recipe is one
+# builder and one entry here; everything downstream reads the Recipe object.
+BUILDERS = {
+  "fp32": _fp32,
+  "bf16": _bf16,
+  "fp8_rollout": _fp8_rollout,
+  "jet": _jet,
+  "fp8_tensor": _fp8_tensor,
+  "jet_exact": _jet_exact,
+}
+RECIPES = tuple(BUILDERS)
 
 
 def get_recipe(name: str, *, grad_fmt: str = "e4m3") -> Recipe:
-  """The recipe called `name` (one of RECIPES). `grad_fmt` selects E4M3 or E5M2 gradients."""
-  if name not in RECIPES:
+  """The recipe called `name` (one of RECIPES). `grad_fmt` selects E4M3 or E5M2 gradients:
+  a recipe whose backward runs no FP8 GEMM accepts only the default (it would be ignored)."""
+  if name not in BUILDERS:
     raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
   if grad_fmt not in FORMATS:
     raise ValueError(f"unknown gradient format {grad_fmt!r}; accepted: {sorted(FORMATS)}")
-  return _build(name, grad_fmt)
+  block = Fp8Gemm(scaling="block", grad_fmt=grad_fmt)
+  tensor = Fp8Gemm(scaling="tensor", grad_fmt=grad_fmt)
+  recipe = BUILDERS[name](block, tensor)
+  if grad_fmt != "e4m3" and not recipe.fp8_backward:
+    raise ValueError(
+      f"gradient format {grad_fmt!r} needs a recipe whose backward runs in FP8 "
+      f"({', '.join(n for n in RECIPES if BUILDERS[n](block, tensor).fp8_backward)}); "
+      f"{name!r} computes its gradients in {recipe.train.compute_dtype}"
+    )
+  return recipe
 
 
 def with_gemm_backend(obj: Union[Fp8Gemm, Precision, Recipe, None], name: str):

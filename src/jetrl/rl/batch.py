@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.models.cache import positions_from_mask
+from jetrl.models.logprobs import token_logprobs
 
 
 class TrainBatch(NamedTuple):
@@ -67,8 +68,6 @@ def policy_logprobs(
   remat: bool = False,
 ):
   """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T])."""
-  from jetrl.models import token_logprobs  # local: keeps jetrl.rl importable without a model
-
   logp, ent = token_logprobs(
     params,
     model_config,

@@ -31,16 +31,23 @@ SCHEDULES = ("constant", "cosine")
 class OptimizerConfig:
   """AdamW with global-norm clipping and a warmup + constant or cosine schedule."""
 
-  lr: float = field(1e-4, "Peak learning rate.", lo=0.0, hi=1.0, lo_open=True)
+  lr: float = field(1e-4, "Peak learning rate.", lo=0.0, hi=1.0, lo_open=True, former=("lr",))
   schedule: str = field(
-    "constant", "Learning-rate schedule after the linear warmup.", choices=SCHEDULES
+    "constant",
+    "Learning-rate schedule after the linear warmup.",
+    choices=SCHEDULES,
+    former=("schedule",),
   )
-  warmup_steps: int = field(0, "Optimizer steps of linear warmup from 0 to lr.", lo=0)
+  warmup_steps: int = field(
+    0, "Optimizer steps of linear warmup from 0 to lr.", lo=0, former=("warmup_steps",)
+  )
   end_lr_ratio: float = field(
     0.1, "Final learning rate of the cosine schedule, as a fraction of lr.", lo=0.0, hi=1.0
   )
-  weight_decay: float = field(0.0, "AdamW weight decay.", lo=0.0, hi=10.0)
-  max_grad_norm: float = field(1.0, "Global-norm gradient clipping.", lo=0.0, hi=1e6, lo_open=True)
+  weight_decay: float = field(0.0, "AdamW weight decay.", lo=0.0, hi=10.0, former=("weight_decay",))
+  max_grad_norm: float = field(
+    1.0, "Global-norm gradient clipping.", lo=0.0, hi=1e6, lo_open=True, former=("max_grad_norm",)
+  )
   b1: float = field(0.9, "AdamW first-moment decay.", lo=0.0, hi=1.0)
   b2: float = field(0.999, "AdamW second-moment decay.", lo=0.0, hi=1.0)
   eps: float = field(1e-8, "AdamW epsilon.", lo=0.0, hi=1.0, lo_open=True)

@@ -47,6 +47,9 @@ from jetrl.sampling.categorical import sample_categorical
 
 STOP_TOKEN = 0
 STOP_LENGTH = 1
+# The temperatures a sampler accepts besides 0 (greedy): --sampling.temperature=1e-30 once led
+# to NaN params or every update skipped (docs/reliability.md).
+TEMPERATURE_RANGE = (0.01, 100.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +58,18 @@ class SamplingConfig:
   flags are `--sampling.<field>`; the run fills in the last three from the tokenizer and the
   task."""
 
-  max_new_tokens: int = field(128, "Generation budget: tokens per sample.", lo=1)
-  temperature: float = field(1.0, "Softmax temperature (0: greedy).", lo=0.0)
+  max_new_tokens: int = field(
+    128, "Generation budget: tokens per sample.", lo=1, former=("max_new_tokens",)
+  )
+  temperature: float = field(
+    1.0,
+    "Softmax temperature: 0 (greedy) or in [0.01, 100] (a smaller one overflows the logits' "
+    "scale in bf16: NaN params or every update skipped, docs/reliability.md).",
+    lo=TEMPERATURE_RANGE[0],
+    hi=TEMPERATURE_RANGE[1],
+    also=(0.0,),
+    former=("temperature",),
+  )
   top_k: Optional[int] = field(
     None,
     "Sample from the k most likely tokens only (none: all). Leave off for "
@@ -67,7 +80,9 @@ class SamplingConfig:
   top_p: float = field(
     1.0, "Nucleus mass (1: all tokens). Leave off for on-policy RL.", lo=0.0, hi=1.0, lo_open=True
   )
-  n: int = field(1, "Samples per prompt (the GRPO group), sharing one prefill.", lo=1)
+  n: int = field(
+    1, "Samples per prompt (the GRPO group), sharing one prefill.", lo=1, former=("group_size",)
+  )
   stop_ids: tuple[int, ...] = field(
     (), "Token ids that end a sample (kept, masked in).", flag=False
   )

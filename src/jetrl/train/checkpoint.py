@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jetrl import parallel
+from jetrl.models import load_pretrained
 from jetrl.train import checksum
 from jetrl.train.validation import FlagError, checkpoint_steps, is_hf_folder
 
@@ -365,8 +366,6 @@ def read_params(
 def _hf_params(path: str, target_params: Any, log: Callable[[str], None]) -> Any:
   """A Hugging Face folder's weights as a warm start for `target_params` (same shapes; the
   first layers when the folder has more)."""
-  from jetrl.models import load_pretrained  # pylint: disable=import-outside-toplevel
-
   try:
     _, params = load_pretrained(path)
   except (OSError, ValueError) as e:

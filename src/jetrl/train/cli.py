@@ -16,7 +16,8 @@ config from them and calls `run_fn(config)`.
   no intact checkpoint, or by a `--task.reward` function that cannot be used (a result of the
   wrong length, failures batch after batch: `jetrl.data.RewardError`) prints its message and
   exits with code 1. No traceback.
-* A flag name from before the configuration had sub-configs is refused with its new name.
+* A flag name from before the configuration had sub-configs is refused with its new name
+  (the field says which names it had: `field(..., former=...)`).
 * In a run of several processes, any other error (a collective that lost a process) prints its
   traceback and ends the process at once with code 1, without waiting for the others at JAX's
   shutdown (docs/scaling.md).
@@ -33,55 +34,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
-from jetrl.config import ConfigError
+from jetrl.config import ConfigError, former_names
 from jetrl.config.flags import config_from_flags, define_flags, grouped_help
 
 FLAGS = flags.FLAGS
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "-helpshort", "-?")
-
-# Flags of experiments/train.py and experiments/sft.py from before the configuration had
-# sub-configs: refused with their new names (`check_renamed`).
-_COMMON_RENAMED = {
-  "model": "model.name",
-  "n_layers": "model.n_layers",
-  "task": "task.name",
-  "difficulty": "task.difficulty",
-  "length": "task.length",
-  "data_path": "task.data_path",
-  "lr": "optimizer.lr",
-  "warmup_steps": "optimizer.warmup_steps",
-  "eval_size": "eval.size",
-  "eval_every": "eval.every",
-  "ckpt_every": "checkpoint.every",
-  "keep_ckpts": "checkpoint.keep",
-  "tensorboard": "logging.tensorboard",
-  "plots": "logging.plots",
-}
-RENAMED_FLAGS = dict(
-  _COMMON_RENAMED,
-  group_size="sampling.n",
-  max_new_tokens="sampling.max_new_tokens",
-  temperature="sampling.temperature",
-  loss="update.loss",
-  is_correction="update.is_method",
-  is_cap="update.is_cap",
-  old_logp="update.old_logp",
-  clip_low="update.clip_low",
-  clip_high="update.clip_high",
-  kl_coef="update.kl_coef",
-  entropy_coef="update.entropy_coef",
-  dynamic_sampling="update.dynamic_sampling",
-  overlong_buffer="update.overlong_buffer",
-  mask_truncated="update.mask_truncated",
-  ppo_epochs="update.ppo_epochs",
-  minibatches="update.minibatches",
-  micro_batches="update.micro_batches",
-  master_dtype="update.master_dtype",
-  schedule="optimizer.schedule",
-  weight_decay="optimizer.weight_decay",
-  max_grad_norm="optimizer.max_grad_norm",
-)
-SFT_RENAMED_FLAGS = dict(_COMMON_RENAMED)
 
 
 def program() -> str:
@@ -144,13 +101,16 @@ def main(
 ) -> None:
   """Run an entry point: flags from `default`'s tree, then `run_fn(config)`.
 
+  renamed: a script's own former flag names that are no field's (`--toy`), beside those the
+    tree's fields name (`field(..., former=...)`).
   errors: exception types a run raises for a failed run (not a usage error): their message is
   printed and the exit code is 1."""
   define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
   if any(a in HELP_ARGS for a in sys.argv[1:]):
     print(usage(default, doc, exclude))
     sys.exit(0)
-  check_renamed(sys.argv, renamed or {})
+  tree = {old: path for old, path in former_names(type(default)).items() if path not in exclude}
+  check_renamed(sys.argv, {**tree, **(renamed or {})})
 
   def _main(argv):
     if len(argv) > 1:

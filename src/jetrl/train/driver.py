@@ -1,13 +1,15 @@
 """What the RL loop (`jetrl.train.loop`) and the supervised warm start (`jetrl.train.sft`)
 share around their steps.
 
-A run builds its pieces (`Pieces`: tokenizer, task, model config, device layouts), restores
+A run builds its pieces (`jetrl.train.pieces.Pieces`: tokenizer, task, model config, device
+layouts), restores
 the newest intact checkpoint of its workdir or starts afresh (`restore_or_start`), opens its
 files (`open_outputs`), wires the hooks every run has (`make_hooks`: the metric record and
 console line, the skipped-updates stop, evaluation, checkpoints, plots), runs its steps with
 the hooks after each (`run_steps`) and writes its summary (`finish`). What differs between the
-two kinds of run is a `RunKind` (file names, checkpoint kind, resumable fields) and a
-`HookSpec` (what is evaluated, saved and shown).
+two kinds of run is a `RunKind` (file names, checkpoint kind) and a `HookSpec` (what is
+evaluated, saved and shown). `run_guarded` is what every run does around all of it: paths
+checked, processes started, the workdir locked, the user's reward loaded and released.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import json
 import os
 from typing import Any, Callable, Optional
 
-from jetrl.train.run_files import write_atomic
 from jetrl import parallel
-from jetrl.train import resume, setup
+from jetrl.train import pieces, resume
+from jetrl.train.config import given_task_config
 from jetrl.train.hooks import (
   CheckpointHook,
   EvalHook,
@@ -30,8 +32,9 @@ from jetrl.train.hooks import (
   SkipHook,
   run_hooks,
 )
+from jetrl.train.run_files import write_atomic
 from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import start_fresh
+from jetrl.train.workdir import start_fresh, take_workdir
 from jetrl.train.writers import MetricWriter, Progress, TensorBoard
 
 
@@ -43,7 +46,6 @@ class RunKind:
   prefix: str  # of its files: <prefix>metrics.jsonl, <prefix>eval.jsonl, <prefix>summary.json
   metric_files: tuple[str, ...]  # records past a restored checkpoint's step are dropped
   run_files: tuple[str, ...]  # moved aside with the metric files by --overwrite
-  resumable: tuple[str, ...]  # fields that may change on resume (jetrl.train.resume)
 
 
 RL = RunKind(
@@ -51,14 +53,12 @@ RL = RunKind(
   "",
   ("metrics.jsonl", "eval.jsonl", "samples.jsonl"),
   ("summary.json", "config.json", resume.CHANGES_FILE, "tb", "plots"),
-  resume.RESUMABLE,
 )
 SFT = RunKind(
   "sft",
   "sft_",
   ("sft_metrics.jsonl", "sft_eval.jsonl"),
   ("sft_summary.json", "sft_config.json", resume.CHANGES_FILE, "tb", "plots"),
-  resume.SFT_RESUMABLE,
 )
 
 
@@ -70,53 +70,16 @@ def _eval_tag(key: str) -> str:
   return "eval/" + key.removeprefix("eval_")
 
 
-@dataclasses.dataclass(frozen=True)
-class Pieces:
-  """What a run's steps and evaluations are built from."""
-
-  recipe: Any  # jetrl.precision recipe: .train, .rollout
-  tok: Any
-  encode: setup.Encoder  # prompt text -> ids (--task.prompt_format)
-  task: Any  # the configured (or given) task; its held-out split is evaluated
-  width: int  # prompt width of the training batches
-  mcfg: Any  # the model config
-  layout: Any = None  # training layout on the mesh (None: one device, no --mesh)
-  sample_layout: Any = None  # sampling layout (the params without FSDP)
-
-  def rollout_params(self, params):
-    """`params` placed for the sampler (a device-to-device copy when the layouts differ)."""
-    if self.layout is None:
-      return params
-    return parallel.switch_layout(params, self.layout, self.sample_layout)[0]
-
-  def evaluate(self, params, eval_cfg, max_new_tokens: int, precision) -> dict:
-    """`setup.evaluate` of sampler-placed `params` as `eval_cfg` (an EvalConfig) says."""
-    return setup.evaluate(
-      params,
-      self.mcfg,
-      self.task,
-      self.tok,
-      precision,
-      size=eval_cfg.size,
-      max_new_tokens=max_new_tokens,
-      batch=eval_cfg.batch,
-      encode=self.encode,
-      layout=self.sample_layout,
-      temperature=eval_cfg.temperature,
-      samples=eval_cfg.samples,
-    )
-
-
 def tokenizer_and_task(cfg, given=None, reward=None):
   """(tokenizer, prompt encoder, task, prompt width) of `cfg`'s model and task nodes; the
   width is fixed from a sample of the task's prompts."""
-  tok = setup.make_tokenizer(cfg.model, cfg.task)
-  setup.token_ids(tok)  # a tokenizer without eos is an error before anything is built
-  encode = setup.prompt_encoder(cfg.task, tok)
+  tok = pieces.make_tokenizer(cfg.model, cfg.task)
+  pieces.token_ids(tok)  # a tokenizer without eos is an error before anything is built
+  encode = pieces.prompt_encoder(cfg.task, tok)
   positions = None  # a checkpoint's positions bound its prompts; a preset's grow to fit
   if os.path.isdir(cfg.model.name):
-    positions = setup.model_config(cfg.model, tok, 0).max_seq_len
-  task, width = setup.load_task(
+    positions = pieces.model_config(cfg.model, tok, 0).max_seq_len
+  task, width = pieces.load_task(
     cfg.task,
     seed=cfg.seed,
     tok=tok,
@@ -128,20 +91,13 @@ def tokenizer_and_task(cfg, given=None, reward=None):
   return tok, encode, task, width
 
 
-def model_config(cfg, tok, max_seq_len: int):
-  """The model config of `cfg.model` for sequences up to `max_seq_len`, checked against `tok`."""
-  mcfg = setup.model_config(cfg.model, tok, max_seq_len)
-  setup.check_tokenizer(mcfg, tok, cfg.model)
-  return mcfg
-
-
-def restore_or_start(cfg, kind: RunKind, ckpt, tree, log, resume_check: Callable):
-  """(tree, meta): from the newest intact checkpoint that passes
-  `resume_check(cfg, directory, changes)` (records written after its step dropped, a forced
-  schedule change recorded), or (`tree`, None) after a fresh start (earlier files moved aside,
-  never deleted)."""
+def restore_or_start(cfg, kind: RunKind, ckpt, tree, log):
+  """(tree, meta): from the newest intact checkpoint that passes `resume.resume_check` (a
+  checkpoint of this kind of run, the same fields but the resumable ones, the same schedule;
+  records written after its step dropped, a forced schedule change recorded), or (`tree`,
+  None) after a fresh start (earlier files moved aside, never deleted)."""
   changes = []
-  check = resume_check(cfg, ckpt.directory, changes)
+  check = resume.resume_check(cfg, ckpt.directory, changes, kind=kind.kind)
   restored = ckpt.restore_latest(tree, check, log)
   if restored is None:
     parallel.on_primary(
@@ -292,3 +248,23 @@ def finish(out: Outputs, hooks: Hooks, summary: dict) -> dict:
     summary["plots"] = hooks.plot.paths
   out.write_json("summary.json", summary)
   return summary
+
+
+def run_guarded(cfg, task, log, body):
+  """What a run (RL or SFT) does around its body: the config of a given Task object, paths
+  checked, several processes started, the workdir locked, the user reward loaded; then
+  `body(cfg, log, task, reward)`, and the reward worker and the lock released however it ends."""
+  if task is not None:
+    cfg = given_task_config(cfg, task)
+  cfg.check_paths()
+  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
+  lock = take_workdir(cfg.workdir, log)
+  reward = None
+  try:
+    reward = pieces.load_user_reward(cfg.task, log)
+    return body(cfg, log, task, reward)
+  finally:
+    if reward is not None:
+      reward.close()
+    if lock is not None:
+      lock.release()

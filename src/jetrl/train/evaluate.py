@@ -21,35 +21,30 @@ from typing import Optional
 
 import jax
 
-from jetrl.config import SEED_MAX, field, node
-from jetrl.precision import RECIPES, get_recipe
-from jetrl.train import setup, validation
+from jetrl.config import field, node
+from jetrl.train import pieces, evaluation, validation
 from jetrl.train.checkpoint import load_params_from
+from jetrl.train.config import RunConfig, recipe_field, seed_field
 from jetrl.train.memory import check_eval_memory
-from jetrl.train.config import EvalConfig, ModelSpec, TaskConfig, Tree, given_task_config
+from jetrl.train.nodes import EvalConfig, ModelSpec, TaskConfig, given_task_config
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalRunConfig(Tree):
+class EvalRunConfig(RunConfig):
   """`experiments/evaluate.py`: which model, which task, how many problems."""
 
-  recipe: str = field("jet", "Precision recipe whose rollout precision samples.", choices=RECIPES)
+  recipe: str = recipe_field("jet", "Precision recipe whose rollout precision samples.")
   init_from: Optional[str] = field(
     None,
     "Evaluate the params of the newest checkpoint of this run's workdir, or of this Hugging "
     "Face folder (none: --model.name's own weights).",
   )
   max_new_tokens: int = field(128, "Generation budget per problem.", lo=1)
-  seed: int = field(0, "The task's seed (a random preset's init too).", lo=0, hi=SEED_MAX)
+  seed: int = seed_field("The task's seed (a random preset's init too).")
   out: Optional[str] = field(None, "Also write the result as JSON to this file.")
   model: ModelSpec = node(ModelSpec, "The model.")
   task: TaskConfig = node(TaskConfig, "The task, its prompt format and reward.")
   eval: EvalConfig = node(EvalConfig(every=None), "How many held-out problems, how many a call.")
-
-  def __post_init__(self):
-    from jetrl.config import check_fields  # pylint: disable=import-outside-toplevel
-
-    check_fields(self)
 
   def check_paths(self) -> None:
     validation.check_init_from(self.init_from)
@@ -70,17 +65,16 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
   cfg.check_paths()
   reward = None
   try:
-    reward = setup.load_user_reward(cfg.task, log)
-    tok = setup.make_tokenizer(cfg.model, cfg.task)
-    encode = setup.prompt_encoder(cfg.task, tok)
-    loaded, _ = setup.load_task(
+    reward = pieces.load_user_reward(cfg.task, log)
+    tok = pieces.make_tokenizer(cfg.model, cfg.task)
+    encode = pieces.prompt_encoder(cfg.task, tok)
+    loaded, _ = pieces.load_task(
       cfg.task, seed=cfg.seed, tok=tok, encode=encode, given=task, reward=reward
     )
     problems = loaded.batch("test", 0, cfg.eval.size)
-    width = setup.prompt_width([encode(p.prompt) for p in problems])
-    mcfg = setup.model_config(cfg.model, tok, width + cfg.max_new_tokens)
-    setup.check_tokenizer(mcfg, tok, cfg.model)
-    recipe = get_recipe(cfg.recipe)
+    width = pieces.prompt_width([encode(p.prompt) for p in problems])
+    mcfg = pieces.model_config(cfg.model, tok, width + cfg.max_new_tokens)
+    recipe = cfg.precision_recipe
     check_eval_memory(
       mcfg,
       cfg.eval.rows,
@@ -88,10 +82,10 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
       "--eval.batch / --eval.samples / --max_new_tokens",
       resident=mcfg.n_params * 4,
       prompt_width=width,
-      compute_bytes=4 if cfg.recipe == "fp32" else 2,
+      compute_bytes=recipe.compute_bytes,
       value_exponents=recipe.rollout.batch_invariant,
     )
-    params = setup.make_params(cfg.model, mcfg, cfg.seed)
+    params = pieces.make_params(cfg.model, mcfg, cfg.seed)
     if cfg.init_from:
       params = load_params_from(cfg.init_from, params, log)
     log(
@@ -101,18 +95,9 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
       f"{jax.devices()[0].platform}"
     )
     t0 = time.time()
-    res = setup.evaluate(
-      params,
-      mcfg,
-      loaded,
-      tok,
-      recipe.rollout,
-      size=cfg.eval.size,
-      max_new_tokens=cfg.max_new_tokens,
-      batch=cfg.eval.batch,
-      encode=encode,
-      temperature=cfg.eval.temperature,
-      samples=cfg.eval.samples,
+    run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg)
+    res = evaluation.evaluate(
+      params, run_pieces, recipe.rollout, cfg.eval, max_new_tokens=cfg.max_new_tokens
     )
   finally:
     if reward is not None:

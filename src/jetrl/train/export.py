@@ -20,8 +20,9 @@ import tempfile
 from typing import Optional
 
 from jetrl.config import FlagError, check_fields, field, from_dict
+from jetrl.models import PRESETS
 from jetrl.models.export import EXPORT_DTYPES, export_hf
-from jetrl.train import setup
+from jetrl.train import pieces
 from jetrl.train.checkpoint import read_params
 from jetrl.train.config import ModelSpec, Tree
 from jetrl.train.validation import check_local, checkpoint_steps
@@ -78,8 +79,6 @@ def run_model_spec(meta: dict, workdir: str) -> ModelSpec:
     raise FlagError(
       "workdir", f"the run in {workdir} has a model config this version cannot read: {e}"
     ) from None
-  from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
-
   for flag, path in (("model.name", model.name), ("model.tokenizer", model.tokenizer)):
     if path is not None and path not in PRESETS and not os.path.isdir(path):
       raise FlagError(
@@ -102,8 +101,6 @@ def _stage_tokenizer(model: ModelSpec, tok, stop: tuple, dest: str) -> None:
     for key, value in (("bos_token_id", tok.bos_token_id), ("pad_token_id", tok.pad_token_id))
     if value is not None
   }
-  from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
-
   for folder in (model.name, model.tokenizer):  # the model's generation config first
     path = os.path.join(folder or "", "generation_config.json")
     if folder and folder not in PRESETS and os.path.isfile(path):
@@ -121,9 +118,9 @@ def export_run(cfg: ExportConfig, *, log=print) -> str:
   cfg.check_paths()
   params, meta = read_params(cfg.workdir, cfg.step, flag="workdir", log=log)
   model = run_model_spec(meta, cfg.workdir)
-  tok = setup.make_tokenizer(model)
-  stop = setup.token_ids(tok).stop
-  mcfg = setup.model_config(model, tok, 0)
+  tok = pieces.make_tokenizer(model)
+  stop = pieces.token_ids(tok).stop
+  mcfg = pieces.model_config(model, tok, 0)
   with tempfile.TemporaryDirectory(prefix="jetrl-export-tok-") as staging:
     _stage_tokenizer(model, tok, stop, staging)
     try:

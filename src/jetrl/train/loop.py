@@ -31,11 +31,12 @@ from jetrl import parallel
 from jetrl.precision import get_recipe
 from jetrl.rl import DEFAULT_EDGES, init_train_state, update_step
 from jetrl.rl.update import TrainState
-from jetrl.train import driver, resume, setup
+from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig
 from jetrl.train.hooks import Hook, LoopState, SamplesHook
 from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
+from jetrl.train.plots import write_plots
 from jetrl.train.rl_step import RLStep, console_fields
 
 SKIP_HINT = (
@@ -56,9 +57,10 @@ def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
   """FlagError when the batch-shaped flags (a step's, an evaluation call's) cannot fit in this
   machine's memory (a floor)."""
   u = cfg.update
+  recipe = cfg.precision_recipe
   master_bytes = 2 if u.master_dtype == "bfloat16" else 4
-  compute_bytes = 4 if cfg.recipe == "fp32" else 2
-  value_exponents = get_recipe(cfg.recipe).rollout.batch_invariant
+  compute_bytes = recipe.compute_bytes
+  value_exponents = recipe.rollout.batch_invariant
   parts = step_bytes(
     mcfg,
     rows=cfg.rows,
@@ -85,19 +87,6 @@ def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
   )
 
 
-def resume_check(cfg: TrainConfig, directory: str, changes: list):
-  """The RL run's resume check (`jetrl.train.resume.resume_check`): an RL checkpoint, the same
-  flags but the resumable ones, the same schedule over the run's optimizer steps."""
-  return resume.resume_check(
-    cfg,
-    directory,
-    changes,
-    kind=driver.RL.kind,
-    resumable=driver.RL.resumable,
-    optimizer_steps=cfg.update.optimizer_steps,
-  )
-
-
 def run(cfg: TrainConfig, *, task=None, log=print, hooks: Sequence[Hook] = ()) -> dict:
   """Run (or resume) an RL experiment; returns a summary dict (also in workdir/summary.json).
 
@@ -112,25 +101,25 @@ def run(cfg: TrainConfig, *, task=None, log=print, hooks: Sequence[Hook] = ()) -
   in a row were all skipped; CheckpointError when the workdir has checkpoints but none intact.
   """
   user = driver.user_hooks(hooks, "run")
-  return setup.run_guarded(cfg, task, log, functools.partial(_run, user=user))
+  return driver.run_guarded(cfg, task, log, functools.partial(_run, user=user))
 
 
-def _pieces(cfg: TrainConfig, log, given, reward) -> driver.Pieces:
+def _pieces(cfg: TrainConfig, log, given, reward) -> pieces.Pieces:
   """The run's pieces, checked (tokenizer against the model, memory, mesh) before anything
   compiles. The train state lives in the training layout; the sampler gets the params in the
   sampling layout (no FSDP) by a device-to-device copy each step when the two differ."""
-  recipe = get_recipe(cfg.recipe, grad_fmt=cfg.grad_fmt)
+  recipe = cfg.precision_recipe
   tok, encode, task, width = driver.tokenizer_and_task(cfg, given, reward)
-  mcfg = driver.model_config(cfg, tok, width + cfg.sampling.max_new_tokens)
+  mcfg = pieces.model_config(cfg.model, tok, width + cfg.sampling.max_new_tokens)
   check_memory(cfg, mcfg, width)
-  layout, sample_layout = setup.layouts(
+  layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--prompts_per_step x --sampling.n": cfg.rows}, log
   )
-  return driver.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
+  return pieces.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
 
 
-def _initial_state(cfg: TrainConfig, p: driver.Pieces, log) -> TrainState:
-  params = setup.make_params(cfg.model, p.mcfg, cfg.seed)
+def _initial_state(cfg: TrainConfig, p: pieces.Pieces, log) -> TrainState:
+  params = pieces.make_params(cfg.model, p.mcfg, cfg.seed)
   if cfg.init_from:
     params = load_params_from(cfg.init_from, params, log)
   if p.layout is not None:
@@ -145,7 +134,7 @@ def _initial_state(cfg: TrainConfig, p: driver.Pieces, log) -> TrainState:
 def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
   """(state, first step, data position): from the newest intact checkpoint, or a fresh start
   (earlier files moved aside, never deleted)."""
-  tree, meta = driver.restore_or_start(cfg, driver.RL, ckpt, _state_tree(state), log, resume_check)
+  tree, meta = driver.restore_or_start(cfg, driver.RL, ckpt, _state_tree(state), log)
   if meta is None:
     return state, 0, 0
   start, data_pos = int(meta["step"]), int(meta["data_pos"])
@@ -153,22 +142,16 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
   return TrainState(**tree), start, data_pos
 
 
-def _rl_step(cfg: TrainConfig, p: driver.Pieces) -> RLStep:
-  ids = setup.token_ids(p.tok)
+def _rl_step(cfg: TrainConfig, p: pieces.Pieces) -> RLStep:
+  ids = pieces.token_ids(p.tok)
   return RLStep(
     cfg=cfg,
-    task=p.task,
-    tok=p.tok,
-    encode=p.encode,
-    model_config=p.mcfg,
-    recipe=p.recipe,
+    pieces=p,
     sampling=dataclasses.replace(
       cfg.sampling, stop_ids=ids.stop, pad_id=ids.pad, prompt_len=p.width
     ),
     update_fn=update_step if p.layout is None else parallel.sharded_update_step(p.layout),
     bin_edges=_bin_edges(cfg.sampling.max_new_tokens),
-    layout=p.layout,
-    sample_layout=p.sample_layout,
   )
 
 
@@ -181,14 +164,18 @@ def _step(rl_step: RLStep, start: int, log, i: int, loop: LoopState) -> None:
   loop.skipped = int(loop.record["skipped_updates"])
 
 
-def _evaluate(cfg: TrainConfig, p: driver.Pieces, loop: LoopState) -> dict:
+def _evaluate(cfg: TrainConfig, p: pieces.Pieces, loop: LoopState) -> dict:
   """Evaluation in the recipe's rollout precision (and, with --eval.also_bf16, the same
   params in the bf16 rollout's, as `*_bf16`)."""
   params = p.rollout_params(loop.state.params)
-  score = functools.partial(p.evaluate, params, cfg.eval, cfg.sampling.max_new_tokens)
+
+  score = lambda precision: evaluation.evaluate(
+    params, p, precision, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
+  )
   res = score(p.recipe.rollout)
   if cfg.eval.also_bf16:
-    ref = res if cfg.recipe == "bf16" else score(get_recipe("bf16").rollout)
+    bf16 = get_recipe("bf16").rollout  # the common scale every recipe is also scored on
+    ref = res if p.recipe.rollout == bf16 else score(bf16)
     res.update({f"{k}_bf16": v for k, v in ref.items()})
   return res
 
@@ -196,8 +183,6 @@ def _evaluate(cfg: TrainConfig, p: driver.Pieces, loop: LoopState) -> dict:
 def _hooks(
   cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()
 ) -> driver.Hooks:
-  from jetrl.train.plots import write_plots  # pylint: disable=import-outside-toplevel
-
   spec = driver.HookSpec(
     evaluate=functools.partial(_evaluate, cfg, p),
     console=console_fields,
@@ -211,12 +196,12 @@ def _hooks(
   return driver.make_hooks(cfg, out, ckpt, start, log, spec, user)
 
 
-def _banner(cfg: TrainConfig, p: driver.Pieces) -> str:
+def _banner(cfg: TrainConfig, p: pieces.Pieces) -> str:
   reward = f", reward {cfg.task.reward}" if cfg.task.reward else ""
   return (
     f"jetrl RL: recipe={cfg.recipe} model={cfg.model.name} ({p.mcfg.n_layers} layers, d_model "
     f"{p.mcfg.d_model}) task={cfg.task.name} ({cfg.task.prompt_format} prompts{reward}) "
-    f"steps={cfg.steps} rows/step={cfg.rows} stop ids={list(setup.token_ids(p.tok).stop)} "
+    f"steps={cfg.steps} rows/step={cfg.rows} stop ids={list(pieces.token_ids(p.tok).stop)} "
     f"on {jax.devices()[0].platform}"
   )
 

@@ -49,7 +49,7 @@ def step_bytes(
   }
 
 
-# The narrowest prompt a sampler call holds: `setup.prompt_width` rounds up to 16 tokens.
+# The narrowest prompt a sampler call holds: `pieces.prompt_width` rounds up to 16 tokens.
 MIN_PROMPT_WIDTH = 16
 
 

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jetrl.train.writers import read_jsonl
+from jetrl.train.nodes import EvalConfig
 
 # A compiling step this many times the median step is clipped in time.png.
 CLIP_FACTOR = 3.0
@@ -70,8 +71,6 @@ def save(fig, path: str) -> str:
 def run_eval_label(workdir: str) -> str:
   """What the run's evaluation measured (`EvalConfig.label`: greedy, or at a temperature), from
   `<workdir>/config.json`; "greedy accuracy" when it has none."""
-  from jetrl.train.config import EvalConfig  # pylint: disable=import-outside-toplevel
-
   path = os.path.join(workdir, "config.json")
   ev = {}
   if os.path.exists(path):

@@ -1,6 +1,7 @@
 """What a checkpoint's configuration must share with the run that resumes from it.
 
-Flags outside a run's resumable list (`RESUMABLE`, `SFT_RESUMABLE`) must match the
+Fields not marked resumable on the field itself (`field(..., resumable=True)`, or a whole
+node: `node(..., resumable=True)`; `jetrl.config.resumable_paths`) must match the
 checkpoint's, and the checkpoint must be of the same kind of run (`check_compatible`): a
 mismatch is a message listing the flags that differ, before any array is read. The
 number of steps may change, except where it shapes the learning-rate schedule (a cosine decay
@@ -16,44 +17,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import jax
 
 from jetrl.train.run_files import append_text
-from jetrl.config import FlagError, flatten, leaf_paths, upgrade
+from jetrl.config import FlagError, flatten, leaf_paths, resumable_paths, upgrade
 from jetrl.rl.optimizer import schedule_key
 
 CHANGES_FILE = "config_changes.jsonl"
-
-# Fields (or whole nodes) that may change when a run resumes; all others must match the
-# checkpoint's. A change of `steps` that changes the learning-rate schedule is refused
-# separately (`resume_check`).
-RESUMABLE = (
-  "workdir",
-  "steps",
-  "eval.every",
-  "eval.batch",
-  "task.reward_timeout",
-  "checkpoint",
-  "logging",
-  "mesh",
-  "max_skipped_steps",
-  "overwrite",
-  "allow_schedule_change",
-)
-SFT_RESUMABLE = (
-  "workdir",
-  "steps",
-  "eval",
-  "task.reward_timeout",
-  "checkpoint",
-  "logging",
-  "mesh",
-  "max_skipped_steps",
-  "overwrite",
-  "allow_schedule_change",
-)
 
 
 def _plain(value):
@@ -61,12 +33,13 @@ def _plain(value):
   return json.loads(json.dumps(value))
 
 
-def incompatible_fields(saved: dict, current, resumable=RESUMABLE) -> list[str]:
+def incompatible_fields(saved: dict, current) -> list[str]:
   """The fields whose values differ between a checkpoint's config (nested dict) and the
   current one, as `--path: checkpoint has x, this run has y` lines. A field the checkpoint
   does not record counts as its default (older checkpoints stay usable); one the current
   config does not have is a line of its own. A value an older version stored for what is now
   another value (`field(legacy=...)`: `sampling.top_k` 0 for none) compares as the new one."""
+  resumable = resumable_paths(type(current))
   now = leaf_paths(current)
   defaults = leaf_paths(type(current)())
   saved = flatten(upgrade(type(current), saved))
@@ -85,7 +58,7 @@ def incompatible_fields(saved: dict, current, resumable=RESUMABLE) -> list[str]:
   return lines
 
 
-def check_compatible(meta: dict, config, path: str, resumable=RESUMABLE, kind: str = "rl") -> None:
+def check_compatible(meta: dict, config, path: str, kind: str = "rl") -> None:
   """FlagError when a checkpoint was written by another kind of run or another
   configuration, naming the fields that differ."""
   found = meta.get("kind", "rl")
@@ -97,7 +70,7 @@ def check_compatible(meta: dict, config, path: str, resumable=RESUMABLE, kind: s
       f"{path} holds checkpoints of {names.get(found, found)}, not "
       f"of {names.get(kind, kind)};{hint} or use another --workdir",
     )
-  diffs = incompatible_fields(meta.get("config", {}), config, resumable)
+  diffs = incompatible_fields(meta.get("config", {}), config)
   if diffs:
     raise FlagError(
       None,
@@ -130,26 +103,23 @@ def resume_check(
   changes: list,
   *,
   kind: str,
-  resumable: tuple,
-  optimizer_steps: Optional[Callable[[int], int]] = None,
 ) -> Callable[[dict], None]:
   """The check a checkpoint's metadata must pass before it is restored: `check_compatible`,
   then the learning-rate schedule.
 
-  The schedule is `cfg.optimizer`'s over `optimizer_steps(steps)` optimizer steps for a given
-  `--steps` (default: one per step); when it differs between the checkpoint's steps and
+  The schedule is `cfg.optimizer`'s over `cfg.schedule_steps(steps)` optimizer steps for a
+  given `--steps`; when it differs between the checkpoint's steps and
   `cfg.steps`, the resume is refused unless `cfg.allow_schedule_change`, and then the change is
   put in `changes` (to be recorded once the checkpoint is restored).
   """
   o = cfg.optimizer
   schedule = f"--optimizer.schedule={o.schedule}, --optimizer.warmup_steps={o.warmup_steps}"
-  steps_of = optimizer_steps or (lambda steps: steps)
 
   def schedule_of(steps: int):
-    return schedule_key(o, steps_of(steps))
+    return schedule_key(o, cfg.schedule_steps(steps))
 
   def check(meta: dict) -> None:
-    check_compatible(meta, cfg, directory, resumable, kind)
+    check_compatible(meta, cfg, directory, kind)
     saved = int(meta.get("config", {}).get("steps", cfg.steps))
     if schedule_of(saved) == schedule_of(cfg.steps):
       return

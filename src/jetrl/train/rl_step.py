@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,24 +25,20 @@ from jetrl.rl import (
   truncation_mask,
 )
 from jetrl.sampling import STOP_LENGTH, SamplingConfig, sample
-from jetrl.train import setup
+from jetrl.train import pieces, scoring
+from jetrl.train.pieces import Pieces
+from jetrl.train.config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class RLStep:
   """The pieces of an RL step, built once per run (`jetrl.train.loop`)."""
 
-  cfg: Any  # TrainConfig
-  task: Any
-  tok: Any
-  encode: Callable[[str], list]  # prompt text -> ids (jetrl.train.setup.prompt_encoder)
-  model_config: Any
-  recipe: Any
+  cfg: TrainConfig
+  pieces: Pieces  # tokenizer, task, prompt encoder, model config, recipe, layouts
   sampling: SamplingConfig  # cfg.sampling with the tokenizer's ids and the prompt width
   update_fn: Callable  # jetrl.rl.update_step, or its sharded version
   bin_edges: tuple[int, ...]
-  layout: Any = None  # training layout on a mesh (None: one device)
-  sample_layout: Any = None
 
   def __call__(self, state, step: int, data_pos: int, log: Optional[Callable] = None):
     """(new state, the record of step `step + 1`, the new data position, the step's samples
@@ -50,23 +46,23 @@ class RLStep:
     cfg, u = self.cfg, self.cfg.update
     n = cfg.sampling.n
     k_sample, k_update = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step))
-    problems = self.task.batch("train", data_pos, cfg.prompts_per_step)
-    prompts = [self.encode(p.prompt) for p in problems]
+    problems = self.pieces.task.batch("train", data_pos, cfg.prompts_per_step)
+    prompts = [self.pieces.encode(p.prompt) for p in problems]
 
     t_reshard, rollout_params = 0.0, state.params
-    if self.layout is not None:
+    if self.pieces.layout is not None:
       rollout_params, t_reshard = parallel.switch_layout(
-        state.params, self.layout, self.sample_layout, log
+        state.params, self.pieces.layout, self.pieces.sample_layout, log
       )
     t0 = time.time()
     out = sample(
       rollout_params,
-      self.model_config,
+      self.pieces.mcfg,
       prompts,
       k_sample,
       self.sampling,
-      self.recipe.rollout,
-      layout=self.sample_layout,
+      self.pieces.recipe.rollout,
+      layout=self.pieces.sample_layout,
     )
     jax.block_until_ready(out.tokens)
     del rollout_params
@@ -74,7 +70,9 @@ class RLStep:
 
     # Rewards where the completions are (each process scores its rows), gathered; the
     # advantages are then computed identically on every process from the gathered rewards.
-    rewards, lengths, stop_reason = setup.score_rollout(self.task, self.tok, problems, out, n)
+    rewards, lengths, stop_reason = scoring.score_rollout(
+      self.pieces.task, self.pieces.tok, problems, out, n
+    )
     shaped = jnp.asarray(rewards)  # this process's own device: the same values everywhere
     if u.overlong_buffer:
       shaped = shaped + overlong_penalty(
@@ -100,17 +98,17 @@ class RLStep:
     t_reward = time.time() - t0 - t_roll
 
     t1 = time.time()
-    if self.layout is not None:
-      batch = self.layout.shard_batch(batch)
+    if self.pieces.layout is not None:
+      batch = self.pieces.layout.shard_batch(batch)
     state, m = self.update_fn(
       state,
       batch,
       k_update,
-      model_config=self.model_config,
+      model_config=self.pieces.mcfg,
       cfg=u,
       optimizer=cfg.optimizer,
       total_steps=cfg.optimizer_steps,
-      precision=self.recipe.train,
+      precision=self.pieces.recipe.train,
       temperature=cfg.sampling.temperature,
       bin_edges=self.bin_edges,
     )
@@ -139,21 +137,21 @@ class RLStep:
   def _rows(self, x):
     """A per-row host vector placed like the rollout's rows (as it is on one device)."""
     x = np.asarray(x)
-    if self.layout is None:
+    if self.pieces.layout is None:
       return x
-    return parallel.put(x, self.layout.rows_sharding(x.shape[0], strict=True))
+    return parallel.put(x, self.pieces.layout.rows_sharding(x.shape[0], strict=True))
 
   def _samples(self, step: int, problems, out, rewards) -> list[dict]:
     """The step's rows as records of samples.jsonl (`--logging.samples_every`): every
     process gathers the tokens (a collective), the primary writes them."""
     n = self.cfg.sampling.n
     tokens, lengths = parallel.to_host((out.tokens, out.lengths))
-    stop = set(setup.token_ids(self.tok).stop)
+    stop = set(pieces.token_ids(self.pieces.tok).stop)
     records = []
     for r in range(tokens.shape[0]):
       length = int(lengths[r])
       ids = [int(t) for t in tokens[r, :length]]
-      text = setup.decode(self.tok, ids[:-1] if ids and ids[-1] in stop else ids)
+      text = pieces.decode(self.pieces.tok, ids[:-1] if ids and ids[-1] in stop else ids)
       p = problems[r // n]
       records.append(
         dict(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jetrl import parallel
 from jetrl.data.tokenizer import stop_token_ids
 from jetrl.data.user_reward import RewardError
 
@@ -57,8 +58,6 @@ def score_rollout(task, tok, problems, rollout, group: int):
   Each process decodes and scores the rows it holds (`jetrl.parallel.owned_rows`; all of them
   with one process) and the rewards are gathered: reward functions run where the completions
   are, and no process reads another's shards. Rows are prompt-major (`group` per problem)."""
-  from jetrl import parallel  # pylint: disable=import-outside-toplevel
-
   rows = parallel.owned_rows(rollout.tokens)
   texts_rewards = score_rows(
     task,

@@ -26,25 +26,25 @@ import optax
 
 from jetrl.config import FlagError
 from jetrl.data.synthetic import misreport
-from jetrl.precision import get_recipe
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.masking import masked_mean
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 from jetrl.sampling import SamplingConfig, pad_prompts
-from jetrl.train import driver, resume, setup
+from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer
 from jetrl.train.config import SFTConfig
 from jetrl.train.hooks import Hook, LoopState
 from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
+from jetrl.train.plots import write_sft_plots
 
 SKIP_HINT = "Check --optimizer.lr and the initial params (--model.name)."
 
 
 def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
   """The train batch of gold solutions after their prompts (`encode(text)`, default plain)."""
-  encode = encode or (lambda text: setup.encode_prompt(tok, text))
+  encode = encode or (lambda text: pieces.encode_prompt(tok, text))
   prompts = [encode(p.prompt) for p in problems]
-  sols = [setup.encode_completion(tok, p.solution) for p in problems]
+  sols = [pieces.encode_completion(tok, p.solution) for p in problems]
   too_long = [len(s) for s in sols if len(s) > t_max]
   if too_long:
     raise FlagError(
@@ -52,7 +52,7 @@ def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
       f"a gold solution has {max(too_long)} tokens, more than "
       f"the budget {t_max}; raise --max_new_tokens",
     )
-  ids = setup.token_ids(tok)
+  ids = pieces.token_ids(tok)
   ptok, pmask = pad_prompts(
     prompts,
     SamplingConfig(max_new_tokens=t_max, prompt_len=width, pad_id=ids.pad),
@@ -76,7 +76,7 @@ def mixed_tasks(cfg: SFTConfig, task, width: int, tok, encode):
     return [task], width
   tasks = []
   for length in cfg.mix_lengths:
-    t, w = setup.load_task(
+    t, w = pieces.load_task(
       dataclasses.replace(cfg.task, length=int(length)), seed=cfg.seed, tok=tok, encode=encode
     )
     tasks.append(t)
@@ -145,31 +145,23 @@ def run_sft(cfg: SFTConfig, *, task=None, log=print, hooks: Sequence[Hook] = ())
   workdir/sft_summary.json). `task`: a `jetrl.data.Task` object instead of the one `cfg.task`
   names; `hooks`: as for `jetrl.train.run`. Errors as for `jetrl.train.run`."""
   user = driver.user_hooks(hooks, "run_sft")
-  return setup.run_guarded(cfg, task, log, functools.partial(_run_sft, user=user))
-
-
-def resume_check(cfg: SFTConfig, directory: str, changes: list):
-  """The SFT run's resume check (`jetrl.train.resume.resume_check`): an SFT checkpoint, the same
-  flags but the resumable ones, the same schedule over the run's steps."""
-  return resume.resume_check(
-    cfg, directory, changes, kind=driver.SFT.kind, resumable=driver.SFT.resumable
-  )
+  return driver.run_guarded(cfg, task, log, functools.partial(_run_sft, user=user))
 
 
 def _pieces(cfg: SFTConfig, log, given, reward):
   """(the run's pieces, the tasks its steps take problems from), checked (gold solutions
   against the budget, tokenizer against the model, memory, mesh) before anything compiles."""
-  recipe = get_recipe(cfg.recipe)
+  recipe = cfg.precision_recipe
   tok, encode, task, width = driver.tokenizer_and_task(cfg, given, reward)
   train_tasks, width = mixed_tasks(cfg, task, width, tok, encode)
-  mcfg = driver.model_config(cfg, tok, width + cfg.max_new_tokens)
+  mcfg = pieces.model_config(cfg.model, tok, width + cfg.max_new_tokens)
   check_step_memory(
     step_bytes(
       mcfg,
       rows=min(cfg.eval.size, 64),
       seq_len=width + cfg.max_new_tokens,
       micro_rows=cfg.batch_size,
-      compute_bytes=4 if cfg.recipe == "fp32" else 2,
+      compute_bytes=recipe.compute_bytes,
     ),
     "--batch_size / --max_new_tokens",
     processes=jax.process_count(),
@@ -180,19 +172,19 @@ def _pieces(cfg: SFTConfig, log, given, reward):
     cfg.max_new_tokens,
     "--eval.batch / --eval.samples / --max_new_tokens",
     resident=mcfg.n_params * (4 + 8),
-    compute_bytes=4 if cfg.recipe == "fp32" else 2,
+    compute_bytes=recipe.compute_bytes,
     value_exponents=recipe.rollout.batch_invariant,
   )
-  layout, sample_layout = setup.layouts(
+  layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--batch_size": cfg.batch_size}, log
   )
-  pieces = driver.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
-  return pieces, train_tasks
+  run_pieces = pieces.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
+  return run_pieces, train_tasks
 
 
-def _initial_state(cfg: SFTConfig, p: driver.Pieces):
+def _initial_state(cfg: SFTConfig, p: pieces.Pieces):
   """({"params", "opt_state"} of a fresh start, the jitted step for their placement)."""
-  params = setup.make_params(cfg.model, p.mcfg, cfg.seed)
+  params = pieces.make_params(cfg.model, p.mcfg, cfg.seed)
   if p.layout is not None:
     params = p.layout.shard_params(params)  # the optimizer state is then built sharded
     opt_state = p.layout.shard_state(make_optimizer(cfg.optimizer, cfg.steps).init(params))
@@ -206,7 +198,7 @@ def _initial_state(cfg: SFTConfig, p: driver.Pieces):
 class SFTStep:
   """One SFT step on the gold solutions of step i's problems; counts the skipped updates."""
 
-  def __init__(self, cfg: SFTConfig, p: driver.Pieces, train_tasks, step_fn, skipped: int):
+  def __init__(self, cfg: SFTConfig, p: pieces.Pieces, train_tasks, step_fn, skipped: int):
     self.cfg, self.p, self.train_tasks, self.step_fn = cfg, p, train_tasks, step_fn
     self.skipped = skipped  # skipped updates so far (the optimizer state's count at the start)
 
@@ -242,14 +234,14 @@ class SFTStep:
     }
 
 
-def _evaluate(cfg: SFTConfig, p: driver.Pieces, loop: LoopState) -> dict:
+def _evaluate(cfg: SFTConfig, p: pieces.Pieces, loop: LoopState) -> dict:
   params = p.rollout_params(loop.state["params"])
-  return p.evaluate(params, cfg.eval, cfg.max_new_tokens, p.recipe.rollout)
+  return evaluation.evaluate(
+    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.max_new_tokens
+  )
 
 
 def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()) -> driver.Hooks:
-  from jetrl.train.plots import write_sft_plots  # pylint: disable=import-outside-toplevel
-
   spec = driver.HookSpec(
     evaluate=functools.partial(_evaluate, cfg, p),
     console=lambda r: ({"loss": float(r["loss"])}, None),
@@ -266,7 +258,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   p, train_tasks = _pieces(cfg, log, given, reward)
   state, step_fn = _initial_state(cfg, p)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
-  state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log, resume_check)
+  state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log)
   start = 0 if meta is None else int(meta["step"])
   if meta is not None:
     log(f"resumed SFT at step {start}")

@@ -16,6 +16,8 @@ import re
 from typing import Optional
 
 from jetrl.config import FlagError
+from jetrl.data.user_reward import check_spec
+from jetrl.models import PRESETS
 
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -87,8 +89,6 @@ def check_init_from(init_from: Optional[str]) -> None:
 def check_model(name: str, tokenizer: Optional[str] = None) -> None:
   """`--model.name` must be a preset or a directory, `--model.tokenizer` a directory (their
   files are checked when they load)."""
-  from jetrl.models import PRESETS  # pylint: disable=import-outside-toplevel
-
   if name not in PRESETS:
     check_local("model.name", name)
     if not os.path.isdir(name):
@@ -110,8 +110,6 @@ def check_reward(spec: Optional[str]) -> None:
   """`--task.reward` names an existing file (a module is looked up when the reward loads)."""
   if spec is None:
     return
-  from jetrl.data.user_reward import check_spec  # pylint: disable=import-outside-toplevel
-
   try:
     check_spec(spec)
   except ValueError as e:

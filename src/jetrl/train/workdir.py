@@ -24,6 +24,7 @@ import socket
 import time
 from typing import Callable, Optional, Sequence
 
+from jetrl import parallel
 from jetrl.train.run_files import open_no_follow
 from jetrl.train.validation import FlagError
 from jetrl.train.writers import read_jsonl
@@ -129,7 +130,6 @@ def take_workdir(workdir: str, log: Callable[[str], None] = print):
   With several processes the primary alone takes the lock, for the whole run: the others
   write only their checkpoint shards, inside the run the lock protects. Its refusal (a
   workdir in use) stops every process with the same error (`jetrl.parallel.on_primary`)."""
-  from jetrl import parallel  # pylint: disable=import-outside-toplevel
 
   def take():
     make_workdir(workdir)

@@ -1,5 +1,5 @@
 """Building a run's pieces from its config nodes: tokenizer, task, reward, model, prompts,
-evaluation.
+device layouts (the held-out evaluation is `jetrl.train.evaluation`).
 
 Every tokenizer is used through `jetrl.data.Tokenizer` (the character tokenizer, a
 checkpoint's, or a `transformers` one): a prompt is `encode(text)` as the model expects a
@@ -17,12 +17,11 @@ import os
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
-import numpy as np
 
+from jetrl import parallel
 from jetrl.config import FlagError
 from jetrl.data import (
-  SYNTHETIC_TASKS,
-  TASKS,
+  DATASET_TASKS,
   Task,
   WithReward,
   char_tokenizer,
@@ -34,7 +33,10 @@ from jetrl.data import (
 )
 from jetrl.data.prompts import has_chat_template
 from jetrl.data.tokenizer import Tokenizer
+from jetrl.parallel.rules import Layout
+from jetrl.precision import Recipe
 from jetrl.models import (
+  ModelConfig,
   check_vocab,
   get_config,
   init_params,
@@ -43,15 +45,7 @@ from jetrl.models import (
   load_tokenizer,
 )
 from jetrl.models.hf_io import config_from_hf
-from jetrl.sampling import SamplingConfig, sample
-from jetrl.train.scoring import (  # noqa: F401  (kept importable from here)
-  checked_rewards,
-  completions_and_rewards,
-  score_rollout,
-  score_rows,
-)
 
-DATASET_TASKS = tuple(t for t in TASKS if t not in SYNTHETIC_TASKS)
 Encoder = Callable[[str], list]
 
 
@@ -75,8 +69,6 @@ def layouts(mesh: Optional[str], mcfg, recipe, rows: dict[str, int], log):
   """(training layout, sampling layout) on the device mesh `mesh` (the --mesh flag) over every
   device of every process, or (None, None) for one device and no --mesh. `rows`: {what: the
   rows of a batch}, each of which must split over the batch axes. FlagError (--mesh)."""
-  from jetrl import parallel  # pylint: disable=import-outside-toplevel
-
   if not mesh and jax.device_count() == 1:
     return None, None
   try:
@@ -115,30 +107,6 @@ def make_task(task, *, seed: int) -> Task:
       )
     kw["path"] = task.data_path
   return get_task(task.name, **kw)
-
-
-def run_guarded(cfg, task, log, body):
-  """What a run (RL or SFT) does around its body: the config of a given Task object, paths
-  checked, several processes started, the workdir locked, the user reward loaded; then
-  `body(cfg, log, task, reward)`, and the reward worker and the lock released however it ends."""
-  from jetrl import parallel  # pylint: disable=import-outside-toplevel
-  from jetrl.train.config import given_task_config  # pylint: disable=import-outside-toplevel
-  from jetrl.train.workdir import take_workdir  # pylint: disable=import-outside-toplevel
-
-  if task is not None:
-    cfg = given_task_config(cfg, task)
-  cfg.check_paths()
-  parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
-  lock = take_workdir(cfg.workdir, log)
-  reward = None
-  try:
-    reward = load_user_reward(cfg.task, log)
-    return body(cfg, log, task, reward)
-  finally:
-    if reward is not None:
-      reward.close()
-    if lock is not None:
-      lock.release()
 
 
 def load_user_reward(task, log: Callable[[str], None] = print):
@@ -253,9 +221,10 @@ def make_tokenizer(model, task=None) -> Tokenizer:
   return char_tokenizer()
 
 
-def model_config(model, tok: Tokenizer, max_seq_len: int):
-  """The model's config without its weights: a preset sized to the tokenizer, or a
-  checkpoint's config.json (cheap: memory and tokenizer checks run before any weight)."""
+def model_config(model, tok: Tokenizer, max_seq_len: int) -> ModelConfig:
+  """The model's config without its weights, for sequences up to `max_seq_len`: a preset
+  sized to the tokenizer, or a checkpoint's config.json (cheap: memory and tokenizer checks
+  run before any weight), checked against the tokenizer (`check_tokenizer`)."""
   if os.path.isdir(model.name):
     path = os.path.join(model.name, "config.json")
     try:
@@ -273,6 +242,7 @@ def model_config(model, tok: Tokenizer, max_seq_len: int):
     mcfg = dataclasses.replace(mcfg, n_layers=model.n_layers)
   if max_seq_len > mcfg.max_seq_len:
     mcfg = dataclasses.replace(mcfg, max_seq_len=max_seq_len)
+  check_tokenizer(mcfg, tok, model)
   return mcfg
 
 
@@ -289,7 +259,6 @@ def make_params(model, mcfg, seed: int):
 def make_model(model, tok: Tokenizer, seed: int, max_seq_len: int):
   """(model_config, float32 params): a preset sized to the tokenizer, or a checkpoint."""
   mcfg = model_config(model, tok, max_seq_len)
-  check_tokenizer(mcfg, tok, model)
   return mcfg, make_params(model, mcfg, seed)
 
 
@@ -328,53 +297,21 @@ def prompt_width(prompts: Sequence[Sequence[int]]) -> int:
   return -(-max(len(p) for p in prompts) // 16) * 16
 
 
-def evaluate(
-  params,
-  mcfg,
-  task,
-  tok,
-  precision,
-  *,
-  size: int,
-  max_new_tokens: int,
-  batch: int = 64,
-  split: str = "test",
-  encode: Optional[Encoder] = None,
-  layout=None,
-  temperature: float = 0.0,
-  samples: int = 1,
-  seed: int = 0,
-) -> dict:
-  """Accuracy on the first `size` problems of a held-out split, `batch` problems per sampler
-  call: greedy (temperature 0), or the mean over `samples` completions per problem drawn at
-  `temperature` from a fixed key (`seed`), so that two policies evaluated alike see the same
-  random numbers. Prompts are `encode(text)` (default: plain); samples stop on every stop id
-  of the tokenizer.
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+  """What a run's steps and evaluations are built from."""
 
-  layout: the sampling layout on a mesh (params placed on it): prompt rows are split over its
-  batch axes, every process scores its own rows and the results are gathered."""
-  encode = encode or (lambda text: encode_prompt(tok, text))
-  problems = task.batch(split, 0, size)
-  ids = token_ids(tok)
-  correct, lengths = [], []
-  for i in range(0, size, batch):
-    chunk = problems[i : i + batch]
-    prompts = [encode(p.prompt) for p in chunk]
-    sc = SamplingConfig(
-      max_new_tokens=max_new_tokens,
-      temperature=float(temperature),
-      n=int(samples) if temperature > 0 else 1,
-      stop_ids=ids.stop,
-      pad_id=ids.pad,
-      prompt_len=prompt_width(prompts),
-    )
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
-    out = sample(params, mcfg, prompts, key, sc, precision, layout=layout)
-    rewards, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
-    correct += list(rewards)
-    lengths += list(lens)
-  return {
-    "eval_accuracy": float(np.mean(np.asarray(correct) >= 1.0)),
-    "eval_reward": float(np.mean(correct)),
-    "eval_length": float(np.mean(lengths)),
-  }
+  recipe: Recipe  # the run's precision recipe: .train, .rollout
+  tok: Tokenizer
+  encode: Encoder  # prompt text -> ids (--task.prompt_format)
+  task: Task  # the configured (or given) task; its held-out split is evaluated
+  width: int  # prompt width of the training batches
+  mcfg: ModelConfig
+  layout: Optional[Layout] = None  # training layout on the mesh (None: one device, no --mesh)
+  sample_layout: Optional[Layout] = None  # sampling layout (the params without FSDP)
+
+  def rollout_params(self, params):
+    """`params` placed for the sampler (a device-to-device copy when the layouts differ)."""
+    if self.layout is None:
+      return params
+    return parallel.switch_layout(params, self.layout, self.sample_layout)[0]

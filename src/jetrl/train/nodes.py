@@ -1,0 +1,275 @@
+"""The nodes a run's configuration is made of, besides those that live with the code that reads
+them (`jetrl.sampling.SamplingConfig`, `jetrl.rl.OptimizerConfig`, `jetrl.rl.UpdateConfig`):
+
+  model       ModelSpec          which weights: a preset or a checkpoint directory
+  task        TaskConfig         prompts and reward
+  eval        EvalConfig         greedy (or sampled) evaluation on held-out problems
+  checkpoint  CheckpointConfig   how often, how many kept
+  logging     LoggingConfig      metric records, TensorBoard, plots
+
+Each checks its own values when built (`jetrl.config`); a field that may change when a run
+resumes says so (`resumable=True`), and a flag name it had before the configuration had nodes
+is on the field (`former=`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import re
+from typing import Iterator, Optional
+
+from jetrl.config import ConfigError, FlagError, check_fields, check_int, field
+from jetrl.data import Task
+from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
+from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
+from jetrl.data.user_reward import check_spec_form
+from jetrl.sampling import TEMPERATURE_RANGE
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Which model: a preset (random init, sized to the tokenizer) or a Hugging Face folder, and
+  the tokenizer that goes with it."""
+
+  name: str = field(
+    "tiny",
+    "A model preset (jetrl.models.PRESETS) or a Hugging Face folder (config.json, safetensors "
+    "weights, tokenizer, chat template, generation config).",
+    former=("model",),
+  )
+  n_layers: Optional[int] = field(
+    None,
+    "Number of layers: the first N of a checkpoint's, or a preset's changed (none: unchanged).",
+    lo=1,
+    former=("n_layers",),
+  )
+  tokenizer: Optional[str] = field(
+    None,
+    "A tokenizer folder (tokenizer.json, tokenizer_config.json, chat template) to use instead "
+    "of the model folder's; samples still stop on the model folder's eos ids too. With a "
+    "preset, the random model is sized to it (none: the model folder's own tokenizer, or the "
+    "character tokenizer for a preset).",
+  )
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+PROMPT_FORMATS = ("plain", "chat")
+_TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+# Names of tasks a run was handed as objects (`run(cfg, task=...)`): accepted as task names
+# while such a run builds its config, though they are not registered.
+_GIVEN_TASKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("given_tasks", default=())
+
+
+@contextlib.contextmanager
+def accepting_task_name(name: str) -> Iterator[None]:
+  """Within the block, `TaskConfig(name=name)` is accepted without a registered task of that
+  name (the run was given the task object itself)."""
+  token = _GIVEN_TASKS.set(_GIVEN_TASKS.get() + (name,))
+  try:
+    yield
+  finally:
+    _GIVEN_TASKS.reset(token)
+
+
+def given_task_config(cfg, task):
+  """`cfg` for a run given its task object (`run(cfg, task=...)`): task.name becomes the
+  object's name (recorded in the run's config and checked on resume like any field), the
+  object's name need not be registered. The config must not name another task."""
+  if not isinstance(task, Task):
+    raise FlagError(None, f"task= must be a jetrl.data.Task, got {type(task).__name__}")
+  name = getattr(task, "name", None)
+  if not isinstance(name, str) or not _TASK_NAME.match(name):
+    raise FlagError(
+      None,
+      f"the task given to the run needs a name (its .name: letters, digits, '_', '.', '-'), "
+      f"got {name!r}",
+    )
+  if cfg.task.name not in (name, type(cfg.task)().name):
+    raise FlagError(
+      "task.name",
+      f"names task {cfg.task.name!r}, but the run was given the task object {name!r}; leave "
+      f"--task.name at its default or set it to {name!r}",
+    )
+  with accepting_task_name(name):
+    return cfg.replace(task={"name": name})
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """The task (built in, or registered with `jetrl.data.register_task`), how its prompts reach
+  the model, and the reward that scores it."""
+
+  name: str = field(
+    "addition",
+    "Task: addition, multiplication, sorting, gsm8k, math500, or a name registered with "
+    "jetrl.data.register_task.",
+    former=("task",),
+  )
+  difficulty: int = field(
+    2, "Synthetic task difficulty knob (ignored by dataset tasks).", lo=0, former=("difficulty",)
+  )
+  length: int = field(
+    1,
+    "Synthetic task length knob: rollout length grows with it (ignored by dataset tasks).",
+    lo=0,
+    former=("length",),
+  )
+  data_path: Optional[str] = field(
+    None,
+    "Local JSON-lines file or directory of a dataset task (none: the hub).",
+    former=("data_path",),
+  )
+  prompt_format: str = field(
+    "plain",
+    "plain: the prompt text encoded as is (dataset tasks: the plain question + answer-format "
+    "template); chat: the prompt as the user's message in the tokenizer's chat template, with "
+    "the assistant's turn opened (dataset tasks: the question and the instruction to box the "
+    "answer).",
+    choices=PROMPT_FORMATS,
+  )
+  system_prompt: Optional[str] = field(
+    None,
+    "The system turn of a chat prompt (none: no system turn, so the template's default "
+    "applies). Only with --task.prompt_format=chat.",
+  )
+  reward: Optional[str] = field(
+    None,
+    "Score completions with your own function instead of the task's reward: "
+    "path/to/file.py:fn or module:fn, fn(prompts, completions, answers) -> list[float], run in "
+    "a worker process (none: the task's reward).",
+  )
+  reward_timeout: float = field(
+    DEFAULT_REWARD_TIMEOUT,
+    "Seconds one batch of --task.reward may take; past it the batch scores 0, with a warning.",
+    lo=0.0,
+    hi=86400.0,
+    lo_open=True,
+    resumable=True,
+  )
+
+  def __post_init__(self):
+    check_fields(self)
+    if self.name not in task_names() and self.name not in _GIVEN_TASKS.get():
+      raise ConfigError(
+        "name",
+        f"{self.name!r} is not accepted; choose one of {list(task_names())} (a task of your "
+        "own: register it with jetrl.data.register_task, or pass it to run(config, task=...))",
+      )
+    if self.name in SYNTHETIC_TASKS:  # each synthetic task's own ranges
+      cls = task_class(self.name)
+      check_int("difficulty", self.difficulty, *cls.difficulty_range)
+      check_int("length", self.length, *cls.length_range)
+    if self.system_prompt is not None and self.prompt_format != "chat":
+      raise ConfigError(
+        "system_prompt",
+        "is part of a chat prompt; pass --task.prompt_format=chat with it, or leave it none",
+      )
+    if self.reward is not None:
+      try:
+        check_spec_form(self.reward)
+      except ValueError as e:
+        raise ConfigError("reward", str(e)) from None
+
+  @property
+  def synthetic(self) -> bool:
+    return self.name in SYNTHETIC_TASKS
+
+  def check_lengths(self, name: str, lengths) -> None:
+    """ConfigError naming `name` (a field of the config holding this task) when one of
+    `lengths` is not a valid length knob of this task."""
+    for length in lengths:
+      try:
+        dataclasses.replace(self, length=int(length))
+      except ConfigError as e:
+        raise ConfigError(name, f"{length}: {e.detail}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Evaluation (the recipe's rollout precision) on the task's held-out problems: greedy, or
+  sampled at a temperature."""
+
+  every: Optional[int] = field(
+    10,
+    "Evaluate every N steps (none: only at the start and the end).",
+    lo=1,
+    resumable=True,
+    former=("eval_every",),
+  )
+  size: int = field(64, "Held-out problems per evaluation.", lo=1, former=("eval_size",))
+  temperature: float = field(
+    0.0,
+    "0: greedy accuracy; > 0: the mean accuracy of `samples` completions per problem drawn at "
+    "this temperature (from a fixed key, the same for every run).",
+    lo=TEMPERATURE_RANGE[0],
+    hi=TEMPERATURE_RANGE[1],
+    also=(0.0,),
+  )
+  samples: int = field(1, "Completions per problem when temperature > 0.", lo=1)
+  batch: int = field(
+    64,
+    "Problems per sampling call (each distinct batch shape compiles once: "
+    "--eval.batch=--eval.size compiles one).",
+    lo=1,
+    resumable=True,
+  )
+  also_bf16: bool = field(
+    False,
+    "RL: also score each evaluation with the bf16 rollout precision (eval_accuracy_bf16), so "
+    "that recipes are compared on one scale as well as in their own rollout precision.",
+  )
+
+  def __post_init__(self):
+    check_fields(self)
+
+  @property
+  def rows(self) -> int:
+    """Rows of one evaluation sampler call: `batch` problems (at most `size`), times `samples`
+    when sampled."""
+    return min(self.batch, self.size) * (self.samples if self.temperature > 0 else 1)
+
+  @property
+  def label(self) -> str:
+    """What the evaluation measures, for log lines."""
+    if self.temperature == 0:
+      return "greedy accuracy"
+    return f"accuracy at temperature {self.temperature:g} (x{self.samples})"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """Orbax checkpoints under <workdir>/checkpoints: written atomically and checksummed."""
+
+  every: int = field(10, "Checkpoint every N steps (and at the end).", lo=1, former=("ckpt_every",))
+  keep: int = field(2, "Checkpoints kept.", lo=1, former=("keep_ckpts",))
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  """Metric records (JSON lines, the source of truth), TensorBoard and PNG plots."""
+
+  every: int = field(1, "Write a metrics record and a console line every N steps.", lo=1)
+  tensorboard: bool = field(
+    True, "Also write TensorBoard events under <workdir>/tb.", former=("tensorboard",)
+  )
+  plots: bool = field(True, "Draw PNG plots under <workdir>/plots at the end.", former=("plots",))
+  plot_every: Optional[int] = field(
+    None, "Also redraw the plots every N steps (none: only at the end).", lo=1
+  )
+  samples_every: Optional[int] = field(
+    None,
+    "Write every sampled completion of every N-th RL step to <workdir>/samples.jsonl (prompt, "
+    "tokens, text, reward; none: never).",
+    lo=1,
+  )
+
+  def __post_init__(self):
+    check_fields(self)
