@@ -13,18 +13,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from jetrl import models as M
+from model_helpers import tiny_config
 
-CONFIG = M.ModelConfig(
-  family="qwen3",
-  vocab_size=32,
-  d_model=32,
-  n_layers=2,
-  n_heads=2,
-  n_kv_heads=1,
-  head_dim=16,
-  d_ff=48,
-  qk_norm=True,
-)
+CONFIG = tiny_config("qwen3", vocab=32, d_model=32, heads=(2, 1, 16), d_ff=48)
 
 
 @pytest.fixture()
@@ -176,16 +167,8 @@ def test_missing_directory_or_files(tmp_path):
 
 
 def test_export_needs_a_hf_equivalent(tmp_path):
-  bad = M.ModelConfig(
-    family="llama",
-    vocab_size=32,
-    d_model=32,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=48,
-    qkv_bias=True,
+  bad = tiny_config(
+    "llama", vocab=32, d_model=32, heads=(2, 1, 16), d_ff=48, n_layers=1, qkv_bias=True
   )
   with pytest.raises(ValueError, match="qkv_bias"):
     M.save_pretrained(M.init_params(bad, jax.random.PRNGKey(0)), bad, str(tmp_path))
@@ -194,17 +177,7 @@ def test_export_needs_a_hf_equivalent(tmp_path):
 def test_params_that_do_not_fit_the_config():
   params = M.init_params(CONFIG, jax.random.PRNGKey(0))
   tokens = jnp.zeros((1, 4), jnp.int32)
-  other = M.ModelConfig(
-    family="qwen3",
-    vocab_size=32,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=64,
-    qk_norm=True,
-  )
+  other = dataclasses.replace(CONFIG, d_ff=64)
   with pytest.raises(ValueError, match=r"w_gate"):
     M.forward(params, other, tokens)
   with pytest.raises(ValueError, match="q_norm"):
