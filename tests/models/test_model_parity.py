@@ -10,7 +10,15 @@ import pytest
 from jetrl import models as M
 from jetrl.models.hf_config import config_from_hf, config_to_hf
 from jetrl.precision import get_recipe
-from model_helpers import LLAMA3_SCALING, hf_logits, hf_model, perturbed, rel_err, tiny_config
+from model_helpers import (
+  HF_SHAPE,
+  LLAMA3_SCALING,
+  hf_logits,
+  hf_model,
+  perturbed,
+  rel_err,
+  tiny_config,
+)
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -36,6 +44,7 @@ CASES = {
     "qwen3",
     dict(num_key_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-5),
   ),
+  "mistral_gqa_window_covers_all": ("mistral", dict(sliding_window=256, rope_theta=1e6)),
 }
 
 
@@ -143,6 +152,21 @@ def test_export_loads_in_transformers(family, tmp_path):
   config2, params2 = M.load_pretrained(str(tmp_path))
   assert config2 == config
   jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
+
+
+@pytest.mark.parametrize("window", [None, 256, 4096])
+def test_mistral_window_that_covers_every_position_is_read(window):
+  cfg = dict(transformers.AutoConfig.for_model("mistral", **HF_SHAPE).to_dict())
+  cfg["sliding_window"] = window
+  assert config_from_hf(cfg) == config_from_hf(dict(cfg, sliding_window=None))
+  assert config_from_hf(cfg).max_seq_len == 256
+
+
+def test_mistral_window_shorter_than_the_positions_is_refused():
+  cfg = dict(transformers.AutoConfig.for_model("mistral", **HF_SHAPE).to_dict())
+  cfg["sliding_window"] = 255
+  with pytest.raises(ValueError, match=r"^config\.json: sliding_window=255 < max_position_emb"):
+    config_from_hf(cfg)
 
 
 def test_bf16_export_round_trip(tmp_path):

@@ -76,6 +76,13 @@ SPECS = {
       attention_bias_key=True,
       sliding_window="flag",
     ),
+    # Llama's layout; its sliding window must cover every position (or be null).
+    FamilySpec(
+      name="mistral",
+      architecture="MistralForCausalLM",
+      model_type="mistral",
+      sliding_window="always",
+    ),
   )
 }
 FAMILIES = tuple(SPECS)
