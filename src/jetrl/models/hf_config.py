@@ -51,7 +51,8 @@ def _rope_from_hf(cfg: dict):
 def _check_window(spec: FamilySpec, cfg: dict) -> None:
   """A sliding window that would hide an earlier position is refused (jetrl attends to all)."""
   window, positions = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
-  if spec.sliding_window == "always" and window is not None and window < positions:
+  covers = isinstance(window, int) and not isinstance(window, bool) and window >= positions
+  if spec.sliding_window == "always" and window is not None and not covers:
     raise ValueError(
       f"config.json: sliding_window={window} < max_position_embeddings={positions} is not "
       f"supported for {spec.architecture} (jetrl attends to every earlier position); "
