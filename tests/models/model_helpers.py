@@ -1,14 +1,16 @@
-"""Shared helpers for the model tests: tiny `transformers` reference models and tolerances."""
+"""Shared helpers for the model tests: tiny configs and params, tiny `transformers` reference
+models (of any family in `jetrl.models.families`, built from its spec) and tolerances."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
-HF_CLASSES = {
-  "llama": ("LlamaConfig", "LlamaForCausalLM"),
-  "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-  "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-}
+from jetrl import models as M
+
+# The shape of the tiny `transformers` models (`hf_model`), before the overrides.
+HF_SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2)
+HF_SHAPE.update(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 
 LLAMA3_SCALING = dict(
   rope_type="llama3",
@@ -19,8 +21,36 @@ LLAMA3_SCALING = dict(
 )
 
 
+def tiny_config(family: str = "llama", *, vocab: int, d_model: int, heads, d_ff: int, **fields):
+  """A small ModelConfig of `family`; heads = (n_heads, n_kv_heads, head_dim). n_layers is 2,
+  qkv_bias and qk_norm are the family's (its FamilySpec) unless `fields` set them."""
+  spec = M.family_spec(family)
+  n_heads, n_kv_heads, head_dim = heads
+  fields = {"n_layers": 2, "qkv_bias": spec.qkv_bias, "qk_norm": spec.qk_norm, **fields}
+  return M.ModelConfig(
+    family=family,
+    vocab_size=vocab,
+    d_model=d_model,
+    n_heads=n_heads,
+    n_kv_heads=n_kv_heads,
+    head_dim=head_dim,
+    d_ff=d_ff,
+    **fields,
+  )
+
+
+def perturbed(params, key, scale: float = 0.1):
+  """params + N(0, scale) on every leaf (in its dtype), so that no two tensors are alike."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree_util.tree_unflatten(
+    treedef, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  )
+
+
 def hf_model(family: str, seed: int = 0, noise: float = 0.1, **overrides):
-  """A random tiny `transformers` model of `family` (eval mode, float32, eager attention).
+  """A random tiny `transformers` model of `family` (eval mode, float32, eager attention): the
+  config class of the spec's model_type, the model class of its architecture.
 
   Every parameter (norm weights and biases included) is perturbed by N(0, noise) so that a
   mix-up of any two tensors shows in the logits.
@@ -28,20 +58,11 @@ def hf_model(family: str, seed: int = 0, noise: float = 0.1, **overrides):
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
 
-  kwargs = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-  )
-  kwargs.update(overrides)
-  cfg_cls, model_cls = (getattr(transformers, n) for n in HF_CLASSES[family])
+  spec = M.family_spec(family)
+  kwargs = {**HF_SHAPE, "rms_norm_eps": 1e-6, **overrides}
   torch.manual_seed(seed)
-  config = cfg_cls(**kwargs)
+  config = transformers.AutoConfig.for_model(spec.model_type, **kwargs)
+  model_cls = getattr(transformers, spec.architecture)
   config._attn_implementation = "eager"  # pylint: disable=protected-access
   model = model_cls(config).eval()
   with torch.no_grad():

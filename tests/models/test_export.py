@@ -3,6 +3,7 @@ the tokenizer and generation config it carries, and the atomic replace."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -13,18 +14,9 @@ import pytest
 
 from jetrl import models as M
 from jetrl.sampling import SamplingConfig, sample
-from model_helpers import hf_logits, rel_err
+from model_helpers import hf_logits, rel_err, tiny_config
 
-CONFIG = M.ModelConfig(
-  family="llama",
-  vocab_size=40,
-  d_model=32,
-  n_layers=2,
-  n_heads=2,
-  n_kv_heads=1,
-  head_dim=16,
-  d_ff=48,
-)
+CONFIG = tiny_config("llama", vocab=40, d_model=32, heads=(2, 1, 16), d_ff=48)
 
 
 def _tokenizer_folder(path, eos_ids=None):
@@ -116,16 +108,7 @@ def test_refusals(params, tmp_path):
   assert not out.exists()
   with pytest.raises(ValueError, match="dtype 'int8' is not accepted"):
     M.export_hf(params, CONFIG, str(out), dtype="int8")
-  small = M.ModelConfig(
-    family="llama",
-    vocab_size=4,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=48,
-  )
+  small = dataclasses.replace(CONFIG, vocab_size=4)
   with pytest.raises(ValueError, match="does not fit the model: tokenizer size - 1 5"):
     M.export_hf(
       M.init_params(small, jax.random.PRNGKey(1)),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jetrl.models import gguf_import, smollm2
+from model_helpers import tiny_config
 
 META = {
   "general.architecture": "llama",
@@ -44,16 +45,8 @@ def test_unpermute_undoes_llama_cpp(heads, head_dim):
 
 def test_model_config_from_metadata():
   config = gguf_import.model_config(META, ["token_embd.weight"])
-  assert (
-    config.family,
-    config.n_layers,
-    config.d_model,
-    config.n_heads,
-    config.n_kv_heads,
-    config.head_dim,
-    config.d_ff,
-    config.max_seq_len,
-  ) == ("llama", 2, 96, 6, 2, 16, 160, 4096)
+  want = dict(max_seq_len=4096, rms_eps=1e-5, tie_embeddings=True)
+  assert config == tiny_config("llama", vocab=8, d_model=96, heads=(6, 2, 16), d_ff=160, **want)
   assert config.rms_eps == 1e-5 and config.tie_embeddings
   assert not gguf_import.model_config(META, ["output.weight"]).tie_embeddings
 

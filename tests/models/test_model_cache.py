@@ -11,34 +11,15 @@ import pytest
 
 from jetrl import models as M
 from jetrl.precision import get_recipe
-from model_helpers import rel_err
+from model_helpers import perturbed, rel_err, tiny_config
 
 TOL = 1e-5
-CONFIG = M.ModelConfig(
-  family="qwen2",
-  vocab_size=64,
-  d_model=64,
-  n_layers=2,
-  n_heads=4,
-  n_kv_heads=2,
-  head_dim=16,
-  d_ff=96,
-  rope_theta=10000.0,
-  qkv_bias=True,
-)
-
-
-def _noisy(params, key):
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  return jax.tree_util.tree_unflatten(
-    treedef, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  )
+CONFIG = tiny_config("qwen2", vocab=64, d_model=64, heads=(4, 2, 16), d_ff=96)
 
 
 @pytest.fixture(scope="module")
 def params():
-  return _noisy(M.init_params(CONFIG, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
+  return perturbed(M.init_params(CONFIG, jax.random.PRNGKey(0)), jax.random.PRNGKey(1))
 
 
 @pytest.fixture(scope="module")
@@ -174,16 +155,7 @@ def test_chunked_prefill(params, step, full):
 def test_bf16_cache_under_jet_matches_training_forward():
   """Rollout (jet's rollout precision, bf16 cache) vs the training forward (jet train): the
   same FP8 computation, so the logits agree up to bf16 rounding differences."""
-  config = M.ModelConfig(
-    family="llama",
-    vocab_size=128,
-    d_model=256,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=64,
-    d_ff=512,
-  )
+  config = tiny_config("llama", vocab=128, d_model=256, heads=(4, 2, 64), d_ff=512)
   recipe = get_recipe("jet")
   params = M.init_params(config, jax.random.PRNGKey(5))
   tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 6), 0, config.vocab_size)

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 from jetrl import models as M
+from jetrl.models.hf_config import config_from_hf, config_to_hf
+from model_helpers import tiny_config
 
 REAL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "llama-3.1-8b")
 
@@ -76,3 +78,25 @@ def test_init_params_layout():
   n = sum(x.size for x in jax.tree_util.tree_leaves(p))
   assert n == c.n_params
   M.check_params(p, c)
+
+
+@pytest.mark.parametrize("family", list(M.SPECS))
+def test_every_family_round_trips_through_config_json(family):
+  """Written from the spec and read back: by architecture, and by model_type alone."""
+  spec = M.family_spec(family)
+  config = tiny_config(family, vocab=64, d_model=32, heads=(2, 1, 16), d_ff=48)
+  hf = config_to_hf(config, jnp.float32)
+  assert hf["architectures"] == [spec.architecture] and hf["model_type"] == spec.model_type
+  assert M.ARCHITECTURES[spec.architecture] == family
+  assert config_from_hf(hf) == config
+  assert config_from_hf(dict(hf, architectures=None)) == config
+  with pytest.raises(ValueError, match="has no Hugging Face equivalent"):
+    config_to_hf(dataclasses.replace(config, qkv_bias=not spec.qkv_bias), jnp.float32)
+
+
+def test_family_spec_is_checked():
+  with pytest.raises(ValueError, match="sliding_window 'sometimes' is not one of"):
+    M.FamilySpec(name="x", architecture="XForCausalLM", model_type="x", sliding_window="sometimes")
+  with pytest.raises(ValueError, match=r"unknown model family 'gpt2'; accepted: \['llama'"):
+    M.family_spec("gpt2")
+  assert M.FAMILIES == tuple(M.SPECS)

@@ -13,18 +13,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from jetrl import models as M
+from model_helpers import tiny_config
 
-CONFIG = M.ModelConfig(
-  family="qwen3",
-  vocab_size=32,
-  d_model=32,
-  n_layers=2,
-  n_heads=2,
-  n_kv_heads=1,
-  head_dim=16,
-  d_ff=48,
-  qk_norm=True,
-)
+CONFIG = tiny_config("qwen3", vocab=32, d_model=32, heads=(2, 1, 16), d_ff=48)
 
 
 @pytest.fixture()
@@ -45,6 +36,12 @@ def _edit_tensors(path, fn):
   save_file(tensors, str(path / "model.safetensors"))
 
 
+def _load_refused(ckpt, match, **kwargs):
+  """load_pretrained(ckpt) raises a ValueError matching `match`."""
+  with pytest.raises(ValueError, match=match):
+    M.load_pretrained(str(ckpt), **kwargs)
+
+
 def test_round_trip_is_ok(ckpt):
   config, _ = M.load_pretrained(str(ckpt))
   assert config == CONFIG
@@ -62,14 +59,12 @@ def test_round_trip_is_ok(ckpt):
 )
 def test_unsupported_config(ckpt, changes, match):
   _edit_json(ckpt / "config.json", **changes)
-  with pytest.raises(ValueError, match=match):
-    M.load_pretrained(str(ckpt))
+  _load_refused(ckpt, match)
 
 
 def test_missing_tensor(ckpt):
   _edit_tensors(ckpt, lambda t: t.pop("model.layers.1.self_attn.k_norm.weight"))
-  with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_norm\.weight"):
-    M.load_pretrained(str(ckpt))
+  _load_refused(ckpt, r"model\.layers\.1\.self_attn\.k_norm\.weight")
 
 
 def test_misshaped_tensor(ckpt):
@@ -77,22 +72,19 @@ def test_misshaped_tensor(ckpt):
     t["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"][:-1]
 
   _edit_tensors(ckpt, cut)
-  with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*\(47, 32\)"):
-    M.load_pretrained(str(ckpt))
+  _load_refused(ckpt, r"model\.layers\.0\.mlp\.up_proj\.weight.*\(47, 32\)")
 
 
 def test_unexpected_tensor(ckpt):
   _edit_tensors(
     ckpt, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": np.zeros(32, np.float32)})
   )
-  with pytest.raises(ValueError, match=r"o_proj\.bias"):
-    M.load_pretrained(str(ckpt))
+  _load_refused(ckpt, r"o_proj\.bias")
 
 
 def test_vocab_disagrees_with_config(ckpt):
   _edit_json(ckpt / "config.json", vocab_size=33)
-  with pytest.raises(ValueError, match="embed_tokens"):
-    M.load_pretrained(str(ckpt))
+  _load_refused(ckpt, "embed_tokens")
 
 
 def test_integer_tensor_is_refused_not_cast(ckpt):
@@ -103,12 +95,11 @@ def test_integer_tensor_is_refused_not_cast(ckpt):
     t["model.layers.0.mlp.up_proj.weight"] = np.round(w * 1000).astype(np.int8)
 
   _edit_tensors(ckpt, quantize)
-  with pytest.raises(
-    ValueError,
-    match=r"'model\.layers\.0\.mlp\.up_proj\.weight' is stored "
+  _load_refused(
+    ckpt,
+    r"'model\.layers\.0\.mlp\.up_proj\.weight' is stored "
     r"as I8; accepted: F32, BF16, F16, F64",
-  ):
-    M.load_pretrained(str(ckpt))
+  )
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -117,12 +108,11 @@ def test_non_finite_tensor_is_refused(ckpt, value):
     t["model.layers.1.self_attn.o_proj.weight"][3, 4] = value
 
   _edit_tensors(ckpt, poison)
-  with pytest.raises(
-    ValueError,
-    match=r"'model\.layers\.1\.self_attn\.o_proj\.weight' holds 1 "
+  _load_refused(
+    ckpt,
+    r"'model\.layers\.1\.self_attn\.o_proj\.weight' holds 1 "
     r"non-finite values",
-  ):
-    M.load_pretrained(str(ckpt))
+  )
 
 
 def test_f64_values_beyond_the_target_dtype_are_refused_not_cast_to_inf(ckpt):
@@ -135,16 +125,14 @@ def test_f64_values_beyond_the_target_dtype_are_refused_not_cast_to_inf(ckpt):
     t[name] = w
 
   _edit_tensors(ckpt, lambda t: widen(t, 1e39))
-  with pytest.raises(
-    ValueError,
-    match=rf"'{re.escape(name)}' holds 2 values beyond the range of float32 \(largest "
+  _load_refused(
+    ckpt,
+    rf"'{re.escape(name)}' holds 2 values beyond the range of float32 \(largest "
     r"magnitude 1e\+39, stored as F64\); they would become Inf",
-  ):
-    M.load_pretrained(str(ckpt))
+  )
   # bfloat16 has float32's range: the same values are refused when read into it too, and
   # values within the range (F64 1e38) are read as they are.
-  with pytest.raises(ValueError, match="beyond the range of bfloat16"):
-    M.load_pretrained(str(ckpt), dtype=jnp.bfloat16)
+  _load_refused(ckpt, "beyond the range of bfloat16", dtype=jnp.bfloat16)
   _edit_tensors(ckpt, lambda t: widen(t, 1e38))
   _, params = M.load_pretrained(str(ckpt))
   k = np.asarray(params["layers"]["wk"][0])  # [in, out]: the stored [out, in] transposed
@@ -176,16 +164,8 @@ def test_missing_directory_or_files(tmp_path):
 
 
 def test_export_needs_a_hf_equivalent(tmp_path):
-  bad = M.ModelConfig(
-    family="llama",
-    vocab_size=32,
-    d_model=32,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=48,
-    qkv_bias=True,
+  bad = tiny_config(
+    "llama", vocab=32, d_model=32, heads=(2, 1, 16), d_ff=48, n_layers=1, qkv_bias=True
   )
   with pytest.raises(ValueError, match="qkv_bias"):
     M.save_pretrained(M.init_params(bad, jax.random.PRNGKey(0)), bad, str(tmp_path))
@@ -194,17 +174,7 @@ def test_export_needs_a_hf_equivalent(tmp_path):
 def test_params_that_do_not_fit_the_config():
   params = M.init_params(CONFIG, jax.random.PRNGKey(0))
   tokens = jnp.zeros((1, 4), jnp.int32)
-  other = M.ModelConfig(
-    family="qwen3",
-    vocab_size=32,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=64,
-    qk_norm=True,
-  )
+  other = dataclasses.replace(CONFIG, d_ff=64)
   with pytest.raises(ValueError, match=r"w_gate"):
     M.forward(params, other, tokens)
   with pytest.raises(ValueError, match="q_norm"):

@@ -9,19 +9,9 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
-from model_helpers import rel_err
+from model_helpers import perturbed, rel_err, tiny_config
 
-CONFIG = M.ModelConfig(
-  family="llama",
-  vocab_size=96,
-  d_model=64,
-  n_layers=2,
-  n_heads=4,
-  n_kv_heads=2,
-  head_dim=16,
-  d_ff=96,
-  tie_embeddings=False,
-)
+CONFIG = tiny_config("llama", vocab=96, d_model=64, heads=(4, 2, 16), d_ff=96)
 B, T = 2, 10
 
 
@@ -36,12 +26,7 @@ def _reference(params, tokens, targets, mask, temperature):
 
 @pytest.fixture(scope="module")
 def data():
-  params = M.init_params(CONFIG, jax.random.PRNGKey(0))
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  params = jax.tree_util.tree_unflatten(
-    treedef, [x + 0.2 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  )
+  params = perturbed(M.init_params(CONFIG, jax.random.PRNGKey(0)), jax.random.PRNGKey(1), 0.2)
   tokens = jax.random.randint(jax.random.PRNGKey(2), (B, T), 0, CONFIG.vocab_size)
   targets = jnp.roll(tokens, -1, axis=1)
   mask = jnp.asarray(np.arange(T)[None] < np.array([[T], [7]]))
@@ -119,17 +104,7 @@ def _avals(jaxpr):
 def test_no_full_float32_logits():
   """With a larger vocabulary and T = 4 chunks, no array of B*T*V float32 values exists,
   in the forward or the backward pass."""
-  config = M.ModelConfig(
-    family="qwen3",
-    vocab_size=4096,
-    d_model=32,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=32,
-    qk_norm=True,
-  )
+  config = tiny_config("qwen3", vocab=4096, d_model=32, heads=(2, 1, 16), d_ff=32, n_layers=1)
   params = M.init_params(config, jax.random.PRNGKey(4))
   tokens = jnp.zeros((2, 64), jnp.int32)
 

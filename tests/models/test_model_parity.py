@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
+from jetrl.models.hf_config import config_from_hf, config_to_hf
 from jetrl.precision import get_recipe
-from model_helpers import LLAMA3_SCALING, hf_logits, hf_model, rel_err
+from model_helpers import (
+  HF_SHAPE,
+  LLAMA3_SCALING,
+  hf_logits,
+  hf_model,
+  perturbed,
+  rel_err,
+  tiny_config,
+)
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,6 +44,7 @@ CASES = {
     "qwen3",
     dict(num_key_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-5),
   ),
+  "mistral_gqa_window_covers_all": ("mistral", dict(sliding_window=256, rope_theta=1e6)),
 }
 
 
@@ -109,60 +119,24 @@ def test_padded_batch_matches_transformers(loaded):
   assert err < TOL, f"left-padded row vs unpadded row: {err:.2e}"
 
 
-def _perturbed(params, key, scale=0.1):
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  return jax.tree_util.tree_unflatten(
-    treedef, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  )
-
-
-EXPORT_CONFIGS = {
-  "llama": M.ModelConfig(
-    family="llama",
-    vocab_size=80,
-    d_model=48,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=16,
-    d_ff=64,
-    rope_theta=500000.0,
-    rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16),
-    rms_eps=1e-5,
-  ),
-  "qwen2": M.ModelConfig(
-    family="qwen2",
-    vocab_size=80,
-    d_model=48,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=64,
-    rope_theta=1e6,
-    tie_embeddings=True,
-    qkv_bias=True,
-  ),
-  "qwen3": M.ModelConfig(
-    family="qwen3",
-    vocab_size=80,
-    d_model=48,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=20,
-    d_ff=64,
-    rope_theta=1e6,
-    qk_norm=True,
-  ),
+# What each family's export case varies, over a common small shape; a family without an entry
+# (a new one) is exported with the common shape as it is.
+EXPORT_VARIANTS = {
+  "llama": dict(rope_theta=500000.0, rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16), rms_eps=1e-5),
+  "qwen2": dict(heads=(4, 1, 16), rope_theta=1e6, tie_embeddings=True),
+  "qwen3": dict(heads=(4, 2, 20), rope_theta=1e6),
 }
 
 
-@pytest.mark.parametrize("family", list(EXPORT_CONFIGS))
+def export_config(family: str) -> M.ModelConfig:
+  fields = {"vocab": 80, "d_model": 48, "heads": (4, 2, 16), "d_ff": 64}
+  return tiny_config(family, **{**fields, **EXPORT_VARIANTS.get(family, {})})
+
+
+@pytest.mark.parametrize("family", list(M.SPECS))
 def test_export_loads_in_transformers(family, tmp_path):
-  config = EXPORT_CONFIGS[family]
-  params = _perturbed(M.init_params(config, jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
+  config = export_config(family)
+  params = perturbed(M.init_params(config, jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
   M.save_pretrained(params, config, str(tmp_path))
   model = transformers.AutoModelForCausalLM.from_pretrained(
     str(tmp_path), attn_implementation="eager"
@@ -180,8 +154,23 @@ def test_export_loads_in_transformers(family, tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
 
 
+@pytest.mark.parametrize("window", [None, 256, 4096])
+def test_mistral_window_that_covers_every_position_is_read(window):
+  cfg = dict(transformers.AutoConfig.for_model("mistral", **HF_SHAPE).to_dict())
+  cfg["sliding_window"] = window
+  assert config_from_hf(cfg) == config_from_hf(dict(cfg, sliding_window=None))
+  assert config_from_hf(cfg).max_seq_len == 256
+
+
+def test_mistral_window_shorter_than_the_positions_is_refused():
+  cfg = dict(transformers.AutoConfig.for_model("mistral", **HF_SHAPE).to_dict())
+  cfg["sliding_window"] = 255
+  with pytest.raises(ValueError, match=r"^config\.json: sliding_window=255 < max_position_emb"):
+    config_from_hf(cfg)
+
+
 def test_bf16_export_round_trip(tmp_path):
-  config = EXPORT_CONFIGS["qwen2"]
+  config = export_config("qwen2")
   params = M.init_params(config, jax.random.PRNGKey(6), dtype=jnp.bfloat16)
   M.save_pretrained(params, config, str(tmp_path))
   model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path))
@@ -224,7 +213,6 @@ def test_preset_shapes_match_transformers():
   """Each preset, written as a HF config, builds a transformers model (on the meta device)
   whose tensors have exactly the shapes and count the params layout says."""
   import torch  # pylint: disable=import-outside-toplevel
-  from jetrl.models.hf_io import config_from_hf, config_to_hf
 
   for name, config in M.PRESETS.items():
     hf_cfg = config_to_hf(config, jnp.bfloat16)

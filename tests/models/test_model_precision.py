@@ -10,20 +10,10 @@ import pytest
 from jetrl import models as M
 from jetrl.models import layers
 from jetrl.precision import get_recipe
+from model_helpers import tiny_config
 
 # d_model, q/kv dims and d_ff are multiples of 128 with >= 2 blocks: real FP8 block tiling.
-CONFIG = M.ModelConfig(
-  family="qwen3",
-  vocab_size=256,
-  d_model=256,
-  n_layers=2,
-  n_heads=4,
-  n_kv_heads=2,
-  head_dim=64,
-  d_ff=512,
-  rope_theta=1e6,
-  qk_norm=True,
-)
+CONFIG = tiny_config("qwen3", vocab=256, d_model=256, heads=(4, 2, 64), d_ff=512, rope_theta=1e6)
 B, T = 2, 16
 
 

@@ -8,7 +8,10 @@ import json
 import pytest
 
 from jetrl import models as M
-from jetrl.data import Tokenizer
+from jetrl.config import FlagError
+from jetrl.data import Tokenizer, char_tokenizer
+from jetrl.data.prompts import chat_prompt_ids
+from jetrl.train import ModelSpec, pieces, run, run_sft
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -127,15 +130,11 @@ def test_special_ids_must_fit_the_model(tmp_path):
     f"{n + 7} not in \\[0, vocab_size={n + 2}\\)",
   ):
     M.load_tokenizer(str(tmp_path), config=config)
-  from jetrl.train import pieces
-
   tok = M.load_tokenizer(str(tmp_path))  # the training path loads it without a config
   assert pieces.token_ids(tok).stop == (n - 2, n + 7) and isinstance(tok, Tokenizer)
   with pytest.raises(ValueError, match=f"--model.name: .*end-of-generation id #1 {n + 7}"):
     pieces.check_tokenizer(config, tok)
   # A tokenizer given by --model.tokenizer is what the error names then.
-  from jetrl.train import ModelSpec
-
   spec = ModelSpec(name=str(tmp_path), tokenizer=str(tmp_path))
   with pytest.raises(ValueError, match=f"--model.tokenizer: .*end-of-generation id #1 {n + 7}"):
     pieces.check_tokenizer(config, tok, spec)
@@ -156,8 +155,6 @@ def test_no_chat_template(tmp_path):
   assert tok.chat_template is None
   with pytest.raises(ValueError, match="chat template"):
     tok.apply_chat_template(MESSAGES)
-  from jetrl.data.prompts import chat_prompt_ids  # pylint: disable=import-outside-toplevel
-
   with pytest.raises(ValueError, match="needs a checkpoint tokenizer with a chat template"):
     chat_prompt_ids(tok, "hello")
 
@@ -188,8 +185,6 @@ def test_stop_ids_gather_every_eos(tmp_path):
   # the model folder alone, when it holds the tokenizer too
   _write(model_dir)
   assert M.stop_ids(M.load_model_tokenizer(str(model_dir))) == (IM_END, ENDOFTEXT)
-  from jetrl.data import char_tokenizer  # pylint: disable=import-outside-toplevel
-
   assert M.stop_ids(char_tokenizer()) == (2,)
 
 
@@ -216,9 +211,6 @@ def test_a_run_refuses_a_tokenizer_whose_ids_exceed_the_models_vocab(
 ):
   """Through `run()` and `run_sft()`: the preset is sized to the tokenizer (n ids), whose
   generation config names an end-of-generation id n + 7 that the embedding does not have."""
-  from jetrl.config import FlagError
-  from jetrl.train import run, run_sft
-
   tok_dir = tmp_path / "tok"
   tok_dir.mkdir()
   n = _write(tok_dir)

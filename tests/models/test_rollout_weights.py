@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from jetrl.models import (
-  ModelConfig,
   check_params,
   forward_cached,
   fuse_projections,
@@ -16,19 +15,10 @@ from jetrl.models import (
   rollout_weights,
 )
 from jetrl.precision import get_recipe, quantize
+from model_helpers import tiny_config
 
 # Widths that are multiples of 128, so that a blockwise FP8 recipe may fuse.
-CFG = ModelConfig(
-  vocab_size=64,
-  d_model=128,
-  n_layers=2,
-  n_heads=2,
-  n_kv_heads=1,
-  head_dim=128,
-  d_ff=256,
-  max_seq_len=64,
-  qkv_bias=True,
-)
+CFG = tiny_config(vocab=64, d_model=128, heads=(2, 1, 128), d_ff=256, max_seq_len=64, qkv_bias=True)
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +51,7 @@ def test_fused_fp8_blocks_are_the_parts_blocks(params):
 
 
 def test_unaligned_or_per_tensor_weights_are_not_fused(params):
-  cfg = ModelConfig(
-    vocab_size=64,
-    d_model=64,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=32,
-    d_ff=96,
-    max_seq_len=32,
-  )
+  cfg = tiny_config(vocab=64, d_model=64, heads=(2, 1, 32), d_ff=96, n_layers=1, max_seq_len=32)
   p = init_params(cfg, jax.random.PRNGKey(1))
   layers = fuse_projections(p, get_recipe("jet").rollout)["layers"]
   assert "wqkv" not in layers and "w_gate_up" not in layers  # 32-wide parts: blocks straddle

@@ -94,16 +94,9 @@ def test_folder(folder, model):
   assert smollm2.is_complete(folder)
   with open(os.path.join(folder, smollm2.MANIFEST)) as f:
     assert json.load(f)["wheel_sha256"] == smollm2.SHA256
-  assert (
-    config.family,
-    config.n_layers,
-    config.d_model,
-    config.n_heads,
-    config.n_kv_heads,
-    config.head_dim,
-    config.d_ff,
-    config.vocab_size,
-  ) == ("llama", 30, 576, 9, 3, 64, 1536, 49152)
+  heads = (config.n_heads, config.n_kv_heads, config.head_dim)
+  assert (config.family, config.n_layers, config.d_model, heads) == ("llama", 30, 576, (9, 3, 64))
+  assert (config.d_ff, config.vocab_size) == (1536, 49152)
   assert config.tie_embeddings and "lm_head" not in params
   assert config.rope_theta == 100000.0 and config.rms_eps == 1e-5
   assert 134e6 < config.n_params < 135e6  # "135M"

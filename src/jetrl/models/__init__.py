@@ -1,10 +1,11 @@
 """The policy model: config and presets, the decoder, KV cache, checkpoint and tokenizer I/O."""
 
 from jetrl.models.cache import KVCache, init_cache, positions_from_mask
-from jetrl.models.config import FAMILIES, PRESETS, ModelConfig, RopeScaling, get_config
+from jetrl.models.config import PRESETS, ModelConfig, RopeScaling, get_config
+from jetrl.models.families import ARCHITECTURES, FAMILIES, SPECS, FamilySpec, family_spec
 from jetrl.models.decoder import forward, forward_cached, hidden_states
 from jetrl.models.export import export_hf
-from jetrl.models.hf_io import ARCHITECTURES, load_pretrained, save_pretrained
+from jetrl.models.hf_io import load_pretrained, save_pretrained
 from jetrl.models.logprobs import logprobs_from_hidden, token_logprobs
 from jetrl.models.params import (
   LINEAR_WEIGHTS,
@@ -31,6 +32,9 @@ __all__ = [
   "ModelConfig",
   "RopeScaling",
   "FAMILIES",
+  "FamilySpec",
+  "SPECS",
+  "family_spec",
   "PRESETS",
   "get_config",
   "init_params",

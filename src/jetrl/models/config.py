@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+from jetrl.models.families import family_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,8 @@ class RopeScaling:
 class ModelConfig:
   """Shape and numerics of a decoder-only transformer (Llama / Qwen2 / Qwen2.5 / Qwen3).
 
-  family: "llama", "qwen2" (also Qwen2.5) or "qwen3"; it names the checkpoint architecture.
+  family: a name in `jetrl.models.families.FAMILIES` ("llama", "qwen2" (also Qwen2.5),
+  "qwen3", ...); it names the checkpoint architecture (its `FamilySpec`).
   head_dim is explicit (Qwen3 has n_heads * head_dim != d_model).
   qkv_bias: biases on the q, k, v projections (Qwen2). qk_norm: per-head RMSNorm on q and k
   before RoPE (Qwen3). tie_embeddings: the LM head is the transposed embedding matrix.
@@ -64,8 +65,7 @@ class ModelConfig:
   max_seq_len: int = 2048
 
   def __post_init__(self):
-    if self.family not in FAMILIES:
-      raise ValueError(f"unknown model family {self.family!r}; accepted: {list(FAMILIES)}")
+    family_spec(self.family)  # ValueError naming the accepted families
     for field in (
       "vocab_size",
       "d_model",
@@ -122,115 +122,44 @@ _LLAMA31_SCALING = RopeScaling(
   factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
 )
 
+
+def _preset(family, vocab, d_model, layers, heads, kv_heads, head_dim, d_ff, max_len, tied, **kw):
+  """A released model's shape; q/k/v biases and qk-norm as its family has them."""
+  spec = family_spec(family)
+  kw.setdefault("rope_theta", 1e6)
+  return ModelConfig(
+    family=family,
+    vocab_size=vocab,
+    d_model=d_model,
+    n_layers=layers,
+    n_heads=heads,
+    n_kv_heads=kv_heads,
+    head_dim=head_dim,
+    d_ff=d_ff,
+    max_seq_len=max_len,
+    tie_embeddings=tied,
+    qkv_bias=spec.qkv_bias,
+    qk_norm=spec.qk_norm,
+    **kw,
+  )
+
+
+# fmt: off
 PRESETS = {
+  # name: family, vocab, d_model, layers, heads, kv heads, head_dim, d_ff, max_seq_len, tied
   # CPU-sized: every matrix has at least two 128x128 FP8 blocks per axis.
-  "tiny": ModelConfig(
-    family="qwen3",
-    vocab_size=128,
-    d_model=256,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=64,
-    d_ff=512,
-    rope_theta=10000.0,
-    rms_eps=1e-6,
-    tie_embeddings=False,
-    qkv_bias=False,
-    qk_norm=True,
-    max_seq_len=2048,
-  ),
-  "qwen2.5-0.5b": ModelConfig(
-    family="qwen2",
-    vocab_size=151936,
-    d_model=896,
-    n_layers=24,
-    n_heads=14,
-    n_kv_heads=2,
-    head_dim=64,
-    d_ff=4864,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tie_embeddings=True,
-    qkv_bias=True,
-    max_seq_len=32768,
-  ),
-  "qwen2.5-1.5b": ModelConfig(
-    family="qwen2",
-    vocab_size=151936,
-    d_model=1536,
-    n_layers=28,
-    n_heads=12,
-    n_kv_heads=2,
-    head_dim=128,
-    d_ff=8960,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tie_embeddings=True,
-    qkv_bias=True,
-    max_seq_len=131072,
-  ),
-  "qwen2.5-7b": ModelConfig(
-    family="qwen2",
-    vocab_size=152064,
-    d_model=3584,
-    n_layers=28,
-    n_heads=28,
-    n_kv_heads=4,
-    head_dim=128,
-    d_ff=18944,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tie_embeddings=False,
-    qkv_bias=True,
-    max_seq_len=131072,
-  ),
-  "qwen3-0.6b": ModelConfig(
-    family="qwen3",
-    vocab_size=151936,
-    d_model=1024,
-    n_layers=28,
-    n_heads=16,
-    n_kv_heads=8,
-    head_dim=128,
-    d_ff=3072,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tie_embeddings=True,
-    qk_norm=True,
-    max_seq_len=40960,
-  ),
-  "qwen3-8b": ModelConfig(
-    family="qwen3",
-    vocab_size=151936,
-    d_model=4096,
-    n_layers=36,
-    n_heads=32,
-    n_kv_heads=8,
-    head_dim=128,
-    d_ff=12288,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tie_embeddings=False,
-    qk_norm=True,
-    max_seq_len=40960,
-  ),
-  "llama-3.1-8b": ModelConfig(
-    family="llama",
-    vocab_size=128256,
-    d_model=4096,
-    n_layers=32,
-    n_heads=32,
-    n_kv_heads=8,
-    head_dim=128,
-    d_ff=14336,
-    rope_theta=500000.0,
-    rope_scaling=_LLAMA31_SCALING,
-    rms_eps=1e-5,
-    tie_embeddings=False,
-    max_seq_len=131072,
+  "tiny": _preset("qwen3", 128, 256, 2, 4, 2, 64, 512, 2048, False, rope_theta=10000.0),
+  "qwen2.5-0.5b": _preset("qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, True),
+  "qwen2.5-1.5b": _preset("qwen2", 151936, 1536, 28, 12, 2, 128, 8960, 131072, True),
+  "qwen2.5-7b": _preset("qwen2", 152064, 3584, 28, 28, 4, 128, 18944, 131072, False),
+  "qwen3-0.6b": _preset("qwen3", 151936, 1024, 28, 16, 8, 128, 3072, 40960, True),
+  "qwen3-8b": _preset("qwen3", 151936, 4096, 36, 32, 8, 128, 12288, 40960, False),
+  "llama-3.1-8b": _preset(
+    "llama", 128256, 4096, 32, 32, 8, 128, 14336, 131072, False,
+    rope_theta=500000.0, rope_scaling=_LLAMA31_SCALING, rms_eps=1e-5,
   ),
 }
+# fmt: on
 
 
 def get_config(name: str) -> ModelConfig:

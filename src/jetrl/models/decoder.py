@@ -91,29 +91,13 @@ def hidden_states(
   return rms_norm(x, params["final_norm"], config.rms_eps, cd, is_batch_invariant(precision))
 
 
-def forward(
-  params,
-  config: ModelConfig,
-  tokens: jax.Array,
-  *,
-  precision: Optional[Precision] = None,
-  positions: Optional[jax.Array] = None,
-  attention_mask: Optional[jax.Array] = None,
-  remat: bool = False,
-) -> jax.Array:
-  """float32 logits [B, T, V] (see `hidden_states` for the arguments)."""
-  h = hidden_states(
-    params,
-    config,
-    tokens,
-    precision=precision,
-    positions=positions,
-    attention_mask=attention_mask,
-    remat=remat,
-  )
-  return lm_head(
-    h, params, config, activation_dtype(precision, params), is_batch_invariant(precision)
-  )
+def forward(params, config: ModelConfig, tokens: jax.Array, **inputs) -> jax.Array:
+  """float32 logits [B, T, V]. `inputs` are `hidden_states`' keyword arguments (precision,
+  positions, attention_mask, remat), passed on as they are."""
+  precision = inputs.get("precision")
+  h = hidden_states(params, config, tokens, **inputs)
+  cd = activation_dtype(precision, params)
+  return lm_head(h, params, config, cd, is_batch_invariant(precision))
 
 
 def forward_cached(

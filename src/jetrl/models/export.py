@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Optional
 
 import jax
@@ -26,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.models.config import ModelConfig
+from jetrl.models.folder_paths import current_umask, staged_folder
 from jetrl.models.hf_io import resolve_path, save_pretrained
 from jetrl.models.params import check_params
 from jetrl.models.hf_tokenizer import load_tokenizer
@@ -79,14 +78,10 @@ def export_hf(
     raise ValueError(
       f"export: {out} exists and is not empty; choose another folder or pass overwrite=True"
     )
-  parent = os.path.dirname(out)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o777 & ~umask)
-  try:
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  with staged_folder(out) as tmp:
     save_pretrained(params, config, tmp, tokenizer_from=tokenizer_from)
+    umask = current_umask()
     for name in os.listdir(tmp):  # safetensors writes its file owner-only (0600)
       os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
     gen_path = os.path.join(tmp, "generation_config.json")
@@ -98,14 +93,4 @@ def export_hf(
         gen["pad_token_id"] = tok.pad_token_id
       with open(gen_path, "w", encoding="utf-8") as f:
         json.dump(gen, f, indent=2)
-    old = None
-    if os.path.exists(out):
-      old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.old-")
-      os.replace(out, os.path.join(old, "folder"))
-    os.replace(tmp, out)
-    if old is not None:
-      shutil.rmtree(old, ignore_errors=True)
-  finally:
-    if os.path.exists(tmp):
-      shutil.rmtree(tmp, ignore_errors=True)
   return out

