@@ -8,8 +8,8 @@ import pytest
 
 from jetrl.config import ConfigError, FlagError
 from jetrl.models import get_config
-from jetrl.train import SFTConfig, TrainConfig
-from jetrl.train import resume
+from jetrl.precision import get_recipe
+from jetrl.train import SFTConfig, TrainConfig, resume
 from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.resume import record_changes
 
@@ -125,7 +125,7 @@ def test_memory_floor_matches_hand_computed_bytes():
     seq_len=80,
     micro_rows=4,
     master_bytes=4,
-    compute_bytes=2,
+    recipe=get_recipe("jet"),  # bf16 between operators
     ref_params=True,
     chunk=256,
   )
@@ -134,7 +134,7 @@ def test_memory_floor_matches_hand_computed_bytes():
   assert parts["rollout logits"] == 16 * vocab * 4
   # A batch-invariant recipe's cache adds each value row's int32 exponent: 4 bytes per slot,
   # layer and kv head.
-  exact = step_bytes(cfg, rows=16, seq_len=80, micro_rows=4, value_exponents=True)
+  exact = step_bytes(cfg, rows=16, seq_len=80, micro_rows=4, recipe=get_recipe("jet_exact"))
   assert (
     exact["rollout KV cache"] == parts["rollout KV cache"] + layers * 16 * 80 * cfg.n_kv_heads * 4
   )
@@ -143,6 +143,10 @@ def test_memory_floor_matches_hand_computed_bytes():
   )
   assert parts["update activations"] == 4 * 80 * layers * per_token * 2
   assert parts["update log-prob chunk"] == 4 * 80 * vocab * 4
+  # fp32 between operators: 4-byte cache values and activations.
+  fp32 = step_bytes(cfg, rows=16, seq_len=80, micro_rows=4, recipe=get_recipe("fp32"))
+  assert fp32["update activations"] == 4 * 80 * layers * per_token * 4
+  assert fp32["rollout KV cache"] == 2 * parts["rollout KV cache"]
   total = sum(parts.values())
   assert check_step_memory(parts, "--x", available=(total, "test")) == total
   with pytest.raises(
@@ -179,15 +183,14 @@ def test_evaluation_memory_matches_hand_computed_bytes():
     2 * layers * 1 * (16 + 40) * kv * 2
   )
   total = sum(parts.values())
-  args = (cfg, 32, 40, "--eval.batch / --eval.samples")
-  kw = dict(resident=1000, prompt_width=32)
-  assert check_eval_memory(*args, **kw, available=(total, "test")) == total
+  flags = "--eval.batch / --eval.samples"
+  assert check_eval_memory(parts, flags, available=(total, "test")) == total
   with pytest.raises(
     FlagError,
     match=r"^--eval.batch / --eval.samples: one evaluation call needs at least 0\.0 GiB "
     r"\(evaluation KV cache .*\), more than the 0\.0 GiB of test; lower them$",
   ):
-    check_eval_memory(*args, **kw, available=(total - 1, "test"))
+    check_eval_memory(parts, flags, available=(total - 1, "test"))
 
 
 def test_a_huge_batch_is_refused_before_anything_is_built(base):

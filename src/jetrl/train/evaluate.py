@@ -25,7 +25,7 @@ from jetrl.config import field, node
 from jetrl.train import pieces, evaluation, validation
 from jetrl.train.checkpoint import load_params_from
 from jetrl.train.config import RunConfig, recipe_field, seed_field
-from jetrl.train.memory import check_eval_memory
+from jetrl.train.memory import check_eval_memory, eval_bytes
 from jetrl.train.nodes import EvalConfig, ModelSpec, TaskConfig, given_task_config
 
 
@@ -76,14 +76,15 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     mcfg = pieces.model_config(cfg.model, tok, width + cfg.max_new_tokens)
     recipe = cfg.precision_recipe
     check_eval_memory(
-      mcfg,
-      cfg.eval.rows,
-      cfg.max_new_tokens,
+      eval_bytes(
+        mcfg,
+        rows=cfg.eval.rows,
+        max_new_tokens=cfg.max_new_tokens,
+        resident=mcfg.n_params * 4,
+        prompt_width=width,
+        recipe=recipe,
+      ),
       "--eval.batch / --eval.samples / --max_new_tokens",
-      resident=mcfg.n_params * 4,
-      prompt_width=width,
-      compute_bytes=recipe.compute_bytes,
-      value_exponents=recipe.rollout.batch_invariant,
     )
     params = pieces.make_params(cfg.model, mcfg, cfg.seed)
     if cfg.init_from:

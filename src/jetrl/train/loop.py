@@ -35,7 +35,7 @@ from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig
 from jetrl.train.hooks import Hook, LoopState, SamplesHook
-from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
+from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.plots import write_plots
 from jetrl.train.rl_step import RLStep, console_fields
 
@@ -59,31 +59,30 @@ def check_memory(cfg: TrainConfig, mcfg, width: int) -> None:
   u = cfg.update
   recipe = cfg.precision_recipe
   master_bytes = 2 if u.master_dtype == "bfloat16" else 4
-  compute_bytes = recipe.compute_bytes
-  value_exponents = recipe.rollout.batch_invariant
   parts = step_bytes(
     mcfg,
     rows=cfg.rows,
     seq_len=width + cfg.sampling.max_new_tokens,
     micro_rows=max(1, cfg.rows // (u.minibatches * u.micro_batches)),
     master_bytes=master_bytes,
-    compute_bytes=compute_bytes,
+    recipe=recipe,
     ref_params=u.kl_coef > 0,
-    value_exponents=value_exponents,
   )
   check_step_memory(
     parts,
     "--prompts_per_step / --sampling.n / --sampling.max_new_tokens",
     processes=jax.process_count(),
   )
+  resident = mcfg.n_params * (master_bytes * (2 if u.kl_coef > 0 else 1) + 8)
   check_eval_memory(
-    mcfg,
-    cfg.eval.rows,
-    cfg.sampling.max_new_tokens,
+    eval_bytes(
+      mcfg,
+      rows=cfg.eval.rows,
+      max_new_tokens=cfg.sampling.max_new_tokens,
+      resident=resident,
+      recipe=recipe,
+    ),
     "--eval.batch / --eval.samples / --sampling.max_new_tokens",
-    resident=mcfg.n_params * (master_bytes * (2 if u.kl_coef > 0 else 1) + 8),
-    compute_bytes=compute_bytes,
-    value_exponents=value_exponents,
   )
 
 

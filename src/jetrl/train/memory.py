@@ -15,14 +15,24 @@ a run's optimizer state) stay in memory while it runs. See docs/reliability.md.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import jax
 
 from jetrl.models.cache import cache_bytes
 from jetrl.models.config import ModelConfig
+from jetrl.precision import Recipe
 from jetrl.train.validation import FlagError
 
 GIB = 1024**3
+
+
+def _cache_kind(recipe: Optional[Recipe]) -> tuple[int, bool]:
+  """(bytes of a value between operators, whether the rollout's KV cache keeps value
+  exponents: a batch-invariant precision's) under `recipe` (None: bf16)."""
+  if recipe is None:
+    return 2, False
+  return recipe.compute_bytes, recipe.rollout.batch_invariant
 
 
 def step_bytes(
@@ -32,12 +42,13 @@ def step_bytes(
   seq_len: int,
   micro_rows: int,
   master_bytes: int = 4,
-  compute_bytes: int = 2,
+  recipe: Optional[Recipe] = None,
   ref_params: bool = False,
   chunk: int = 256,
-  value_exponents: bool = False,
 ) -> dict[str, int]:
-  """Bytes by part (see the module docstring); every part is needed at some point of a step."""
+  """Bytes by part (see the module docstring); every part is needed at some point of a step
+  under `recipe` (its compute dtype's size, and its rollout cache; None: bf16)."""
+  compute_bytes, value_exponents = _cache_kind(recipe)
   n = mcfg.n_params
   per_token = 2 * mcfg.d_model + 2 * mcfg.q_dim + 2 * mcfg.kv_dim + 3 * mcfg.d_ff
   return {
@@ -60,12 +71,12 @@ def eval_bytes(
   max_new_tokens: int,
   resident: int,
   prompt_width: int = MIN_PROMPT_WIDTH,
-  compute_bytes: int = 2,
-  value_exponents: bool = False,
+  recipe: Optional[Recipe] = None,
 ) -> dict[str, int]:
   """Bytes by part of one evaluation sampler call of `rows` rows (`EvalConfig.rows`) that
-  generates `max_new_tokens` after prompts `prompt_width` wide, while `resident` bytes (the
-  params, and a run's optimizer state) stay where they are."""
+  generates `max_new_tokens` after prompts `prompt_width` wide under `recipe`'s rollout,
+  while `resident` bytes (the params, and a run's optimizer state) stay where they are."""
+  compute_bytes, value_exponents = _cache_kind(recipe)
   seq_len = prompt_width + max_new_tokens
   return {
     "params and optimizer state": resident,
@@ -74,28 +85,8 @@ def eval_bytes(
   }
 
 
-def check_eval_memory(
-  mcfg: ModelConfig,
-  rows: int,
-  max_new_tokens: int,
-  flags: str,
-  *,
-  resident: int,
-  prompt_width: int = MIN_PROMPT_WIDTH,
-  compute_bytes: int = 2,
-  value_exponents: bool = False,
-  available: tuple[int, str] = None,
-) -> int:
-  """FlagError naming `flags` when one evaluation call (`eval_bytes`) cannot fit."""
-  parts = eval_bytes(
-    mcfg,
-    rows=rows,
-    max_new_tokens=max_new_tokens,
-    resident=resident,
-    prompt_width=prompt_width,
-    compute_bytes=compute_bytes,
-    value_exponents=value_exponents,
-  )
+def check_eval_memory(parts: dict[str, int], flags: str, *, available=None) -> int:
+  """FlagError naming `flags` when one evaluation call (its `eval_bytes` parts) cannot fit."""
   return check_step_memory(
     parts,
     flags,

@@ -34,7 +34,7 @@ from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer
 from jetrl.train.config import SFTConfig
 from jetrl.train.hooks import Hook, LoopState
-from jetrl.train.memory import check_eval_memory, check_step_memory, step_bytes
+from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.plots import write_sft_plots
 
 SKIP_HINT = "Check --optimizer.lr and the initial params (--model.name)."
@@ -161,19 +161,20 @@ def _pieces(cfg: SFTConfig, log, given, reward):
       rows=min(cfg.eval.size, 64),
       seq_len=width + cfg.max_new_tokens,
       micro_rows=cfg.batch_size,
-      compute_bytes=recipe.compute_bytes,
+      recipe=recipe,
     ),
     "--batch_size / --max_new_tokens",
     processes=jax.process_count(),
   )
   check_eval_memory(
-    mcfg,
-    cfg.eval.rows,
-    cfg.max_new_tokens,
+    eval_bytes(
+      mcfg,
+      rows=cfg.eval.rows,
+      max_new_tokens=cfg.max_new_tokens,
+      resident=mcfg.n_params * (4 + 8),
+      recipe=recipe,
+    ),
     "--eval.batch / --eval.samples / --max_new_tokens",
-    resident=mcfg.n_params * (4 + 8),
-    compute_bytes=recipe.compute_bytes,
-    value_exponents=recipe.rollout.batch_invariant,
   )
   layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--batch_size": cfg.batch_size}, log
