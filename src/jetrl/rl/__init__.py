@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 from jetrl.rl.batch import TrainBatch, make_train_batch, policy_logprobs  # noqa: E402
+from jetrl.rl.objective import LOSS_SPECS, LossSpec  # noqa: E402
 from jetrl.rl.optimizer import (  # noqa: E402
   SCHEDULES,
   OptimizerConfig,
@@ -59,6 +60,8 @@ __all__ += [
   "TrainBatch",
   "make_train_batch",
   "policy_logprobs",
+  "LOSS_SPECS",
+  "LossSpec",
   "SCHEDULES",
   "OptimizerConfig",
   "learning_rate_schedule",
