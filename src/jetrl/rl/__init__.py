@@ -14,6 +14,7 @@ from jetrl.rl.losses import (
   ppo_clip_loss,
   truncation_mask,
 )
+from jetrl.rl.ratio_losses import cispo_loss, gspo_loss
 
 __all__ = [
   "batch_normalize",
@@ -34,6 +35,8 @@ __all__ = [
   "overlong_penalty",
   "ppo_clip_loss",
   "truncation_mask",
+  "cispo_loss",
+  "gspo_loss",
 ]
 
 from jetrl.rl.batch import TrainBatch, make_train_batch, policy_logprobs  # noqa: E402

@@ -1,6 +1,7 @@
 """Policy losses over per-token arrays: PPO-clip (GRPO / DAPO / Dr.GRPO), KL, entropy.
 
-(The table naming every loss the update accepts is `jetrl.rl.objective.LOSS_SPECS`.)
+(GSPO and CISPO are in `jetrl.rl.ratio_losses`; the table naming every loss the update
+accepts is `jetrl.rl.objective.LOSS_SPECS`.)
 
 Conventions shared by every function here:
 
@@ -147,10 +148,38 @@ def policy_inputs(
   return m, new, old, adv, w
 
 
-def clipped_surrogate(ratio: chex.Array, adv: chex.Array, clip_low, clip_high) -> chex.Array:
-  """-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), elementwise."""
+def clipped_ratio_loss(
+  ratio: chex.Array,
+  adv: chex.Array,
+  m: chex.Array,
+  w: chex.Array | None,
+  *,
+  clip_low: float,
+  clip_high: float,
+  aggregation: str,
+  max_tokens: int | None,
+  dual_clip: float | None = None,
+) -> tuple[chex.Array, chex.Array, dict[str, chex.Array]]:
+  """PPO's clipped surrogate of a given [B, T] ratio (PPO's per token, GSPO's per sequence)
+  on the arrays of `policy_inputs`: `ppo_clip_loss`'s (num, den, metrics) after the ratio."""
   clipped = jnp.clip(ratio, _F32(1.0 - clip_low), _F32(1.0 + clip_high))
-  return jnp.maximum(-ratio * adv, -clipped * adv)
+  per_token = jnp.maximum(-ratio * adv, -clipped * adv)
+  if dual_clip is not None:
+    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -_F32(dual_clip) * adv), per_token)
+  if w is not None:
+    per_token = per_token * w
+  num, den = aggregate(per_token, m, aggregation, max_tokens=max_tokens)
+
+  r = jax.lax.stop_gradient(ratio)
+  low = (adv < 0) & (r < 1.0 - clip_low)
+  high = (adv > 0) & (r > 1.0 + clip_high)
+  if dual_clip is not None:
+    dual = (adv < 0) & (r > dual_clip)
+  else:
+    dual = jnp.zeros_like(m)
+  metrics = ratio_metrics(r, low, high, m)
+  metrics["dual_clip_frac"] = masked_mean(dual, m)
+  return num, den, metrics
 
 
 def ratio_metrics(ratio, low, high, mask) -> dict[str, chex.Array]:
@@ -216,25 +245,17 @@ def ppo_clip_loss(
   if dual_clip is not None and not dual_clip > 1:
     raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip!r}")
   m, new, old, adv, w = policy_inputs(logp, old_logp, advantages, mask, is_weights)
-
-  ratio = jnp.exp(new - old)
-  per_token = clipped_surrogate(ratio, adv, clip_low, clip_high)
-  if dual_clip is not None:
-    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -_F32(dual_clip) * adv), per_token)
-  if w is not None:
-    per_token = per_token * w
-  num, den = aggregate(per_token, m, aggregation, max_tokens=max_tokens)
-
-  r = jax.lax.stop_gradient(ratio)
-  low = (adv < 0) & (r < 1.0 - clip_low)
-  high = (adv > 0) & (r > 1.0 + clip_high)
-  if dual_clip is not None:
-    dual = (adv < 0) & (r > dual_clip)
-  else:
-    dual = jnp.zeros_like(m)
-  metrics = ratio_metrics(r, low, high, m)
-  metrics["dual_clip_frac"] = masked_mean(dual, m)
-  return num, den, metrics
+  return clipped_ratio_loss(
+    jnp.exp(new - old),
+    adv,
+    m,
+    w,
+    clip_low=clip_low,
+    clip_high=clip_high,
+    aggregation=aggregation,
+    max_tokens=max_tokens,
+    dual_clip=dual_clip,
+  )
 
 
 def kl_penalty(

@@ -21,6 +21,7 @@ import chex
 
 from jetrl.config import ConfigError
 from jetrl.rl.losses import aggregate, kl_penalty, ppo_clip_loss
+from jetrl.rl.ratio_losses import CISPO_CLIP, GSPO_CLIP, cispo_loss, gspo_loss
 
 # The metrics of a policy loss that the update sums over micro-batches weighted by tokens.
 TOKEN_METRICS = ("clip_frac_low", "clip_frac_high", "ratio_mean")
@@ -37,8 +38,8 @@ class LossSpec:
   clip_low, clip_high: the default clip range [1 - clip_low, 1 + clip_high].
   aggregation: the default token aggregation (`jetrl.rl.losses.AGGREGATIONS`).
   normalize_std: group advantages divided by the group std (`jetrl.rl.group_advantages`).
-  detached_ratio: the clipped ratio is a constant weight, so clip_low may be 1 (no lower
-    bound); otherwise the gradient flows through it and clip_low must be < 1.
+  detached_ratio: the clipped ratio is a constant weight (CISPO), so clip_low may be 1 (no
+    lower bound); otherwise the gradient flows through it and clip_low must be < 1.
   summary: the defaults in words, for the `update.loss` help.
   """
 
@@ -63,6 +64,22 @@ LOSS_SPECS: Mapping[str, LossSpec] = {
   "dapo": LossSpec(ppo_clip_loss, 0.2, 0.28, "token", True, "clip-high 0.28, token mean"),
   "dr_grpo": LossSpec(
     ppo_clip_loss, 0.2, 0.2, "constant", False, "constant normaliser, no std scaling"
+  ),
+  "gspo": LossSpec(
+    gspo_loss,
+    *GSPO_CLIP,
+    "seq_mean_token_mean",
+    True,
+    "sequence-level ratio clipped to [1 - 3e-4, 1 + 4e-4], mean over sequences",
+  ),
+  "cispo": LossSpec(
+    cispo_loss,
+    *CISPO_CLIP,
+    "token",
+    True,
+    "clipped detached IS weight on every token's log-prob, clip-high 0.28, no lower clip, "
+    "token mean",
+    detached_ratio=True,
   ),
 }
 LOSSES = tuple(LOSS_SPECS)
@@ -96,7 +113,7 @@ class LossFields:
     return self.loss_spec.normalize_std
 
   def check_loss(self) -> None:
-    """clip_low < 1 where the clipped ratio carries the gradient."""
+    """clip_low < 1 where the clipped ratio carries the gradient (all losses but cispo)."""
     if self.resolved_clip_low == 1.0 and not self.loss_spec.detached_ratio:
       raise ConfigError(
         "clip_low",

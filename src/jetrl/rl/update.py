@@ -16,7 +16,8 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
      with w_t a constant (stop-gradient): the rollout/training mismatch is corrected once, by
      w, and the policy change once, by r. old_logp="rollout" takes pi_rollout as the old
      policy (r_t = pi_theta / pi_rollout, which already holds the mismatch), so it admits no
-     IS correction: the pair is a ConfigError;
+     IS correction: the pair is a ConfigError. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
+     the same r and w, GSPO as a sequence ratio, CISPO as a clipped detached weight;
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches (`epoch`), each split into
      `micro_batches` for gradient accumulation (`accumulate`); every (micro-)loss returns
      (numerator, denominator) and the denominators are fixed per minibatch, so accumulation is
@@ -78,7 +79,7 @@ class UpdateConfig(LossFields):
   loss: str = field("grpo", LOSS_HELP, choices=LOSSES)
   clip_low: Optional[float] = field(
     None,
-    "Lower clip range of the ratio (none: the loss's default; < 1).",
+    "Lower clip range of the ratio (none: the loss's default; < 1 but for cispo).",
     lo=0.0,
     hi=1.0,
   )
