@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetrl.rl import losses
+from loss_refs import hand_batch, np_aggregate, policy_value_and_grad
 
 AGGS = losses.AGGREGATIONS
 
@@ -18,41 +19,9 @@ AGGS = losses.AGGREGATIONS
 # ---------------------------------------------------------------- jitted entry points (once)
 
 
-@functools.partial(
-  jax.jit, static_argnames=("clip_low", "clip_high", "aggregation", "max_tokens", "dual_clip")
-)
-def ppo_value_and_grad(
-  logp,
-  old_logp,
-  adv,
-  mask,
-  is_weights=None,
-  *,
-  clip_low=0.2,
-  clip_high=0.2,
-  aggregation="token",
-  max_tokens=None,
-  dual_clip=None,
-):
-  """(loss, num, den, metrics), d loss / d logp."""
-
-  def f(lp):
-    num, den, metrics = losses.ppo_clip_loss(
-      lp,
-      old_logp,
-      adv,
-      mask,
-      clip_low=clip_low,
-      clip_high=clip_high,
-      aggregation=aggregation,
-      max_tokens=max_tokens,
-      is_weights=is_weights,
-      dual_clip=dual_clip,
-    )
-    return losses.finalize_loss(num, den), (num, den, metrics)
-
-  (loss, (num, den, metrics)), g = jax.value_and_grad(f, has_aux=True)(logp)
-  return loss, num, den, metrics, g
+def ppo_value_and_grad(logp, old_logp, adv, mask, is_weights=None, **kw):
+  """(loss, num, den, metrics), d loss / d logp of `ppo_clip_loss`."""
+  return policy_value_and_grad(losses.ppo_clip_loss, logp, old_logp, adv, mask, is_weights, **kw)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "clamp"))
@@ -68,20 +37,6 @@ aggregate = jax.jit(losses.aggregate, static_argnames=("aggregation", "max_token
 
 
 # ---------------------------------------------------------------- numpy float64 references
-
-
-def np_aggregate(per_token, mask, aggregation, max_tokens=None):
-  """(num, den, d num / d per_token) in float64."""
-  m = mask.astype(np.float64)
-  x = np.where(mask, per_token, 0.0)
-  if aggregation == "token":
-    return x.sum(), m.sum(), m
-  if aggregation == "seq_mean_token_mean":
-    n = m.sum(axis=1)
-    safe = np.maximum(n, 1.0)
-    return (x.sum(axis=1) / safe).sum(), float((n > 0).sum()), m / safe[:, None]
-  b, t = per_token.shape
-  return x.sum(), float(b * (t if max_tokens is None else max_tokens)), m
 
 
 def np_ppo(
@@ -121,38 +76,6 @@ def np_ppo(
   num, den, dnum = np_aggregate(loss_t, mask, aggregation, max_tokens)
   safe_den = den if den > 0 else 1.0
   return num / safe_den, num, den, np.where(mask, dnum * grad_t / safe_den, 0.0)
-
-
-def hand_batch():
-  """B=4, T=5: a normal row, an all-masked row, a single-token row, extreme gaps (+-50)."""
-  logp = np.array(
-    [
-      [-1.0, -0.5, -2.0, -0.1, -3.0],
-      [-1.0, -1.0, -1.0, -1.0, -1.0],  # all masked
-      [-0.7, 9.0, 9.0, 9.0, 9.0],  # single token
-      [-50.0, 0.0, -60.0, -5.0, -1.0],  # extreme gaps
-    ],
-    np.float32,
-  )
-  old = np.array(
-    [
-      [-1.3, -0.3, -1.5, -0.1, -2.0],
-      [-2.0, -2.0, -2.0, -2.0, -2.0],
-      [-0.2, 0.0, 0.0, 0.0, 0.0],
-      [0.0, -50.0, -10.0, -5.2, -0.9],
-    ],
-    np.float32,
-  )
-  mask = np.array(
-    [
-      [1, 1, 1, 1, 0],
-      [0, 0, 0, 0, 0],
-      [1, 0, 0, 0, 0],
-      [1, 1, 1, 1, 1],
-    ],
-    bool,
-  )
-  return logp, old, mask
 
 
 # ---------------------------------------------------------------- PPO clip loss

@@ -1,5 +1,6 @@
 """The jitted update step: exact first-minibatch ratio, learning direction, NaN skipping, and
-the loss's gradient against a float64 numpy derivation of the PPO ratio and IS weights."""
+the loss's gradient against a float64 numpy derivation of the ratio (PPO's, GSPO's sequence
+ratio, CISPO's clipped weight) and the IS weights."""
 
 import jax
 import jax.numpy as jnp
@@ -72,12 +73,15 @@ def test_ratio_is_one_at_first_minibatch_and_loss_matches_numpy(setup):
 
 
 def np_policy_gradient(
-  lp_new, lp_old_pre, lp_rollout, adv, mask, *, old_logp, is_method, cap, clip_low, clip_high
+  lp_new, lp_old_pre, lp_rollout, adv, mask, *, loss, old_logp, is_method, cap, clip_low, clip_high
 ):
   """d loss / d log pi_theta per token, in float64, from the definitions:
   r = pi_theta / pi_old (pi_old: the pre-update forward, or the rollout with old_logp="rollout"),
   w = min(pi_old / pi_rollout, C) (tis) or 1[1/C <= pi_old / pi_rollout <= C] (mis), a constant;
-  l = -w min(r A, clip(r) A), averaged over each row's tokens, then over rows (GRPO)."""
+  grpo:  l = -w min(r A, clip(r) A), averaged over each row's tokens, then over rows;
+  gspo:  the same with r replaced by the row's s = exp(mean of its tokens' log r), so that
+         d l / d log pi_t = -w s A / n where the clip on s does not bind;
+  cispo: l = -w sg(clip(r)) A log pi, a token mean: d l / d log pi_t = -w clip(r) A / N."""
   lp_new, lp_old_pre, lp_rollout = (
     np.asarray(a, np.float64) for a in (lp_new, lp_old_pre, lp_rollout)
   )
@@ -90,11 +94,16 @@ def np_policy_gradient(
     "tis": np.minimum(rho, cap),
     "mis": ((rho >= 1 / cap) & (rho <= cap)).astype(np.float64),
   }[is_method]
+  m = np.asarray(mask, np.float64)
+  n = m.sum(1)
+  if loss == "cispo":
+    binds = (r > 1 + clip_high) | (r < 1 - clip_low)  # the weight is clipped, the token kept
+    return -m * w * np.clip(r, 1 - clip_low, 1 + clip_high) * a / m.sum(), binds[m > 0].mean(), w
+  if loss == "gspo":
+    r = np.exp(((np.log(r)) * m).sum(1, keepdims=True) / np.maximum(n, 1)[:, None]) * m
   # The unclipped term r A is the minimum (and carries the gradient r A) unless the clip binds.
   binds = ((a > 0) & (r > 1 + clip_high)) | ((a < 0) & (r < 1 - clip_low))
   dl = np.where(binds, 0.0, -w * r * a)
-  m = np.asarray(mask, np.float64)
-  n = m.sum(1)
   rows = (n > 0).sum()
   return m * dl / np.maximum(n, 1)[:, None] / rows, binds[m > 0].mean(), w
 
@@ -103,7 +112,9 @@ def test_loss_gradient_matches_hand_derivation(setup):
   """The update's gradient with respect to the params is J^T g, with J the Jacobian of the
   training log-probs and g the per-token gradient derived in numpy: the PPO ratio uses the
   pre-update forward (not the rollout) as the old policy, and TIS / MIS weight it by
-  min(pi_old / pi_rollout, C) once; with old_logp="rollout" the ratio is pi_theta / pi_rollout."""
+  min(pi_old / pi_rollout, C) once; with old_logp="rollout" the ratio is pi_theta / pi_rollout.
+  GSPO and CISPO take the same ratio and weights (GSPO with clip 0.04 here: its sequence
+  ratios lie in [0.92, 1.06], so that some clip, and at its own 3e-4 / 4e-4 all would)."""
   cfg, params, batch = setup
   prec = get_recipe("fp32").train
   lp = lambda p: policy_logprobs(p, cfg, batch, prec)[0]
@@ -121,8 +132,13 @@ def test_loss_gradient_matches_hand_derivation(setup):
   lp_new, vjp = jax.vjp(lp, moved)
   mask = np.asarray(batch.mask).astype(bool)
   flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
-  for old_logp, is_method in (("recompute", "tis"), ("recompute", "mis"), ("rollout", "none")):
-    ucfg = UpdateConfig(loss="grpo", old_logp=old_logp, is_method=is_method, is_cap=1.5)
+  cases = [("grpo", "recompute", "tis"), ("grpo", "recompute", "mis"), ("grpo", "rollout", "none")]
+  cases += [("gspo", "recompute", "tis"), ("cispo", "recompute", "mis")]
+  for loss, old_logp, is_method in cases:
+    clips = {"grpo": (0.2, 0.2), "gspo": (0.04, 0.04), "cispo": (1.0, 0.28)}[loss]
+    kw = dict(loss=loss, old_logp=old_logp, is_method=is_method)
+    kw.update(clip_low=clips[0], clip_high=clips[1])
+    ucfg = UpdateConfig(is_cap=1.5, **kw)
     spec = StepSpec(
       model_config=cfg,
       cfg=ucfg,
@@ -145,14 +161,11 @@ def test_loss_gradient_matches_hand_derivation(setup):
       pre - shift,
       batch.advantages,
       batch.mask,
-      old_logp=old_logp,
-      is_method=is_method,
       cap=1.5,
-      clip_low=0.2,
-      clip_high=0.2,
+      **kw,
     )
     np.testing.assert_allclose(np.asarray(extra["is_w"])[mask], w[mask], rtol=1e-6)
-    assert 0 < clip_frac < 0.9, clip_frac  # both branches of the clipped objective are exercised
+    assert 0 < clip_frac < 0.9, (loss, old_logp, clip_frac)  # both branches are exercised
     if is_method == "tis":
       assert 0 < (w[mask] == 1.5).mean() < 1
     if is_method == "mis":
@@ -162,8 +175,26 @@ def test_loss_gradient_matches_hand_derivation(setup):
     scale = np.abs(want).max()
     assert scale > 0
     np.testing.assert_allclose(
-      got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{old_logp}, {is_method}"
+      got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{loss}, {old_logp}, {is_method}"
     )
+
+
+@pytest.mark.parametrize("loss", ["gspo", "cispo"])
+def test_gspo_and_cispo_run_through_update_step(setup, loss):
+  """One update with the loss's own defaults; on-policy at the first minibatch every ratio is
+  1 and nothing clips, so GSPO's loss is GRPO's (-mean of the rows' advantages)."""
+  cfg, params, batch = setup
+  ucfg = UpdateConfig(loss=loss)
+  state = init_train_state(params, ucfg)
+  state, m = step(state, batch, jax.random.PRNGKey(0), ucfg, 1e-3, get_recipe("fp32").train, cfg)
+  assert int(state.step) == 1 and int(state.skipped) == 0
+  assert abs(float(m["ratio_mean"]) - 1.0) < 1e-6
+  assert float(m["clip_frac_low"]) == 0 and float(m["clip_frac_high"]) == 0
+  assert all(np.isfinite(np.asarray(v)).all() for v in m.values())
+  if loss == "gspo":
+    rows = np.asarray(batch.mask).sum(1) > 0
+    ref = -np.asarray(batch.advantages)[rows].mean()
+    assert abs(float(m["pg_loss"]) - ref) < 1e-5, (float(m["pg_loss"]), ref)
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "jet"])

@@ -29,17 +29,22 @@ _AFTER_HASH = re.compile(r"[^\n0-9+\-*/^=\\×÷]*(?:\n|\Z)")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 
 
+def _last_match(pattern: re.Pattern, text) -> re.Match | None:
+  """The last match of `pattern` in `text`, or None (also when `text` is not a string)."""
+  last = None
+  if isinstance(text, str):
+    for last in pattern.finditer(text):
+      pass
+  return last
+
+
 def extract_boxed(text: str) -> str | None:
   """Contents of the last `\\boxed{...}` or `\\fbox{...}` (braces balanced), else None.
 
   `\\boxed 5` (a space and no braces) gives the next token. Escaped braces `\\{`, `\\}` do not
   count towards the balance. An unbalanced last box (a cut-off completion) gives None.
   """
-  if not isinstance(text, str):
-    return None
-  last = None
-  for last in _BOX.finditer(text):
-    pass
+  last = _last_match(_BOX, text)
   if last is None:
     return None
   i = last.end()
@@ -93,21 +98,13 @@ def canonical_number(text: str) -> str | None:
 
 def last_number(text: str) -> str | None:
   """The last number in `text`, canonical, or None."""
-  if not isinstance(text, str):
-    return None
-  found = None
-  for found in NUMBER.finditer(text):
-    pass
+  found = _last_match(NUMBER, text)
   return None if found is None else canonical_number(found.group())
 
 
 def hash_number(text: str) -> str | None:
   """The number right after the last `####` (GSM8K's answer marker), canonical, or None."""
-  if not isinstance(text, str):
-    return None
-  last = None
-  for last in _HASH.finditer(text):
-    pass
+  last = _last_match(_HASH, text)
   if last is None:
     return None
   m = NUMBER.match(text, last.end())

@@ -24,102 +24,22 @@ nesting than MAX_DEPTH, a power or factorial whose exact value would be huge) is
 `Unsupported`, which the caller scores as "not shown equal". The size guards refuse a value
 before sympy computes it, so `10^{10^{10}}` costs microseconds instead of the worker's memory.
 
-It imports only the standard library and sympy (lazily), so the sympy worker process can load
-it by file path without importing jetrl. See docs/reliability.md.
+The tokenizer and the lexicon are in `latex_tokens.py`, imported relatively: this module
+imports only the standard library, that sibling and sympy (lazily), so the sympy worker process
+loads the pair by file path without importing jetrl (`jetrl.data.sympy_worker.load_grammar`).
+See docs/reliability.md.
 """
 
 import math
 import re
 
-MAX_CHARS = 400  # longer answers are not parsed
+from .latex_tokens import FRACS, FUNCTIONS, GREEK, PLAIN_NAMES, TIMES, Unsupported, tokenize
+
 MAX_DEPTH = 48  # nesting of groups, parentheses and operands
-MAX_DIGITS = 200  # digits in one number literal
 MAX_BITS = 100_000  # largest exact power / binomial result, in bits (~30,000 digits)
 MAX_EXPONENT = 10_000  # largest integer exponent of an irrational numeric base
 MAX_FACTORIAL = 2_000  # largest n for which n! is computed exactly
 MAX_ITEMS = 32  # items of a comma tuple
-
-FUNCTIONS = {
-  "sin": "sin",
-  "cos": "cos",
-  "tan": "tan",
-  "cot": "cot",
-  "sec": "sec",
-  "csc": "csc",
-  "arcsin": "asin",
-  "arccos": "acos",
-  "arctan": "atan",
-  "sinh": "sinh",
-  "cosh": "cosh",
-  "tanh": "tanh",
-  "log": "log",
-  "ln": "log",
-  "exp": "exp",
-}
-PLAIN_NAMES = ("sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi")  # without a backslash
-GREEK = frozenset(
-  """
-alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi
-rho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi
-Omega""".split()
-)
-TIMES = frozenset(("cdot", "times", "ast"))
-IGNORED = frozenset(
-  (
-    "displaystyle",
-    "textstyle",
-    "left",
-    "right",
-    "mathrm",
-    "mathbf",
-    "mathit",
-    "rm",
-    "quad",
-    "qquad",
-    ",",
-    ";",
-    ":",
-    "!",
-    " ",
-    "%",
-  )
-)
-FRACS = frozenset(("frac", "dfrac", "tfrac"))
-
-_TOKEN = re.compile(
-  r"(?P<space>\s+)"
-  r"|(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
-  r"|(?P<letter>[A-Za-z])"
-  r"|\\(?P<cmd>[A-Za-z]+|[,;:! %{}|])"
-  r"|(?P<op>[-+*/^_()\[\]{}!,=%])"
-)
-
-
-class Unsupported(ValueError):
-  """The answer is outside the grammar (or its value would be too large to compute)."""
-
-
-def tokenize(s: str) -> list:
-  """[(kind, text)] with kind in num, letter, cmd, op; raises Unsupported on anything else."""
-  if not isinstance(s, str):
-    raise Unsupported("not a string")
-  if len(s) > MAX_CHARS:
-    raise Unsupported("too long")
-  out = []
-  pos = 0
-  while pos < len(s):
-    m = _TOKEN.match(s, pos)
-    if m is None:
-      raise Unsupported(f"character {s[pos]!r}")
-    pos = m.end()
-    kind = m.lastgroup
-    text = m.group(kind)
-    if kind == "space" or (kind == "cmd" and text in IGNORED) or (kind == "op" and text == "%"):
-      continue
-    if kind == "num" and len(text.replace(".", "")) > MAX_DIGITS:
-      raise Unsupported("number too long")
-    out.append((kind, text))
-  return out
 
 
 class _Parser:

@@ -8,9 +8,9 @@ working directory `/`) and talks to it over pipes, one JSON object per line:
   reply    {"id": 7, "eq": true}
 
 The answers are model output, so they are data, never code: `latex_grammar.py` (beside this
-file, loaded by path) builds sympy values from tokens, and nothing here passes a string to
-anything that parses it. As a second line of defence the process confines itself before it
-reads the first request:
+file, loaded by path with its tokenizer `latex_tokens.py`) builds sympy values from tokens,
+and nothing here passes a string to anything that parses it. As a second line of defence the
+process confines itself before it reads the first request:
 
   - resource limits: address space (MEMORY_LIMIT), CPU time (REQUEST_CPU_SECONDS per request,
     WORKER_CPU_SECONDS over the process's life; past either the kernel ends it), no core
@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import sys
+import types
 
 MEMORY_LIMIT = 4 << 30  # bytes of address space
 REQUEST_CPU_SECONDS = 30  # CPU seconds one request may use (the parent's limit is lower)
@@ -38,7 +39,8 @@ WORKER_CPU_SECONDS = 3600  # CPU seconds over the worker's life; the parent rest
 MAX_OPEN_FILES = 16
 UNPRIVILEGED_USER = "nobody"
 UNPRIVILEGED_ID = 65534
-GRAMMAR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latex_grammar.py")
+GRAMMAR_DIR = os.path.dirname(os.path.abspath(__file__))
+GRAMMAR_PACKAGE = "jetrl_latex"  # the grammar's package in this process: GRAMMAR_DIR alone
 # Comparisons run once before the privileges drop, so that every sympy module they need is
 # imported while the files are still readable.
 WARM_UP = (
@@ -52,8 +54,15 @@ WARM_UP = (
 
 
 def load_grammar():
-  """The grammar module, loaded from its file (this process does not import jetrl)."""
-  spec = importlib.util.spec_from_file_location("jetrl_latex_grammar", GRAMMAR_PATH)
+  """The grammar module, loaded from its file (this process does not import jetrl), with the
+  sibling it imports (latex_tokens.py) through a package of their folder that runs no
+  `__init__`."""
+  package = types.ModuleType(GRAMMAR_PACKAGE)
+  package.__path__ = [GRAMMAR_DIR]
+  sys.modules[GRAMMAR_PACKAGE] = package
+  spec = importlib.util.spec_from_file_location(
+    f"{GRAMMAR_PACKAGE}.latex_grammar", os.path.join(GRAMMAR_DIR, "latex_grammar.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -14,6 +14,7 @@ from jetrl.rl.losses import (
   ppo_clip_loss,
   truncation_mask,
 )
+from jetrl.rl.ratio_losses import cispo_loss, gspo_loss
 
 __all__ = [
   "batch_normalize",
@@ -34,9 +35,12 @@ __all__ = [
   "overlong_penalty",
   "ppo_clip_loss",
   "truncation_mask",
+  "cispo_loss",
+  "gspo_loss",
 ]
 
 from jetrl.rl.batch import TrainBatch, make_train_batch, policy_logprobs  # noqa: E402
+from jetrl.rl.objective import LOSS_SPECS, LossSpec  # noqa: E402
 from jetrl.rl.optimizer import (  # noqa: E402
   SCHEDULES,
   OptimizerConfig,
@@ -59,6 +63,8 @@ __all__ += [
   "TrainBatch",
   "make_train_batch",
   "policy_logprobs",
+  "LOSS_SPECS",
+  "LossSpec",
   "SCHEDULES",
   "OptimizerConfig",
   "learning_rate_schedule",

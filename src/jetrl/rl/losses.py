@@ -1,5 +1,8 @@
 """Policy losses over per-token arrays: PPO-clip (GRPO / DAPO / Dr.GRPO), KL, entropy.
 
+(GSPO and CISPO are in `jetrl.rl.ratio_losses`; the table naming every loss the update
+accepts is `jetrl.rl.objective.LOSS_SPECS`.)
+
 Conventions shared by every function here:
 
 * Per-token arrays are [B, T] (B completions, T completion positions) and come with a
@@ -98,6 +101,98 @@ def finalize_loss(num: chex.Array, den: chex.Array) -> chex.Array:
   return num / jnp.where(den > 0, den, _F32(1.0))
 
 
+def check_clip_range(
+  clip_low: float, clip_high: float, aggregation: str, *, low_may_be_one: bool = False
+) -> None:
+  """A policy loss's static arguments: clip_low, clip_high >= 0; clip_low < 1 (<= 1 with
+  `low_may_be_one`: a lower bound of 0 on a ratio that carries no gradient); a known
+  aggregation."""
+  _check_aggregation(aggregation)
+  for name, v in (("clip_low", clip_low), ("clip_high", clip_high)):
+    if isinstance(v, (int, float)) and not v >= 0:
+      raise ValueError(f"{name} must be >= 0, got {v!r}")
+  if isinstance(clip_low, (int, float)) and (
+    clip_low > 1 or (clip_low == 1 and not low_may_be_one)
+  ):
+    bound = "<= 1" if low_may_be_one else "< 1"
+    raise ValueError(
+      f"clip_low must be {bound} (the lower bound is 1 - clip_low), got {clip_low!r}"
+    )
+
+
+def policy_inputs(
+  logp: chex.Array,
+  old_logp: chex.Array,
+  advantages: chex.Array,
+  mask: chex.Array,
+  is_weights: chex.Array | None = None,
+) -> tuple[chex.Array, chex.Array, chex.Array, chex.Array, chex.Array | None]:
+  """A policy loss's arrays, checked: (bool mask, logp, old_logp, advantages broadcast to
+  [B, T], is_weights or None), float32 and 0 outside the mask; all but logp detached."""
+  _check_tokens(logp, old_logp, mask=mask)
+  chex.assert_rank(advantages, {1, 2})
+  chex.assert_type(advantages, float)
+  if jnp.ndim(advantages) == 1:
+    chex.assert_shape(advantages, (logp.shape[0],))
+    advantages = jnp.broadcast_to(jnp.asarray(advantages)[:, None], logp.shape)
+  else:
+    chex.assert_equal_shape([advantages, logp])
+  m = as_mask(mask)
+  new = masked(logp, m)
+  old = jax.lax.stop_gradient(masked(old_logp, m))
+  adv = jax.lax.stop_gradient(masked(advantages, m))
+  w = None
+  if is_weights is not None:
+    chex.assert_equal_shape([is_weights, logp])
+    w = jax.lax.stop_gradient(masked(is_weights, m))
+  return m, new, old, adv, w
+
+
+def clipped_ratio_loss(
+  ratio: chex.Array,
+  adv: chex.Array,
+  m: chex.Array,
+  w: chex.Array | None,
+  *,
+  clip_low: float,
+  clip_high: float,
+  aggregation: str,
+  max_tokens: int | None,
+  dual_clip: float | None = None,
+) -> tuple[chex.Array, chex.Array, dict[str, chex.Array]]:
+  """PPO's clipped surrogate of a given [B, T] ratio (PPO's per token, GSPO's per sequence)
+  on the arrays of `policy_inputs`: `ppo_clip_loss`'s (num, den, metrics) after the ratio."""
+  clipped = jnp.clip(ratio, _F32(1.0 - clip_low), _F32(1.0 + clip_high))
+  per_token = jnp.maximum(-ratio * adv, -clipped * adv)
+  if dual_clip is not None:
+    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -_F32(dual_clip) * adv), per_token)
+  if w is not None:
+    per_token = per_token * w
+  num, den = aggregate(per_token, m, aggregation, max_tokens=max_tokens)
+
+  r = jax.lax.stop_gradient(ratio)
+  low = (adv < 0) & (r < 1.0 - clip_low)
+  high = (adv > 0) & (r > 1.0 + clip_high)
+  if dual_clip is not None:
+    dual = (adv < 0) & (r > dual_clip)
+  else:
+    dual = jnp.zeros_like(m)
+  metrics = ratio_metrics(r, low, high, m)
+  metrics["dual_clip_frac"] = masked_mean(dual, m)
+  return num, den, metrics
+
+
+def ratio_metrics(ratio, low, high, mask) -> dict[str, chex.Array]:
+  """The metrics every policy loss returns (token means over the mask): the fractions of
+  tokens where the lower / upper clip binds, the mean ratio and the token count."""
+  return {
+    "clip_frac_low": masked_mean(low, mask),
+    "clip_frac_high": masked_mean(high, mask),
+    "ratio_mean": masked_mean(ratio, mask),
+    "n_tokens": jnp.sum(mask, dtype=_F32),
+  }
+
+
 def ppo_clip_loss(
   logp: chex.Array,
   old_logp: chex.Array,
@@ -146,53 +241,21 @@ def ppo_clip_loss(
       ratio_mean:     mean of r,
       n_tokens:       number of masked tokens.
   """
-  _check_tokens(logp, old_logp, mask=mask)
-  _check_aggregation(aggregation)
-  for name, v in (("clip_low", clip_low), ("clip_high", clip_high)):
-    if isinstance(v, (int, float)) and not v >= 0:
-      raise ValueError(f"{name} must be >= 0, got {v!r}")
-  if isinstance(clip_low, (int, float)) and clip_low >= 1:
-    raise ValueError(f"clip_low must be < 1 (the lower bound is 1 - clip_low), got {clip_low!r}")
+  check_clip_range(clip_low, clip_high, aggregation)
   if dual_clip is not None and not dual_clip > 1:
     raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip!r}")
-  chex.assert_rank(advantages, {1, 2})
-  chex.assert_type(advantages, float)
-  if jnp.ndim(advantages) == 1:
-    chex.assert_shape(advantages, (logp.shape[0],))
-    advantages = jnp.broadcast_to(jnp.asarray(advantages)[:, None], logp.shape)
-  else:
-    chex.assert_equal_shape([advantages, logp])
-
-  m = as_mask(mask)
-  new = masked(logp, m)
-  old = jax.lax.stop_gradient(masked(old_logp, m))
-  adv = jax.lax.stop_gradient(masked(advantages, m))
-
-  ratio = jnp.exp(new - old)
-  clipped = jnp.clip(ratio, _F32(1.0 - clip_low), _F32(1.0 + clip_high))
-  per_token = jnp.maximum(-ratio * adv, -clipped * adv)
-  if dual_clip is not None:
-    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -_F32(dual_clip) * adv), per_token)
-  if is_weights is not None:
-    chex.assert_equal_shape([is_weights, logp])
-    per_token = per_token * jax.lax.stop_gradient(masked(is_weights, m))
-  num, den = aggregate(per_token, m, aggregation, max_tokens=max_tokens)
-
-  r = jax.lax.stop_gradient(ratio)
-  low = (adv < 0) & (r < 1.0 - clip_low)
-  high = (adv > 0) & (r > 1.0 + clip_high)
-  if dual_clip is not None:
-    dual = (adv < 0) & (r > dual_clip)
-  else:
-    dual = jnp.zeros_like(m)
-  metrics = {
-    "clip_frac_low": masked_mean(low, m),
-    "clip_frac_high": masked_mean(high, m),
-    "dual_clip_frac": masked_mean(dual, m),
-    "ratio_mean": masked_mean(r, m),
-    "n_tokens": jnp.sum(m, dtype=_F32),
-  }
-  return num, den, metrics
+  m, new, old, adv, w = policy_inputs(logp, old_logp, advantages, mask, is_weights)
+  return clipped_ratio_loss(
+    jnp.exp(new - old),
+    adv,
+    m,
+    w,
+    clip_low=clip_low,
+    clip_high=clip_high,
+    aggregation=aggregation,
+    max_tokens=max_tokens,
+    dual_clip=dual_clip,
+  )
 
 
 def kl_penalty(

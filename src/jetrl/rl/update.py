@@ -4,7 +4,9 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
   1. a no-grad training forward over the whole batch gives the pre-update log-probs, log pi_old
      (`pre_update`): the rollout/training agreement metrics compare them with the rollout's,
      and they are the PPO ratio's "old" log-probs (old_logp="recompute", the default). The
-     per-token loss is then
+     loss is the entry `cfg.loss` of the table `jetrl.rl.objective.LOSS_SPECS`, its terms
+     (policy loss, entropy, KL) combined by `jetrl.rl.objective.total_loss`; for the PPO
+     losses (grpo, dapo, dr_grpo) the per-token policy loss is
 
        l_t = -w_t * min(r_t * A, clip(r_t, 1 - clip_low, 1 + clip_high) * A)
        r_t = pi_theta(y_t) / pi_old(y_t)                    (the PPO ratio; gradient through pi_theta)
@@ -14,7 +16,8 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
      with w_t a constant (stop-gradient): the rollout/training mismatch is corrected once, by
      w, and the policy change once, by r. old_logp="rollout" takes pi_rollout as the old
      policy (r_t = pi_theta / pi_rollout, which already holds the mismatch), so it admits no
-     IS correction: the pair is a ConfigError;
+     IS correction: the pair is a ConfigError. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
+     the same r and w, GSPO as a sequence ratio, CISPO as a clipped detached weight;
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches (`epoch`), each split into
      `micro_batches` for gradient accumulation (`accumulate`); every (micro-)loss returns
      (numerator, denominator) and the denominators are fixed per minibatch, so accumulation is
@@ -45,7 +48,17 @@ from jetrl.precision import Precision
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics
 from jetrl.rl.batch import TrainBatch, policy_logprobs
 from jetrl.rl.correction import IS_METHODS, importance_weights
-from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS, aggregate, kl_penalty, ppo_clip_loss
+from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS, aggregate
+from jetrl.rl.objective import (
+  LOSS_HELP,
+  LOSSES,
+  TOKEN_METRICS,
+  LossFields,
+  has_reference,
+  loss_terms,
+  term_keys,
+  total_loss,
+)
 from jetrl.rl.optimizer import (
   OptimizerConfig,
   SkipNonFiniteState,
@@ -54,33 +67,24 @@ from jetrl.rl.optimizer import (
 )
 from jetrl.rl.remat import REMAT_POLICIES, resolve_remat
 
-LOSSES = ("grpo", "dapo", "dr_grpo")
 OLD_LOGP_SOURCES = ("rollout", "recompute")
 MASTER_DTYPES = ("float32", "bfloat16")
 
-# Per-loss defaults: (clip_high, aggregation, normalize advantages by the group std).
-LOSS_DEFAULTS = {
-  "grpo": (0.2, "seq_mean_token_mean", True),
-  "dapo": (0.28, "token", True),
-  "dr_grpo": (0.2, "constant", False),
-}
-
 
 @dataclasses.dataclass(frozen=True)
-class UpdateConfig:
+class UpdateConfig(LossFields):
   """The policy-gradient update (static under jit): loss, correction, batching, rewards'
-  shaping. Fields left None take the loss's default."""
+  shaping. Fields left None take the loss's default (`LossFields`)."""
 
-  loss: str = field(
-    "grpo",
-    "Policy loss (its defaults: grpo clip 0.2, mean over tokens then "
-    "sequences; dapo clip-high 0.28, token mean; dr_grpo constant "
-    "normaliser, no std scaling).",
-    choices=LOSSES,
+  loss: str = field("grpo", LOSS_HELP, choices=LOSSES)
+  clip_low: Optional[float] = field(
+    None,
+    "Lower clip range of the ratio (none: the loss's default; < 1 but for cispo).",
+    lo=0.0,
+    hi=1.0,
   )
-  clip_low: float = field(0.2, "PPO lower clip range (< 1).", lo=0.0, hi=1.0)
   clip_high: Optional[float] = field(
-    None, "PPO upper clip range (none: the loss's default).", lo=0.0, hi=10.0
+    None, "Upper clip range of the ratio (none: the loss's default).", lo=0.0, hi=10.0
   )
   aggregation: Optional[str] = field(
     None, "How token losses are averaged (none: the loss's default).", choices=AGGREGATIONS
@@ -122,8 +126,7 @@ class UpdateConfig:
 
   def __post_init__(self):
     check_fields(self)
-    if self.clip_low == 1.0:
-      raise ConfigError("clip_low", "must be < 1 (a ratio clipped at 0 has no gradient), got 1.0")
+    self.check_loss()
     if self.old_logp == "rollout" and self.is_method != "none":
       raise ConfigError(
         "old_logp",
@@ -132,18 +135,6 @@ class UpdateConfig:
         "rollout/training mismatch, and the IS weight would apply it a second time; use "
         "old_logp='recompute' (the default) with the correction, or is_method='none'",
       )
-
-  @property
-  def resolved_clip_high(self) -> float:
-    return LOSS_DEFAULTS[self.loss][0] if self.clip_high is None else self.clip_high
-
-  @property
-  def resolved_aggregation(self) -> str:
-    return LOSS_DEFAULTS[self.loss][1] if self.aggregation is None else self.aggregation
-
-  @property
-  def normalize_std(self) -> bool:
-    return LOSS_DEFAULTS[self.loss][2]
 
   def optimizer_steps(self, steps: int) -> int:
     """Optimizer steps of a run of `steps` RL steps (what its schedule runs over)."""
@@ -232,12 +223,6 @@ def no_grad_logprobs(params, batch: TrainBatch, spec: StepSpec) -> jax.Array:
   return jax.lax.stop_gradient(lp.reshape(batch.targets.shape))
 
 
-def has_reference(cfg: UpdateConfig) -> bool:
-  """Whether the update has a reference policy: the KL penalty is on (kl_coef > 0). Without
-  one, no KL is computed and the metrics have no `kl`."""
-  return cfg.kl_coef > 0
-
-
 def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   """The pre-update training forward: (per-row extras for the loss, agreement metrics, IS
   metrics). The extras are the PPO ratio's old log-probs, the IS weights
@@ -263,41 +248,11 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
 
 def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec):
   """(loss, aux) of one micro-batch; `den` is its minibatch's fixed denominator."""
-  cfg = spec.cfg
   logp, ent = spec.logprobs(params, mb, remat=spec.remat)
-  num, _, pm = ppo_clip_loss(
-    logp,
-    extra["old_logp"],
-    mb.advantages,
-    mb.mask,
-    clip_low=cfg.clip_low,
-    clip_high=cfg.resolved_clip_high,
-    aggregation=cfg.resolved_aggregation,
-    max_tokens=spec.max_tokens,
-    is_weights=None if cfg.is_method == "none" else extra["is_w"],
-  )
-  ent_num, _ = spec.aggregate(ent, mb.mask)
-  loss = num - cfg.entropy_coef * ent_num
-  aux = dict(
-    pg=num / den,
-    entropy=ent_num / den,
-    clip_frac_low=pm["clip_frac_low"] * pm["n_tokens"],
-    clip_frac_high=pm["clip_frac_high"] * pm["n_tokens"],
-    ratio_mean=pm["ratio_mean"] * pm["n_tokens"],
-    n_tokens=pm["n_tokens"],
-  )
-  if has_reference(cfg):
-    kl_num, _ = spec.aggregate(
-      kl_penalty(logp, extra["ref_logp"], mb.mask, estimator=cfg.kl_estimator), mb.mask
-    )
-    loss = loss + cfg.kl_coef * kl_num
-    aux["kl"] = kl_num / den
-  return loss / den, aux
-
-
-def _aux_keys(cfg: UpdateConfig) -> tuple[str, ...]:
-  keys = ("pg", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean", "n_tokens")
-  return keys + (("kl",) if has_reference(cfg) else ())
+  nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
+  aux = {k: v / den for k, v in nums.items()}
+  aux.update({k: pm[k] * pm["n_tokens"] for k in TOKEN_METRICS}, n_tokens=pm["n_tokens"])
+  return total_loss(nums, spec.cfg) / den, aux
 
 
 def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
@@ -309,17 +264,14 @@ def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
 
   def add(carry, micro):
     g, aux = grad_fn(params, micro[0], micro[1], den, spec)
-    loss = aux["pg"] - cfg.entropy_coef * aux["entropy"]
-    if has_reference(cfg):
-      loss = loss + cfg.kl_coef * aux["kl"]
     return (
       jax.tree_util.tree_map(jnp.add, carry[0], g),
-      carry[1] + loss,
+      carry[1] + total_loss(aux, cfg),
       jax.tree_util.tree_map(jnp.add, carry[2], aux),
     ), None
 
   zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  aux0 = {k: jnp.float32(0.0) for k in _aux_keys(cfg)}
+  aux0 = {k: jnp.float32(0.0) for k in term_keys(cfg) + TOKEN_METRICS + ("n_tokens",)}
   (grads, loss, aux), _ = jax.lax.scan(
     add, (zeros, jnp.float32(0), aux0), _split((mb, extra), cfg.micro_batches)
   )
