@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 from jetrl.rl.batch import TrainBatch, make_train_batch, policy_logprobs  # noqa: E402
-from jetrl.rl.objective import LOSS_SPECS, LossSpec  # noqa: E402
+from jetrl.rl.objective import LOSS_SPECS, LOSSES, LossSpec  # noqa: E402
 from jetrl.rl.optimizer import (  # noqa: E402
   SCHEDULES,
   OptimizerConfig,
@@ -48,11 +48,9 @@ from jetrl.rl.optimizer import (  # noqa: E402
   make_optimizer,
   skip_non_finite,
 )
+from jetrl.rl.update_config import OLD_LOGP_SOURCES, UpdateConfig  # noqa: E402
 from jetrl.rl.update import (  # noqa: E402
-  LOSSES,
-  OLD_LOGP_SOURCES,
   TrainState,
-  UpdateConfig,
   check_batch_divisible,
   init_train_state,
   jit_update_step,

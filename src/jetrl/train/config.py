@@ -45,7 +45,7 @@ from jetrl.parallel.mesh import parse_mesh
 from jetrl.precision import RECIPES, Recipe, get_recipe
 from jetrl.precision.formats import FORMATS
 from jetrl.rl.optimizer import OptimizerConfig
-from jetrl.rl.update import UpdateConfig
+from jetrl.rl.update_config import UpdateConfig
 from jetrl.sampling import SamplingConfig
 from jetrl.train import validation
 from jetrl.train.nodes import (

@@ -1,0 +1,115 @@
+"""The update's configuration, `--update.*`: the loss (its defaults from the loss table,
+`jetrl.rl.objective`), the mismatch correction, batching and the rewards' shaping. Static
+under jit: a frozen dataclass that checks itself when built."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from jetrl.config import ConfigError, check_fields, field
+from jetrl.rl.correction import IS_METHODS
+from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS
+from jetrl.rl.objective import LOSS_HELP, LOSSES, LossFields
+from jetrl.rl.remat import REMAT_POLICIES
+
+OLD_LOGP_SOURCES = ("rollout", "recompute")
+MASTER_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig(LossFields):
+  """The policy-gradient update (static under jit): loss, correction, batching, rewards'
+  shaping. Fields left None take the loss's default (`LossFields`)."""
+
+  loss: str = field("grpo", LOSS_HELP, choices=LOSSES, former=("loss",))
+  clip_low: Optional[float] = field(
+    None,
+    "Lower clip range of the ratio (none: the loss's default; < 1 but for cispo).",
+    lo=0.0,
+    hi=1.0,
+    former=("clip_low",),
+  )
+  clip_high: Optional[float] = field(
+    None,
+    "Upper clip range of the ratio (none: the loss's default).",
+    lo=0.0,
+    hi=10.0,
+    former=("clip_high",),
+  )
+  aggregation: Optional[str] = field(
+    None, "How token losses are averaged (none: the loss's default).", choices=AGGREGATIONS
+  )
+  max_tokens: Optional[int] = field(
+    None, "Dr.GRPO's constant normaliser in tokens per row (none: the generation budget).", lo=1
+  )
+  kl_coef: float = field(
+    0.0,
+    "Coefficient of the KL penalty to the initial policy.",
+    lo=0.0,
+    hi=100.0,
+    former=("kl_coef",),
+  )
+  kl_estimator: str = field("k3", "KL estimator.", choices=KL_ESTIMATORS)
+  entropy_coef: float = field(
+    0.0, "Coefficient of the entropy bonus.", lo=0.0, hi=100.0, former=("entropy_coef",)
+  )
+  is_method: str = field(
+    "none",
+    "Rollout/training mismatch correction (importance sampling).",
+    choices=IS_METHODS,
+    former=("is_correction",),
+  )
+  is_cap: float = field(
+    2.0, "Cap C of the importance-sampling correction.", lo=1.0, hi=1e6, former=("is_cap",)
+  )
+  old_logp: str = field(
+    "recompute",
+    "Source of the PPO ratio's old log-probs: the pre-update training forward (recompute) or "
+    "the rollout's (rollout; no IS correction then).",
+    choices=OLD_LOGP_SOURCES,
+    former=("old_logp",),
+  )
+  ppo_epochs: int = field(1, "Passes over each rollout batch.", lo=1, former=("ppo_epochs",))
+  minibatches: int = field(1, "Optimizer steps per pass.", lo=1, former=("minibatches",))
+  micro_batches: int = field(
+    1, "Gradient-accumulation micro-batches per minibatch.", lo=1, former=("micro_batches",)
+  )
+  master_dtype: str = field(
+    "float32",
+    "Dtype of the trained (master) weights.",
+    choices=MASTER_DTYPES,
+    former=("master_dtype",),
+  )
+  chunk_size: int = field(256, "Vocabulary chunk of the log-prob computation.", lo=1)
+  remat: str = field(
+    "auto",
+    "Recompute each layer in the backward pass (auto: when the "
+    "activations would not fit comfortably).",
+    choices=REMAT_POLICIES,
+  )
+  dynamic_sampling: bool = field(
+    False, "Mask out groups whose rewards are all equal (DAPO).", former=("dynamic_sampling",)
+  )
+  overlong_buffer: int = field(
+    0, "DAPO soft overlong penalty buffer in tokens (0: off).", lo=0, former=("overlong_buffer",)
+  )
+  mask_truncated: bool = field(
+    False, "Drop completions that hit the length limit from the loss.", former=("mask_truncated",)
+  )
+
+  def __post_init__(self):
+    check_fields(self)
+    self.check_loss()
+    if self.old_logp == "rollout" and self.is_method != "none":
+      raise ConfigError(
+        "old_logp",
+        f"'rollout' cannot be combined with is_method={self.is_method!r}: with the rollout's "
+        "log-probs as the old policy the PPO ratio pi_theta/pi_rollout already carries the "
+        "rollout/training mismatch, and the IS weight would apply it a second time; use "
+        "old_logp='recompute' (the default) with the correction, or is_method='none'",
+      )
+
+  def optimizer_steps(self, steps: int) -> int:
+    """Optimizer steps of a run of `steps` RL steps (what its schedule runs over)."""
+    return steps * self.ppo_epochs * self.minibatches
