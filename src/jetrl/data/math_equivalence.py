@@ -30,15 +30,13 @@ import collections
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import warnings
 from fractions import Fraction
 
 from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
-from jetrl.data.pipes import kill_worker, read_line
+from jetrl.data.pipes import kill_worker, read_line, spawn_confined
 
 DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
 STARTUP_TIMEOUT = 60.0
@@ -230,15 +228,7 @@ class _Worker:
     if self.failed_starts >= 2:
       return False
     try:
-      self.proc = subprocess.Popen(
-        [sys.executable, "-I", "-B", WORKER_PATH],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        bufsize=0,
-        close_fds=True,
-        cwd="/",
-      )
+      self.proc = spawn_confined(WORKER_PATH)
       self.owner = os.getpid()
       self.buffer = b""
       line = self._read_line(STARTUP_TIMEOUT)

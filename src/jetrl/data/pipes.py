@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import time
 from typing import Optional
 
@@ -51,3 +53,19 @@ def kill_worker(proc, *, group: bool = False, wait_s: float = 10.0) -> None:
         pipe.close()
     except Exception:  # pylint: disable=broad-except
       pass
+
+
+def spawn_confined(script: str) -> subprocess.Popen:
+  """A worker running `script` in an isolated interpreter (`python -I -B`: no user site, no
+  PYTHON* variables, no bytecode written), talking JSON lines over its stdin and stdout, its
+  stderr discarded, no inherited descriptors, in `/`: what the parsing and template workers
+  run as before they confine themselves further."""
+  return subprocess.Popen(
+    [sys.executable, "-I", "-B", script],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    bufsize=0,
+    close_fds=True,
+    cwd="/",
+  )

@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import weakref
 from typing import Optional
 
-from jetrl.data.pipes import kill_worker, read_line
+from jetrl.data.pipes import kill_worker, read_line, spawn_confined
 from jetrl.models import template_worker
 
 WORKER_PATH = template_worker.__file__
@@ -52,15 +51,7 @@ class TemplateRenderer:
     self._finalizer = None
 
   def _start(self) -> None:
-    self.proc = subprocess.Popen(
-      [sys.executable, "-I", "-B", WORKER_PATH],
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.DEVNULL,
-      bufsize=0,
-      close_fds=True,
-      cwd="/",
-    )
+    self.proc = spawn_confined(WORKER_PATH)
     self.owner = os.getpid()
     self.buffer = b""
     self._finalizer = weakref.finalize(self, _kill, self.proc, self.owner)
