@@ -52,6 +52,12 @@ STOP_LENGTH = 1
 TEMPERATURE_RANGE = (0.01, 100.0)
 
 
+def temperature_field(default: float, help: str, **facts):
+  """A temperature field: 0 (greedy) or in TEMPERATURE_RANGE."""
+  lo, hi = TEMPERATURE_RANGE
+  return field(default, help, lo=lo, hi=hi, also=(0.0,), **facts)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How to sample. Static under jit (frozen, hashable). The run's `sampling` config: its
@@ -61,13 +67,10 @@ class SamplingConfig:
   max_new_tokens: int = field(
     128, "Generation budget: tokens per sample.", lo=1, former=("max_new_tokens",)
   )
-  temperature: float = field(
+  temperature: float = temperature_field(
     1.0,
     "Softmax temperature: 0 (greedy) or in [0.01, 100] (a smaller one overflows the logits' "
     "scale in bf16: NaN params or every update skipped, docs/reliability.md).",
-    lo=TEMPERATURE_RANGE[0],
-    hi=TEMPERATURE_RANGE[1],
-    also=(0.0,),
     former=("temperature",),
   )
   top_k: Optional[int] = field(

@@ -25,7 +25,7 @@ from jetrl.data import Task
 from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
 from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
 from jetrl.data.user_reward import check_spec_form
-from jetrl.sampling import TEMPERATURE_RANGE
+from jetrl.sampling.sampler import temperature_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,13 +202,10 @@ class EvalConfig:
     former=("eval_every",),
   )
   size: int = field(64, "Held-out problems per evaluation.", lo=1, former=("eval_size",))
-  temperature: float = field(
+  temperature: float = temperature_field(
     0.0,
     "0: greedy accuracy; > 0: the mean accuracy of `samples` completions per problem drawn at "
     "this temperature (from a fixed key, the same for every run).",
-    lo=TEMPERATURE_RANGE[0],
-    hi=TEMPERATURE_RANGE[1],
-    also=(0.0,),
   )
   samples: int = field(1, "Completions per problem when temperature > 0.", lo=1)
   batch: int = field(
