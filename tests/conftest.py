@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import contextlib
 import os
 import pathlib
 
@@ -175,3 +176,17 @@ def pytest_collection_modifyitems(config, items):
   rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
   where = lambda item: item.path.resolve().relative_to(ROOT).as_posix()
   items.sort(key=lambda item: rank.get(where(item), len(rank)))  # stable: other orders kept
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+  """torch's threads fight XLA's for 2 cores (a 32-token SmolLM2 reference: 2 s with one
+  thread, 15 s with two)."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  before = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    yield
+  finally:
+    torch.set_num_threads(before)

@@ -10,7 +10,6 @@ decoded by hand, and llama.cpp's q/k row permutation written out here.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import one_torch_thread
 
 from jetrl import models as M
 from jetrl.data.prompts import chat_prompt_ids, render_prompt, user_message
@@ -59,17 +59,6 @@ def model(folder):
 @pytest.fixture(scope="module")
 def tok(folder):
   return M.load_model_tokenizer(folder)
-
-
-@contextlib.contextmanager
-def one_torch_thread():
-  """torch's threads fight XLA's for 2 cores (32 tokens: 2 s with one thread, 15 s with two)."""
-  before = torch.get_num_threads()
-  torch.set_num_threads(1)
-  try:
-    yield
-  finally:
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

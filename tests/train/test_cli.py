@@ -94,6 +94,19 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
       "--sampling.top_k: must be a positive number of tokens, or none for no top-k",
     ),
     (["--sampling.top_k=-1"], "--sampling.top_k: must be a positive number of tokens"),
+    # the task node's own
+    (
+      ["--task.prompt_format=xml"],
+      "--task.prompt_format: 'xml' is not accepted; choose one of ['plain', 'chat']",
+    ),
+    (
+      ["--task.system_prompt=be brief"],
+      "--task.system_prompt: is part of a chat prompt; pass --task.prompt_format=chat",
+    ),
+    (["--task.reward=score"], "--task.reward: reward 'score': expected 'path/to/file.py:function'"),
+    (["--task.reward=r.py:not-a-name"], "--task.reward: reward 'r.py:not-a-name': expected"),
+    (["--task.reward_timeout=0"], "--task.reward_timeout: must be in (0, 86400], got 0.0"),
+    (["--task.name=chess"], "--task.name: 'chess' is not accepted; choose one of ['addition', "),
   ],
 )
 def test_bad_values_are_flag_errors(argv, message):
@@ -292,28 +305,19 @@ def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
   """The entry point itself: exit code 2 and one message, no traceback."""
   script = str(root / "experiments" / "train.py")
   env = dict(os.environ, JAX_PLATFORMS="cpu")  # a CPU is all it needs, on any machine
-  out = subprocess.run(
-    [sys.executable, script, f"--workdir={tmp_path}", "--recipe=fp8"],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env=env,
-  )
+
+  def train(*flags):
+    cmd = [sys.executable, script, *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+  out = train(f"--workdir={tmp_path}", "--recipe=fp8")
   assert out.returncode == 2
   assert "error: --recipe: 'fp8' is not accepted" in out.stderr, out.stderr[-2000:]
   assert "Traceback" not in out.stderr and not (tmp_path / "metrics.jsonl").exists()
-  out = subprocess.run(
-    [sys.executable, script, f"--workdir={tmp_path}", "--lr=1e-3"],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env=env,
-  )
+  out = train(f"--workdir={tmp_path}", "--lr=1e-3")
   assert out.returncode == 2
   assert "--lr is now --optimizer.lr" in out.stderr, out.stderr[-2000:]
-  out = subprocess.run(
-    [sys.executable, script, "--help"], capture_output=True, text=True, timeout=120, env=env
-  )
+  out = train("--help")
   assert out.returncode == 0 and "--optimizer.lr=0.0001" in out.stdout
   assert "Try --helpfull" not in out.stdout and "--sampling.*:" in out.stdout
 

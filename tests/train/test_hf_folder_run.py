@@ -12,14 +12,13 @@ model's negative log-likelihood of them)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import jax
 import numpy as np
 import pytest
 
-from conftest import quiet
+from conftest import quiet, one_torch_thread
 from jetrl.data import Problem, Task, get_task
 from jetrl.models import forward
 from jetrl.train import evaluation, rl_step, run, run_sft, sft
@@ -39,17 +38,6 @@ CHATML = (
 )
 SYSTEM = "Add the numbers."
 MAX_NEW = 24  # tiny_train_config's sampling.max_new_tokens
-
-
-@contextlib.contextmanager
-def one_torch_thread():
-  """torch's threads would fight XLA's for the cores."""
-  before = torch.get_num_threads()
-  torch.set_num_threads(1)
-  try:
-    yield
-  finally:
-    torch.set_num_threads(before)
 
 
 def write_tokenizer(path):
