@@ -66,13 +66,23 @@ def run_rollout(model: str, settings, interpret: bool, variants=(Variant("bf16")
   return rows
 
 
+def result_line(r: dict, head: str, width: int, body) -> str:
+  """A result's console line: `head`, then body(r) and its speed-up, or why it was skipped."""
+  if "skipped" in r:
+    return f"{head:<{width}} skipped: {r['skipped']}"
+  return f"{head:<{width}} {body(r)}{speedup_text(r)}"
+
+
 def rollout_line(r) -> str:
   head = f"{r.get('recipe', 'rollout'):<12} {r.get('batch', '')}x{r.get('prompt_len', '')}+{r.get('new_tokens', '')}"
-  if "skipped" in r:
-    return f"{head:<28} skipped: {r['skipped']}"
-  return (
-    f"{head:<28} {r['tokens_per_s']:9.0f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
-    f"compile {r['compile_s']:5.1f} s{speedup_text(r)}"
+  return result_line(
+    r,
+    head,
+    28,
+    lambda r: (
+      f"{r['tokens_per_s']:9.0f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
+      f"compile {r['compile_s']:5.1f} s"
+    ),
   )
 
 
@@ -150,12 +160,14 @@ def run_update(
 
 def update_line(r) -> str:
   head = f"{r.get('recipe', 'update'):<6} {r.get('rows', '')}x{r.get('seq', '')}"
-  if "skipped" in r:
-    return f"{head:<16} skipped: {r['skipped']}"
-  return (
-    f"{head:<16} {1e3 * r['seconds']:9.1f} ms/step ({r['tokens_per_s']:.0f} tok/s, "
-    f"MFU {100 * r['mfu_6nd']:.1f}%, peak {r.get('peak_gib', '?')} GiB, "
-    f"remat {r['remat']}){speedup_text(r)}"
+  return result_line(
+    r,
+    head,
+    16,
+    lambda r: (
+      f"{1e3 * r['seconds']:9.1f} ms/step ({r['tokens_per_s']:.0f} tok/s, "
+      f"MFU {100 * r['mfu_6nd']:.1f}%, peak {r.get('peak_gib', '?')} GiB, remat {r['remat']})"
+    ),
   )
 
 
@@ -217,11 +229,14 @@ def run_e2e(
 
 def e2e_line(r) -> str:
   head = f"{r.get('recipe', 'e2e'):<6} {r.get('prompts', '')}x{r.get('group', '')}"
-  if "skipped" in r:
-    return f"{head:<12} skipped: {r['skipped']}"
-  return (
-    f"{head:<12} {r['seconds']:7.2f} s/step = rollout {r['rollout_s']:.2f} + reward "
-    f"{r['reward_s']:.2f} + update {r['update_s']:.2f}{speedup_text(r)}"
+  return result_line(
+    r,
+    head,
+    12,
+    lambda r: (
+      f"{r['seconds']:7.2f} s/step = rollout {r['rollout_s']:.2f} + reward "
+      f"{r['reward_s']:.2f} + update {r['update_s']:.2f}"
+    ),
   )
 
 

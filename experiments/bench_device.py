@@ -166,6 +166,14 @@ def _variants(recipes_flag: str, fq_flag: str):
   return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag))
 
 
+def _update_shape():
+  return FLAGS.update_rows, FLAGS.update_prompt_len, FLAGS.update_completion_len
+
+
+def _e2e_shape():
+  return FLAGS.e2e_prompts, FLAGS.e2e_group, FLAGS.prompt_len, FLAGS.new_tokens
+
+
 def main(argv):
   del argv
   xla_info = setup_xla_flags()
@@ -261,54 +269,56 @@ def main(argv):
       prefill + decode, models, interpret, 1 if smoke else FLAGS.repeats, decode_ms=decode
     )
     save()
-  if "rollout" in sections and (fp8_ok or smoke):
-    print(f"\n(b) rollout: {FLAGS.model if not smoke else 'tiny'}")
-    rollout_settings = [(2, 16, 8)] if smoke else settings(FLAGS.rollout_settings)
-    rows = run_rollout(
-      "tiny" if smoke else FLAGS.model, rollout_settings, interpret, variants=rollout_variants
-    )
-    add_speedups(rows, "tokens_per_s", True, group=("batch", "prompt_len", "new_tokens"))
-    result["rollout"] = rows
-    for r in rows:
-      print("  " + rollout_line(r))
-    save()
-  if "update" in sections and (fp8_ok or smoke):
-    print(f"\n(c) update step: {FLAGS.model if not smoke else 'tiny'}")
-    rows = (
-      run_update("tiny", 2, 16, 16, interpret)
-      if smoke
-      else run_update(
-        FLAGS.model,
-        FLAGS.update_rows,
-        FLAGS.update_prompt_len,
-        FLAGS.update_completion_len,
+  model = "tiny" if smoke else FLAGS.model
+  # (section, title, run, console line, speed-up: key, larger is better, rows compared by)
+  parts = (
+    (
+      "rollout",
+      "(b) rollout",
+      lambda: run_rollout(
+        model,
+        [(2, 16, 8)] if smoke else settings(FLAGS.rollout_settings),
         interpret,
-        variants=update_variants,
-      )
-    )
-    add_speedups(rows, "seconds", False)
-    result["update"] = rows
-    for r in rows:
-      print("  " + update_line(r))
-    save()
-  if "e2e" in sections and (fp8_ok or smoke):
-    print(f"\n(d) one RL step: {FLAGS.model if not smoke else 'tiny'}")
-    rows = (
-      run_e2e("tiny", 2, 2, 16, 8, interpret)
-      if smoke
-      else run_e2e(
-        FLAGS.model,
-        FLAGS.e2e_prompts,
-        FLAGS.e2e_group,
-        FLAGS.prompt_len,
-        FLAGS.new_tokens,
+        variants=rollout_variants,
+      ),
+      rollout_line,
+      ("tokens_per_s", True, ("batch", "prompt_len", "new_tokens")),
+    ),
+    (
+      "update",
+      "(c) update step",
+      lambda: run_update(
+        model,
+        *((2, 16, 16) if smoke else _update_shape()),
         interpret,
-      )
-    )
-    add_speedups(rows, "seconds", False)
-    result["e2e"] = rows
+        variants=common.variants(("bf16", "jet")) if smoke else update_variants,
+      ),
+      update_line,
+      ("seconds", False, ()),
+    ),
+    (
+      "e2e",
+      "(d) one RL step",
+      lambda: run_e2e(
+        model,
+        *((2, 2, 16, 8) if smoke else _e2e_shape()),
+        interpret,
+      ),
+      e2e_line,
+      ("seconds", False, ()),
+    ),
+  )
+  for section, title, run, line, (key, larger, group) in parts:
+    if section not in sections or not (fp8_ok or smoke):
+      continue
+    print(f"\n{title}: {model}")
+    rows = run()
+    add_speedups(rows, key, larger, group=group)
+    result[section] = rows
     for r in rows:
-      print("  " + e2e_line(r))
+      print("  " + line(r))
+    if section != "e2e":
+      save()
   save()
   print(f"\ntotal {elapsed():.0f} s")
   if FLAGS.json_out:
