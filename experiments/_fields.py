@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from jetrl.config import field, node
+from jetrl.models import smollm2
 from jetrl.precision import RECIPES
 from jetrl.train import ModelSpec
 
@@ -24,3 +26,21 @@ def preset_model(name: str = "tiny"):
 
 def json_out_field() -> Optional[str]:
   return field(None, "Optional path for the results as JSON.")
+
+
+def smollm2_model():
+  """--model.name: a Hugging Face folder, by default the one `make smollm2` writes."""
+  folder = os.path.join(os.path.expanduser(smollm2.DEFAULT_CACHE), smollm2.FOLDER)
+  return node(
+    ModelSpec(name=folder),
+    "A Hugging Face folder (default: the SmolLM2-135M-Instruct folder of `make smollm2`).",
+  )
+
+
+def gsm8k_field() -> str:
+  """--gsm8k: the GSM8K test split next to the checkout (shared/data/gsm8k)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  return field(
+    os.path.join(here, "..", "..", "shared", "data", "gsm8k", "test.jsonl"),
+    "GSM8K test split (JSON lines with `question` and `answer` fields).",
+  )

@@ -42,12 +42,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared helpers
 
-from _fields import recipes_field  # noqa: E402
+from _fields import PRESET_ONLY, gsm8k_field, recipes_field, smollm2_model  # noqa: E402
 from _mismatch_common import rollout_batch, train_logprobs  # noqa: E402
 from jetrl import models as M  # noqa: E402
 from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node  # noqa: E402
 from jetrl.data.prompts import chat_prompt_ids, user_message  # noqa: E402
-from jetrl.models import smollm2  # noqa: E402
 from jetrl.precision import get_recipe  # noqa: E402
 from jetrl.rl import metrics as K  # noqa: E402
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics  # noqa: E402
@@ -65,8 +64,7 @@ EXCLUDE = (
   "sampling.max_new_tokens",
   "sampling.stop_ids",
   "sampling.prompt_len",
-  "model.n_layers",
-  "model.tokenizer",
+  *PRESET_ONLY,
 )
 # The agreement metrics reported (jetrl.rl.agreement; names in jetrl.rl.metrics).
 REPORTED = (
@@ -85,14 +83,8 @@ REPORTED = (
 class LengthConfig(Tree):
   """experiments/mismatch_length.py's settings."""
 
-  model: ModelSpec = node(
-    ModelSpec(name=os.path.join(os.path.expanduser(smollm2.DEFAULT_CACHE), smollm2.FOLDER)),
-    "A Hugging Face folder (default: the SmolLM2-135M-Instruct folder of `make smollm2`).",
-  )
-  gsm8k: str = field(
-    os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl"),
-    "GSM8K test split (JSON lines with a `question` field).",
-  )
+  model: ModelSpec = smollm2_model()
+  gsm8k: str = gsm8k_field()
   prompts: int = field(2, "GSM8K questions (the first ones of the file).", lo=1)
   sampling: SamplingConfig = node(
     SamplingConfig(temperature=1.0, n=2),
