@@ -58,24 +58,31 @@ def kernel_backend(interpret: bool) -> str:
 # --- timing ----------------------------------------------------------------------------------
 
 
-def loop_time(fn, args, est_s: float, repeats: int) -> float:
-  """Seconds per call of fn(*args), from a jitted loop of calls (no per-call dispatch cost).
+def call_loop(fn, iters: int):
+  """run(*args): `iters` calls of fn(*args) in one fori_loop, the last call's output returned.
 
   Each iteration passes its inputs through an optimization barrier, so XLA can neither hoist
-  the work out of the loop nor drop it.
-  """
-  iters = int(min(200, max(3, math.ceil(0.03 / max(est_s, 1e-7)))))
-  out_shape = jax.eval_shape(fn, *args)
+  the work out of the loop nor drop it (experiments/calibrate_cost_model.py compiles the same
+  loop)."""
 
   def run(*a):
+    out_shape = jax.eval_shape(fn, *a)
+
     def body(_, carry):
-      a_, y = lax.optimization_barrier(carry)
+      a_, _y = lax.optimization_barrier(carry)
       return a_, fn(*a_)
 
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
     return lax.fori_loop(0, iters, body, (tuple(a), zeros))[1]
 
-  run = jax.jit(run)
+  return run
+
+
+def loop_time(fn, args, est_s: float, repeats: int) -> float:
+  """Seconds per call of fn(*args), from a jitted loop of calls (`call_loop`: no per-call
+  dispatch cost)."""
+  iters = int(min(200, max(3, math.ceil(0.03 / max(est_s, 1e-7)))))
+  run = jax.jit(call_loop(fn, iters))
   jax.block_until_ready(run(*args))
   times = []
   for _ in range(repeats):

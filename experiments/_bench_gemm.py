@@ -53,6 +53,21 @@ def parse_tiles(text: str):
   return tiles
 
 
+def bf16_dot(a, b):
+  """XLA's bf16 dot of [M, K] x [K, N] (cuBLAS), bf16 out."""
+  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16)
+
+
+def fp8_block_gemm(a, sa, b, sb):
+  """cuBLASLt's blockwise FP8 GEMM of quantized [M, K] rows and [N, K] 128x128 blocks."""
+  return cublaslt.gemm(a, sa, b, sb, b_blocks=True, out_dtype=jnp.bfloat16)
+
+
+def linear_grads(recipe):
+  """f(x, w, dy): both gradients of `linear` under the recipe's training precision."""
+  return lambda a, b, d: jax.vjp(lambda a_, b_: precision.linear(a_, b_, recipe.train), a, b)[1](d)
+
+
 def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
   """{variant: (fn, args)} for an [m, k] x [k, n] GEMM.
 
@@ -77,12 +92,7 @@ def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
   jet = precision.with_gemm_backend(precision.get_recipe("jet"), kernel)
   bf16 = precision.get_recipe("bf16")
   out = {
-    "bf16": (
-      lambda a, b: lax.dot_general(
-        a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16
-      ),
-      (x, w),
-    ),
+    "bf16": (bf16_dot, (x, w)),
     "fp8_tensor": (
       lambda a, b, s: (
         lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * s
@@ -91,10 +101,7 @@ def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
     ),
   }
   if common.CUBLASLT_OK:
-    out["fp8_cublaslt"] = (
-      lambda a, sa, b, sb: cublaslt.gemm(a, sa, b, sb, b_blocks=True, out_dtype=jnp.bfloat16),
-      (xq, xs, wq, ws),
-    )
+    out["fp8_cublaslt"] = (fp8_block_gemm, (xq, xs, wq, ws))
   if FLAGS.pallas or not common.CUBLASLT_OK:
     for i, t in enumerate(tiles_list):
       name = "fp8_pallas" if len(tiles_list) == 1 else f"fp8_pallas@{i}"
@@ -124,17 +131,9 @@ def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
       )
       out["quantize_x_rows_cols_fq"] = (lambda a: qk.quantize_rows_cols(a, jnp.float8_e4m3fn), (x,))
     for name, rec in (("train_bf16", bf16), ("train_jet", jet)):
-      out[name] = (
-        lambda a, b, d, rec=rec: jax.vjp(lambda a_, b_: precision.linear(a_, b_, rec.train), a, b)[
-          1
-        ](d),
-        (x, w, dy),
-      )
+      out[name] = (linear_grads(rec), (x, w, dy))
     if common.CUBLASLT_OK:
-      out["train_jet_fq"] = (
-        fq(lambda a, b, d: jax.vjp(lambda a_, b_: precision.linear(a_, b_, jet.train), a, b)[1](d)),
-        (x, w, dy),
-      )
+      out["train_jet_fq"] = (fq(linear_grads(jet)), (x, w, dy))
   return out
 
 
