@@ -113,6 +113,30 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_string("json_out", None, "Path for the results as JSON.")
 
+
+def _check_recipes(fq_flag: str):
+  """A validator of a list of recipe names (jetrl.precision.RECIPES)."""
+
+  def check(names):
+    from jetrl.precision import RECIPES  # pylint: disable=import-outside-toplevel
+
+    bad = [r for r in names if r not in RECIPES]
+    if bad:
+      hint = f" (for '<recipe>+fq', give the recipe in --{fq_flag})" if "+fq" in str(bad) else ""
+      raise flags.ValidationError(f"unknown {bad}; accepted: {list(RECIPES)}{hint}")
+    return True
+
+  return check
+
+
+for _name, _fq in (
+  ("rollout_recipes", "rollout_fused_quant"),
+  ("rollout_fused_quant", "rollout_fused_quant"),
+  ("update_recipes", "update_fused_quant"),
+  ("update_fused_quant", "update_fused_quant"),
+):
+  flags.register_validator(_name, _check_recipes(_fq))
+
 _T0 = time.perf_counter()
 
 
@@ -154,13 +178,6 @@ def setup_xla_flags() -> dict:
 
 def _variants(recipes_flag: str, fq_flag: str):
   """The variants of two flags: recipes, and recipes also run with the one-pass kernel."""
-  from jetrl.precision import RECIPES  # pylint: disable=import-outside-toplevel
-
-  for name in (recipes_flag, fq_flag):
-    bad = [r for r in getattr(FLAGS, name) if r not in RECIPES]
-    if bad:
-      hint = f" (for '<recipe>+fq', give the recipe in --{fq_flag})" if "+fq" in str(bad) else ""
-      raise app.UsageError(f"--{name}: unknown {bad}; accepted: {list(RECIPES)}{hint}")
   from _bench_common import variants  # pylint: disable=import-outside-toplevel
 
   return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag))
