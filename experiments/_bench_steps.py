@@ -66,26 +66,6 @@ def run_rollout(model: str, settings, interpret: bool, variants=(Variant("bf16")
   return rows
 
 
-def result_line(r: dict, head: str, width: int, body) -> str:
-  """A result's console line: `head`, then body(r) and its speed-up, or why it was skipped."""
-  if "skipped" in r:
-    return f"{head:<{width}} skipped: {r['skipped']}"
-  return f"{head:<{width}} {body(r)}{speedup_text(r)}"
-
-
-def rollout_line(r) -> str:
-  head = f"{r.get('recipe', 'rollout'):<12} {r.get('batch', '')}x{r.get('prompt_len', '')}+{r.get('new_tokens', '')}"
-  return result_line(
-    r,
-    head,
-    28,
-    lambda r: (
-      f"{r['tokens_per_s']:9.0f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
-      f"compile {r['compile_s']:5.1f} s"
-    ),
-  )
-
-
 def update_batch(cfg, rows_n, prompt_len, completion_len):
   """A random update batch: rows of prompt and completion tokens, rollout log-probs, advantages."""
   from jetrl.rl import make_train_batch  # pylint: disable=import-outside-toplevel
@@ -158,19 +138,6 @@ def run_update(
   return rows
 
 
-def update_line(r) -> str:
-  head = f"{r.get('recipe', 'update'):<6} {r.get('rows', '')}x{r.get('seq', '')}"
-  return result_line(
-    r,
-    head,
-    16,
-    lambda r: (
-      f"{1e3 * r['seconds']:9.1f} ms/step ({r['tokens_per_s']:.0f} tok/s, "
-      f"MFU {100 * r['mfu_6nd']:.1f}%, peak {r.get('peak_gib', '?')} GiB, remat {r['remat']})"
-    ),
-  )
-
-
 def run_e2e(
   model: str, prompts_n: int, group: int, prompt_len: int, new_tokens: int, interpret: bool
 ):
@@ -227,17 +194,42 @@ def run_e2e(
   return rows
 
 
-def e2e_line(r) -> str:
-  head = f"{r.get('recipe', 'e2e'):<6} {r.get('prompts', '')}x{r.get('group', '')}"
-  return result_line(
-    r,
-    head,
+# Each part's console line: (head, its width, body), formatted with a result's fields (and `ms`,
+# its seconds in ms; `mfu`, its MFU in %); a skipped result shows its reason after the head.
+LINES = {
+  "rollout": (
+    "{recipe:<12} {batch}x{prompt_len}+{new_tokens}",
+    28,
+    "{tokens_per_s:9.0f} tok/s  {ms_per_step:6.2f} ms/step  compile {compile_s:5.1f} s",
+  ),
+  "update": (
+    "{recipe:<6} {rows}x{seq}",
+    16,
+    "{ms:9.1f} ms/step ({tokens_per_s:.0f} tok/s, MFU {mfu:.1f}%, peak {peak_gib} GiB, "
+    "remat {remat})",
+  ),
+  "e2e": (
+    "{recipe:<6} {prompts}x{group}",
     12,
-    lambda r: (
-      f"{r['seconds']:7.2f} s/step = rollout {r['rollout_s']:.2f} + reward "
-      f"{r['reward_s']:.2f} + update {r['update_s']:.2f}"
-    ),
-  )
+    "{seconds:7.2f} s/step = rollout {rollout_s:.2f} + reward {reward_s:.2f} + update "
+    "{update_s:.2f}",
+  ),
+}
+
+
+class _Fields(dict):
+  def __missing__(self, key):
+    return ""
+
+
+def result_line(part: str, r: dict) -> str:
+  head_text, width, body = LINES[part]
+  fields = _Fields(dict(recipe=part, peak_gib="?"), **r)
+  head = head_text.format_map(fields)
+  if "skipped" in r:
+    return f"{head:<{width}} skipped: {r['skipped']}"
+  fields.update(ms=1e3 * r["seconds"], mfu=100 * r.get("mfu_6nd", 0.0))
+  return f"{head:<{width}} {body.format_map(fields)}{speedup_text(r)}"
 
 
 def settings(text: str):

@@ -202,15 +202,7 @@ def main(argv):
   common.start_clock(_T0)
   from _bench_common import add_speedups, elapsed  # pylint: disable=import-outside-toplevel
   from _bench_gemm import fp8_checks, gemm_header, kernel_agreement, run_gemms  # pylint: disable=import-outside-toplevel
-  from _bench_steps import (  # pylint: disable=import-outside-toplevel
-    e2e_line,
-    rollout_line,
-    run_e2e,
-    run_rollout,
-    run_update,
-    settings,
-    update_line,
-  )
+  from _bench_steps import result_line, run_e2e, run_rollout, run_update, settings  # pylint: disable=import-outside-toplevel
   from jetrl.precision import backend, cublaslt  # pylint: disable=import-outside-toplevel
 
   rollout_variants = _variants("rollout_recipes", "rollout_fused_quant")
@@ -287,7 +279,7 @@ def main(argv):
     )
     save()
   model = "tiny" if smoke else FLAGS.model
-  # (section, title, run, console line, speed-up: key, larger is better, rows compared by)
+  # (section, title, run, speed-up: key, larger is better, rows compared by)
   parts = (
     (
       "rollout",
@@ -298,7 +290,6 @@ def main(argv):
         interpret,
         variants=rollout_variants,
       ),
-      rollout_line,
       ("tokens_per_s", True, ("batch", "prompt_len", "new_tokens")),
     ),
     (
@@ -310,7 +301,6 @@ def main(argv):
         interpret,
         variants=common.variants(("bf16", "jet")) if smoke else update_variants,
       ),
-      update_line,
       ("seconds", False, ()),
     ),
     (
@@ -321,11 +311,10 @@ def main(argv):
         *((2, 2, 16, 8) if smoke else _e2e_shape()),
         interpret,
       ),
-      e2e_line,
       ("seconds", False, ()),
     ),
   )
-  for section, title, run, line, (key, larger, group) in parts:
+  for section, title, run, (key, larger, group) in parts:
     if section not in sections or not (fp8_ok or smoke):
       continue
     print(f"\n{title}: {model}")
@@ -333,7 +322,7 @@ def main(argv):
     add_speedups(rows, key, larger, group=group)
     result[section] = rows
     for r in rows:
-      print("  " + line(r))
+      print("  " + result_line(section, r))
     if section != "e2e":
       save()
   save()
