@@ -10,35 +10,51 @@ float32 GEMM on the dequantized values), so this measures the emulation's cost, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import sys
 import time
-
-from absl import app, flags
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.precision import RECIPES, get_recipe, linear
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared fields
 
-FLAGS = flags.FLAGS
-flags.DEFINE_list(
-  "shapes",
-  ["2048x1024x4096", "512x2048x2048", "32x2048x2048"],
-  "GEMM shapes as MxKxN (M tokens, K in, N out).",
-)
-flags.DEFINE_list("recipes", list(RECIPES), f"Recipes to time; accepted: {list(RECIPES)}.")
-flags.DEFINE_integer("repeats", 5, "Timed repetitions per measurement (the median is reported).")
-flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
+from _fields import json_out_field, recipes_field  # noqa: E402
+from jetrl.config import ConfigError, check_fields, field  # noqa: E402
+from jetrl.precision import RECIPES, get_recipe, linear  # noqa: E402
+from jetrl.train.cli import main  # noqa: E402
+from jetrl.train.config import Tree  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
   parts = text.lower().split("x")
   if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-    raise ValueError(
-      f"--shapes entry {text!r} must be MxKxN with positive integers, e.g. 2048x1024x4096"
+    raise ConfigError(
+      "shapes", f"entry {text!r} must be MxKxN with positive integers, e.g. 2048x1024x4096"
     )
   return tuple(int(p) for p in parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchPrecisionConfig(Tree):
+  """experiments/bench_precision.py's settings."""
+
+  shapes: tuple[str, ...] = field(
+    ("2048x1024x4096", "512x2048x2048", "32x2048x2048"),
+    "GEMM shapes as MxKxN (M tokens, K in, N out).",
+  )
+  recipes: tuple[str, ...] = recipes_field(tuple(RECIPES), "Recipes to time.")
+  repeats: int = field(5, "Timed repetitions per measurement (the median is reported).", lo=1)
+  json_out: Optional[str] = json_out_field()
+
+  def __post_init__(self):
+    check_fields(self)
+    for s in self.shapes:
+      parse_shape(s)
 
 
 def _time(fn, *args, repeats: int) -> float:
@@ -102,22 +118,16 @@ def table(rows) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
-  del argv
-  shapes = [parse_shape(s) for s in FLAGS.shapes]
-  unknown = [r for r in FLAGS.recipes if r not in RECIPES]
-  if unknown:
-    raise app.UsageError(f"--recipes: unknown {unknown}; accepted: {list(RECIPES)}")
-  if FLAGS.repeats < 1:
-    raise app.UsageError("--repeats must be >= 1")
+def run(c: BenchPrecisionConfig) -> None:
+  shapes = [parse_shape(s) for s in c.shapes]
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s))")
-  rows = bench(shapes, FLAGS.recipes, FLAGS.repeats)
+  rows = bench(shapes, c.recipes, c.repeats)
   print()
   print(table(rows))
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
+  if c.json_out:
+    with open(c.json_out, "w") as f:
       json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(BenchPrecisionConfig(), run, doc=__doc__)

@@ -15,7 +15,8 @@ its ops over all cores. `--host_devices=N` (default 2, this machine's core count
 each setting with the rows split over N host devices (`--xla_force_host_platform_device_count`,
 a `data:N` mesh through `sample(..., layout=...)`): the same multi-device path a GPU run uses,
 one device per core. Both kinds of rows are printed. Needs the test extra (torch,
-transformers).
+transformers). The model is a field of the configuration named by its path, as in
+experiments/train.py (--model.name).
 """
 
 from __future__ import annotations
@@ -24,89 +25,97 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import tempfile
 import time
-
-from absl import app, flags
+from typing import Optional
 
 import jax
 import numpy as np
 
-from jetrl.models import get_config, init_params, save_pretrained
-from jetrl.parallel import make_layout, make_mesh
-from jetrl.precision import RECIPES, get_recipe
-from jetrl.sampling import SamplingConfig, sample
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared fields
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "tiny", "Model preset (random weights).")
-flags.DEFINE_integer("vocab", 2048, "Vocabulary size of the random model.")
-flags.DEFINE_integer("batch", 32, "Prompts per call.")
-flags.DEFINE_integer("prompt_len", 64, "Tokens per prompt.")
-flags.DEFINE_integer("new_tokens", 128, "Tokens generated per prompt.")
-flags.DEFINE_integer("repeats", 3, "Timed calls per setting.")
-flags.DEFINE_enum(
-  "statistic",
-  "median",
-  ["median", "min"],
-  "Reported time of the timed calls "
-  "(min: the least disturbed call, on a machine shared with other jobs).",
-)
-flags.DEFINE_list(
-  "recipes",
-  ["float32", "bf16", "jet", "jet_exact"],
-  "jetrl precisions to time (float32: no recipe).",
-)
-flags.DEFINE_integer("torch_threads", 0, "torch intra-op threads (0: torch's default).")
-flags.DEFINE_integer(
-  "host_devices",
-  2,
-  "CPU only: also run jetrl over a data:N mesh of N host "
-  "devices (one per core); 1 skips those rows.",
-)
-flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
+from _fields import PRESET_ONLY, json_out_field, preset_model, recipes_field  # noqa: E402
+from jetrl.config import ConfigError, check_fields, field  # noqa: E402
+from jetrl.models import get_config, init_params, save_pretrained  # noqa: E402
+from jetrl.parallel import make_layout, make_mesh  # noqa: E402
+from jetrl.precision import get_recipe  # noqa: E402
+from jetrl.sampling import SamplingConfig, sample  # noqa: E402
+from jetrl.train import ModelSpec  # noqa: E402
+from jetrl.train.cli import main  # noqa: E402
+from jetrl.train.config import Tree  # noqa: E402
+
+RENAMED = {"model": "model.name"}
 
 
-def _timed(fn, repeats):
+@dataclasses.dataclass(frozen=True)
+class BenchSamplerConfig(Tree):
+  """experiments/bench_sampler.py's settings."""
+
+  model: ModelSpec = preset_model()
+  vocab: int = field(2048, "Vocabulary size of the random model.", lo=1)
+  batch: int = field(32, "Prompts per call.", lo=1)
+  prompt_len: int = field(64, "Tokens per prompt.", lo=1)
+  new_tokens: int = field(128, "Tokens generated per prompt.", lo=1)
+  repeats: int = field(3, "Timed calls per setting.", lo=1)
+  statistic: str = field(
+    "median",
+    "Reported time of the timed calls "
+    "(min: the least disturbed call, on a machine shared with other jobs).",
+    choices=("median", "min"),
+  )
+  recipes: tuple[str, ...] = recipes_field(
+    ("float32", "bf16", "jet", "jet_exact"),
+    "jetrl precisions to time (float32: no recipe).",
+    extra=("float32",),
+  )
+  torch_threads: int = field(0, "torch intra-op threads (0: torch's default).", lo=0)
+  host_devices: int = field(
+    2,
+    "CPU only: also run jetrl over a data:N mesh of N host devices (one per core); 1 skips "
+    "those rows.",
+    lo=1,
+  )
+  json_out: Optional[str] = json_out_field()
+
+  def __post_init__(self):
+    check_fields(self)
+    if not self.recipes:
+      raise ConfigError("recipes", "give at least one")
+    if self.batch % self.host_devices:
+      raise ConfigError(
+        "batch", f"{self.batch} must be divisible by --host_devices={self.host_devices}"
+      )
+
+
+def _timed(fn, repeats, statistic):
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t0)
-  return float(np.min(times) if FLAGS.statistic == "min" else np.median(times))
+  return float(np.min(times) if statistic == "min" else np.median(times))
 
 
-def main(argv):
-  del argv
-  for name in ("batch", "prompt_len", "new_tokens", "repeats", "vocab", "host_devices"):
-    if getattr(FLAGS, name) < 1:
-      raise app.UsageError(f"--{name} must be >= 1")
-  known = ["float32", *RECIPES]
-  unknown = [r for r in FLAGS.recipes if r not in known]
-  if unknown or not FLAGS.recipes:
-    raise app.UsageError(f"--recipes: {unknown or 'none given'}; choose from {known}")
-  if FLAGS.batch % FLAGS.host_devices:
-    raise app.UsageError(
-      f"--batch={FLAGS.batch} must be divisible by --host_devices={FLAGS.host_devices}"
-    )
-  if FLAGS.host_devices > 1:
+def run(c: BenchSamplerConfig) -> None:
+  if c.host_devices > 1:
     # Read when the CPU client starts, i.e. at the first jax call below, not at import.
     os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-      f"device_count={FLAGS.host_devices}"
+      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={c.host_devices}"
     )
   import torch
   import transformers
 
-  if FLAGS.torch_threads:
-    torch.set_num_threads(FLAGS.torch_threads)
+  if c.torch_threads:
+    torch.set_num_threads(c.torch_threads)
 
   cfg = dataclasses.replace(
-    get_config(FLAGS.model), vocab_size=FLAGS.vocab, max_seq_len=FLAGS.prompt_len + FLAGS.new_tokens
+    get_config(c.model.name), vocab_size=c.vocab, max_seq_len=c.prompt_len + c.new_tokens
   )
   params = init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
-  prompts = rng.integers(3, FLAGS.vocab, size=(FLAGS.batch, FLAGS.prompt_len))
-  n_tokens = FLAGS.batch * FLAGS.new_tokens
+  prompts = rng.integers(3, c.vocab, size=(c.batch, c.prompt_len))
+  n_tokens = c.batch * c.new_tokens
   rows = []
 
   with tempfile.TemporaryDirectory() as d:
@@ -123,15 +132,15 @@ def main(argv):
         temperature=1.0,
         top_k=0,
         top_p=1.0,
-        max_new_tokens=FLAGS.new_tokens,
-        min_new_tokens=FLAGS.new_tokens,
+        max_new_tokens=c.new_tokens,
+        min_new_tokens=c.new_tokens,
         pad_token_id=0,
         eos_token_id=None,
       )
-    assert out.shape[1] == FLAGS.prompt_len + FLAGS.new_tokens
+    assert out.shape[1] == c.prompt_len + c.new_tokens
 
   hf_call()  # warm up
-  t = _timed(hf_call, FLAGS.repeats)
+  t = _timed(hf_call, c.repeats, c.statistic)
   rows.append(
     dict(
       engine="transformers generate",
@@ -143,14 +152,14 @@ def main(argv):
   )
   print(f"  transformers float32: {n_tokens / t:9.1f} tok/s", flush=True)
 
-  sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0, prompt_len=FLAGS.prompt_len)
+  sc = SamplingConfig(max_new_tokens=c.new_tokens, temperature=1.0, prompt_len=c.prompt_len)
   plist = [list(p) for p in prompts]
   settings = [("jetrl sample", None)]
-  if FLAGS.host_devices > 1 and jax.default_backend() == "cpu":
-    mesh = make_mesh(f"data:{FLAGS.host_devices}")
-    settings.append((f"jetrl sample, data:{FLAGS.host_devices} host devices", mesh))
+  if c.host_devices > 1 and jax.default_backend() == "cpu":
+    mesh = make_mesh(f"data:{c.host_devices}")
+    settings.append((f"jetrl sample, data:{c.host_devices} host devices", mesh))
   for engine, mesh in settings:
-    for label in FLAGS.recipes:
+    for label in c.recipes:
       recipe = None if label == "float32" else label
       prec = get_recipe(recipe).rollout if recipe else None
       layout, p = None, params
@@ -167,11 +176,11 @@ def main(argv):
         assert int(out.lengths.min()) == config.max_new_tokens
 
       jet_call()  # compile
-      t = _timed(jet_call, FLAGS.repeats)
+      t = _timed(jet_call, c.repeats, c.statistic)
       # The prefill's share: a call that generates one token (the prefill, one step).
       first = functools.partial(jet_call, dataclasses.replace(sc, max_new_tokens=1))
       first()
-      t1 = _timed(first, FLAGS.repeats)
+      t1 = _timed(first, c.repeats, c.statistic)
       rows.append(
         dict(
           engine=engine,
@@ -185,9 +194,9 @@ def main(argv):
 
   base = rows[0]["tokens_per_s"]
   print(
-    f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"
-    f" {FLAGS.batch} prompts x {FLAGS.prompt_len} tokens, {FLAGS.new_tokens} new tokens, "
-    f"sampling on, {FLAGS.statistic} of {FLAGS.repeats} calls; jax {jax.__version__}, "
+    f"\nmodel {c.model.name} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}),"
+    f" {c.batch} prompts x {c.prompt_len} tokens, {c.new_tokens} new tokens, "
+    f"sampling on, {c.statistic} of {c.repeats} calls; jax {jax.__version__}, "
     f"torch {torch.__version__}\n"
   )
   print("| engine | precision | s / call | first token, s | tokens/s | vs transformers |")
@@ -199,10 +208,10 @@ def main(argv):
       f"| {r['engine']} | {r['precision']} | {r['seconds']:.2f} | {first} | "
       f"{r['tokens_per_s']:.0f} | {r['vs_transformers']:.2f}x |"
     )
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
+  if c.json_out:
+    with open(c.json_out, "w") as f:
       json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(BenchSamplerConfig(), run, doc=__doc__, exclude=PRESET_ONLY, renamed=RENAMED)

@@ -9,49 +9,70 @@ of the GRPO loss, and the optimizer step, in one jit. The batch is random tokens
 preset's random weights (the cost does not depend on the values). Each recipe's first call
 compiles and is not timed; the median of --repeats calls is printed with its ratio to the
 first recipe's.
+
+The model, the update and the optimizer are fields of the configuration named by their paths,
+as in experiments/train.py (--model.name, --update.micro_batches, --update.loss,
+--optimizer.lr, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 import time
-
-from absl import app, flags
+from typing import Optional
 
 import jax
 import numpy as np
 
-from jetrl.models import get_config, init_params
-from jetrl.precision import RECIPES, get_recipe
-from jetrl.rl import OptimizerConfig, UpdateConfig, init_train_state, make_train_batch, update_step
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared fields
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "tiny", "Model preset (random weights).")
-flags.DEFINE_integer("rows", 128, "Rows (completions) per update.")
-flags.DEFINE_integer("prompt_len", 32, "Prompt tokens per row.")
-flags.DEFINE_integer("new_tokens", 64, "Completion tokens per row.")
-flags.DEFINE_integer("micro_batches", 1, "Gradient-accumulation micro-batches.")
-flags.DEFINE_integer("repeats", 5, "Timed calls per recipe (the median is reported).")
-flags.DEFINE_list("recipes", ["jet", "jet_exact"], "Recipes; the first is the baseline.")
-flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
+from _fields import PRESET_ONLY, json_out_field, preset_model, recipes_field  # noqa: E402
+from jetrl.config import check_fields, field, node  # noqa: E402
+from jetrl.models import get_config, init_params  # noqa: E402
+from jetrl.precision import get_recipe  # noqa: E402
+from jetrl.rl import (  # noqa: E402
+  OptimizerConfig,
+  UpdateConfig,
+  init_train_state,
+  make_train_batch,
+  update_step,
+)
+from jetrl.train import ModelSpec  # noqa: E402
+from jetrl.train.cli import main  # noqa: E402
+from jetrl.train.config import Tree  # noqa: E402
+
+RENAMED = {"model": "model.name", "micro_batches": "update.micro_batches"}
 
 
-def main(argv):
-  del argv
-  bad = [r for r in FLAGS.recipes if r not in RECIPES]
-  if bad:
-    raise app.UsageError(f"--recipes: unknown {bad}; accepted: {list(RECIPES)}")
-  for name in ("rows", "prompt_len", "new_tokens", "micro_batches", "repeats"):
-    if getattr(FLAGS, name) < 1:
-      raise app.UsageError(f"--{name} must be >= 1")
-  cfg = get_config(FLAGS.model)
-  cfg = dataclasses.replace(
-    cfg, max_seq_len=max(cfg.max_seq_len, FLAGS.prompt_len + FLAGS.new_tokens)
+@dataclasses.dataclass(frozen=True)
+class BenchUpdateConfig(Tree):
+  """experiments/bench_update.py's settings."""
+
+  model: ModelSpec = preset_model()
+  rows: int = field(128, "Rows (completions) per update.", lo=1)
+  prompt_len: int = field(32, "Prompt tokens per row.", lo=1)
+  new_tokens: int = field(64, "Completion tokens per row.", lo=1)
+  update: UpdateConfig = node(UpdateConfig(loss="grpo"), "The policy-gradient update.")
+  optimizer: OptimizerConfig = node(OptimizerConfig(lr=1e-5), "AdamW and its schedule.")
+  repeats: int = field(5, "Timed calls per recipe (the median is reported).", lo=1)
+  recipes: tuple[str, ...] = recipes_field(
+    ("jet", "jet_exact"), "Recipes; the first is the baseline."
   )
+  json_out: Optional[str] = json_out_field()
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+def run(c: BenchUpdateConfig) -> None:
+  cfg = get_config(c.model.name)
+  cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, c.prompt_len + c.new_tokens))
   params = init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
-  r, p, t = FLAGS.rows, FLAGS.prompt_len, FLAGS.new_tokens
+  r, p, t = c.rows, c.prompt_len, c.new_tokens
   batch = make_train_batch(
     rng.integers(3, cfg.vocab_size, (r, p)).astype(np.int32),
     np.ones((r, p), bool),
@@ -60,14 +81,13 @@ def main(argv):
     np.full((r, t), -4.0, np.float32),
     rng.standard_normal(r).astype(np.float32),
   )
-  ucfg = UpdateConfig(loss="grpo", micro_batches=FLAGS.micro_batches)
-  opt = OptimizerConfig(lr=1e-5)
+  ucfg, opt = c.update, c.optimizer
   rows = []
-  for name in FLAGS.recipes:
+  for name in c.recipes:
     prec = get_recipe(name).train
     state = init_train_state(params, ucfg, opt)
     times = []
-    for i in range(FLAGS.repeats + 1):
+    for i in range(c.repeats + 1):
       t0 = time.perf_counter()
       state, _ = update_step(
         state,
@@ -85,19 +105,19 @@ def main(argv):
     print(f"  {name}: {rows[-1]['seconds']:.2f} s per update step", flush=True)
   base = rows[0]["seconds"]
   print(
-    f"\nmodel {FLAGS.model} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
+    f"\nmodel {c.model.name} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
     f"{cfg.vocab_size}), {r} rows x ({p} + {t}) tokens, micro_batches "
-    f"{FLAGS.micro_batches}; jax {jax.__version__}\n"
+    f"{ucfg.micro_batches}; jax {jax.__version__}\n"
   )
   print(f"| recipe | s / update step | vs {rows[0]['recipe']} |")
   print("|---|---:|---:|")
   for row in rows:
     row["ratio"] = row["seconds"] / base
     print(f"| {row['recipe']} | {row['seconds']:.2f} | {row['ratio']:.2f}x |")
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
+  if c.json_out:
+    with open(c.json_out, "w") as f:
       json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(BenchUpdateConfig(), run, doc=__doc__, exclude=PRESET_ONLY, renamed=RENAMED)

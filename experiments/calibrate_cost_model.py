@@ -99,29 +99,21 @@ def _gemm_program(variant: str, m: int, k: int, n: int, devices):
   """bench_device's timing loop around one GEMM variant, as a Program."""
   import jax
   import jax.numpy as jnp
-  from jax import lax
 
+  from _bench_common import call_loop
+  from _bench_gemm import bf16_dot, fp8_block_gemm, linear_grads
   from jetrl import precision
   from jetrl.aot.programs import Program, one_device_sharding
-  from jetrl.precision import cublaslt
 
   rep = one_device_sharding(devices)
   sds = lambda s, d: jax.ShapeDtypeStruct(s, jnp.dtype(d), sharding=rep)
   jet = precision.with_gemm_backend(precision.get_recipe("jet"), "cublaslt")
   bf16 = precision.get_recipe("bf16")
   x, w, dy = sds((m, k), jnp.bfloat16), sds((k, n), jnp.bfloat16), sds((m, n), jnp.bfloat16)
-  vjp = lambda rec: (
-    lambda a, b, d: jax.vjp(lambda a_, b_: precision.linear(a_, b_, rec.train), a, b)[1](d)
-  )
   fns = {
-    "bf16": (
-      lambda a, b: lax.dot_general(
-        a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16
-      ),
-      (x, w),
-    ),
+    "bf16": (bf16_dot, (x, w)),
     "fp8_cublaslt": (
-      lambda a, sa, b, sb: cublaslt.gemm(a, sa, b, sb, b_blocks=True, out_dtype=jnp.bfloat16),
+      fp8_block_gemm,
       (
         sds((m, k), jnp.float8_e4m3fn),
         sds((m, -(-k // 128)), jnp.float32),
@@ -130,21 +122,11 @@ def _gemm_program(variant: str, m: int, k: int, n: int, devices):
       ),
     ),
     "linear": (lambda a, b: precision.linear(a, b, jet.rollout), (x, w)),
-    "train_bf16": (vjp(bf16), (x, w, dy)),
-    "train_jet": (vjp(jet), (x, w, dy)),
+    "train_bf16": (linear_grads(bf16), (x, w, dy)),
+    "train_jet": (linear_grads(jet), (x, w, dy)),
   }
   fn, args = fns[variant]
-
-  def run(*a):
-    out_shape = jax.eval_shape(fn, *a)
-
-    def body(_, carry):
-      a_, _y = lax.optimization_barrier(carry)
-      return a_, fn(*a_)
-
-    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
-    return lax.fori_loop(0, LOOP_ITERS, body, (tuple(a), zeros))[1]
-
+  run = call_loop(fn, LOOP_ITERS)
   return Program(f"gemm:{variant}:{m}x{k}x{n}", jax.jit(run), args, {})
 
 

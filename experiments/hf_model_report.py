@@ -1,7 +1,7 @@
 """Numbers for a Hugging Face folder: parity with transformers, the precision gap, sampler speed.
 
   python experiments/hf_model_report.py      # the SmolLM2 folder `make smollm2` wrote
-  python experiments/hf_model_report.py --model=/ckpt/qwen2.5-0.5b --problems=8
+  python experiments/hf_model_report.py --model.name=/ckpt/qwen2.5-0.5b --problems=8
 
 On GSM8K test problems in the chat format (the chat template's default system turn, then the
 question and the instruction to box the answer):
@@ -17,49 +17,59 @@ question and the instruction to box the answer):
    new tokens (temperature 1, no stop token, compile excluded, median of --repeats calls) with
    float32 params under float32 (no recipe), bf16 and jet; peak memory of the process.
 4. memory from shapes: params, AdamW moments, KV cache per token.
-Needs the test extra (torch, transformers). See docs/models.md.
+Needs the test extra (torch, transformers). See docs/models.md. The model is a field of the
+configuration named by its path, as in experiments/train.py (--model.name).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import resource
+import sys
 import tempfile
 import time
 import zipfile
-
-from absl import app, flags
+from typing import Optional
 
 import jax
 import numpy as np
 
-from jetrl import models as M
-from jetrl.data.prompts import chat_prompt_ids, user_message
-from jetrl.models import smollm2
-from jetrl.models.cache import cache_bytes
-from jetrl.precision import get_recipe
-from jetrl.sampling import SamplingConfig, sample
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared fields
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string(
-  "model",
-  os.path.join(os.path.expanduser(smollm2.DEFAULT_CACHE), smollm2.FOLDER),
-  "A Hugging Face folder.",
-)
-flags.DEFINE_string(
-  "gsm8k",
-  os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl"),
-  "GSM8K test split (JSON lines with question / answer).",
-)
-flags.DEFINE_integer("problems", 8, "GSM8K problems for parity and the precision gap.")
-flags.DEFINE_integer("greedy_tokens", 32, "Tokens of greedy decoding compared.")
-flags.DEFINE_integer("batch", 8, "Prompts per sampler call.")
-flags.DEFINE_integer("new_tokens", 128, "New tokens per prompt in the speed test.")
-flags.DEFINE_integer("repeats", 3, "Timed sampler calls per setting (the median is reported).")
-flags.DEFINE_integer("torch_threads", 1, "torch threads (1: no fight with XLA for the cores).")
-flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
+from _fields import PRESET_ONLY, gsm8k_field, json_out_field, smollm2_model  # noqa: E402
+from jetrl import models as M  # noqa: E402
+from jetrl.config import check_fields, field  # noqa: E402
+from jetrl.data.prompts import chat_prompt_ids, user_message  # noqa: E402
+from jetrl.models import smollm2  # noqa: E402
+from jetrl.models.cache import cache_bytes  # noqa: E402
+from jetrl.precision import get_recipe  # noqa: E402
+from jetrl.sampling import SamplingConfig, sample  # noqa: E402
+from jetrl.train import ModelSpec  # noqa: E402
+from jetrl.train.cli import main  # noqa: E402
+from jetrl.train.config import Tree  # noqa: E402
+
+RENAMED = {"model": "model.name"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig(Tree):
+  """experiments/hf_model_report.py's settings."""
+
+  model: ModelSpec = smollm2_model()
+  gsm8k: str = gsm8k_field()
+  problems: int = field(8, "GSM8K problems for parity and the precision gap.", lo=1)
+  greedy_tokens: int = field(32, "Tokens of greedy decoding compared.", lo=1)
+  batch: int = field(8, "Prompts per sampler call.", lo=1)
+  new_tokens: int = field(128, "New tokens per prompt in the speed test.", lo=1)
+  repeats: int = field(3, "Timed sampler calls per setting (the median is reported).", lo=1)
+  torch_threads: int = field(1, "torch threads (1: no fight with XLA for the cores).", lo=1)
+  json_out: Optional[str] = json_out_field()
+
+  def __post_init__(self):
+    check_fields(self)
 
 
 def _rel(got, want):
@@ -105,24 +115,23 @@ def _gguf_reference(folder, ids_list):
     return [model(torch.tensor([ids])).logits[0].numpy() for ids in ids_list], None
 
 
-def main(argv):
-  del argv
+def run(c: ReportConfig) -> None:
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
 
   transformers.logging.set_verbosity_error()
-  torch.set_num_threads(FLAGS.torch_threads)
+  torch.set_num_threads(c.torch_threads)
   report = {}
-  tok = M.load_model_tokenizer(FLAGS.model)
-  config, params = M.load_pretrained(FLAGS.model)
-  with open(FLAGS.gsm8k, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f][: max(FLAGS.problems, FLAGS.batch)]
+  tok = M.load_model_tokenizer(c.model.name)
+  config, params = M.load_pretrained(c.model.name)
+  with open(c.gsm8k, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f][: max(c.problems, c.batch)]
   prompts = [chat_prompt_ids(tok, user_message(r["question"])) for r in rows]
   forward = jax.jit(M.forward, static_argnames=("config", "precision"))
 
   # 3. the sampler's speed (first: the peak memory is the sampler's, before any reference)
-  batch = [list(p) for p in prompts[: FLAGS.batch]]
-  sc = SamplingConfig(max_new_tokens=FLAGS.new_tokens, temperature=1.0)
+  batch = [list(p) for p in prompts[: c.batch]]
+  sc = SamplingConfig(max_new_tokens=c.new_tokens, temperature=1.0)
   speed = {}
   for name in ("float32", "bf16", "jet"):
     prec = None if name == "float32" else get_recipe(name).rollout
@@ -131,42 +140,40 @@ def main(argv):
     def call():
       o = sample(params, config, batch, jax.random.PRNGKey(next(key)), sc, prec)
       jax.block_until_ready(o.tokens)
-      assert int(o.lengths.min()) == FLAGS.new_tokens
+      assert int(o.lengths.min()) == c.new_tokens
 
     t0 = time.perf_counter()
     call()
     first = time.perf_counter() - t0
-    t = _median_time(call, FLAGS.repeats)
-    speed[name] = dict(
-      tokens_per_s=FLAGS.batch * FLAGS.new_tokens / t, seconds=t, first_call_s=first
-    )
+    t = _median_time(call, c.repeats)
+    speed[name] = dict(tokens_per_s=c.batch * c.new_tokens / t, seconds=t, first_call_s=first)
     print(name, speed[name], flush=True)
   report["sampler"] = speed
   report["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
   # 1. parity
-  hf = transformers.AutoModelForCausalLM.from_pretrained(FLAGS.model, dtype=torch.float32).eval()
-  ids_list = prompts[: FLAGS.problems]
+  hf = transformers.AutoModelForCausalLM.from_pretrained(c.model.name, dtype=torch.float32).eval()
+  ids_list = prompts[: c.problems]
   padded, _ = _right_padded(ids_list)  # causal: the padding after a prompt is never seen
   logits = np.asarray(forward(params, config, padded))
   ours = [logits[i, : len(p)] for i, p in enumerate(ids_list)]
   with torch.no_grad():
     ref = [hf(torch.tensor([p])).logits[0].numpy() for p in ids_list]
   report["parity_vs_transformers"] = max(_rel(a, b) for a, b in zip(ours, ref))
-  gguf_logits, why = _gguf_reference(FLAGS.model, ids_list)
+  gguf_logits, why = _gguf_reference(c.model.name, ids_list)
   report["parity_vs_transformers_gguf"] = (
     max(_rel(a, b) for a, b in zip(ours, gguf_logits)) if gguf_logits else why
   )
   stops = M.stop_ids(tok)
   sc = SamplingConfig(
-    max_new_tokens=FLAGS.greedy_tokens, temperature=0.0, stop_ids=stops, pad_id=tok.pad_token_id
+    max_new_tokens=c.greedy_tokens, temperature=0.0, stop_ids=stops, pad_id=tok.pad_token_id
   )
   out = sample(params, config, ids_list, jax.random.PRNGKey(0), sc, None)
   same = 0
   for i, p in enumerate(ids_list):
     want = hf.generate(
       torch.tensor([p]),
-      max_new_tokens=FLAGS.greedy_tokens,
+      max_new_tokens=c.greedy_tokens,
       do_sample=False,
       attention_mask=torch.ones(1, len(p), dtype=torch.long),
     )[0, len(p) :]
@@ -178,7 +185,7 @@ def main(argv):
   # 2. the precision gap, teacher forced on prompt + gold solution
   seqs = [
     p + tok.encode(r["answer"], add_special_tokens=False)
-    for p, r in zip(prompts[: FLAGS.problems], rows)
+    for p, r in zip(prompts[: c.problems], rows)
   ]
   tokens, mask = _right_padded(seqs)
   l32 = np.asarray(forward(params, config, tokens))
@@ -228,9 +235,9 @@ def main(argv):
     kv_kib_per_token_bf16=cache_bytes(config, 1, 1, 2) / 1024,
   )
   report["setup"] = dict(
-    model=FLAGS.model,
-    batch=FLAGS.batch,
-    new_tokens=FLAGS.new_tokens,
+    model=c.model.name,
+    batch=c.batch,
+    new_tokens=c.new_tokens,
     prompt_width=-(-max(len(p) for p in batch) // 16) * 16,
     jax=jax.__version__,
     torch=torch.__version__,
@@ -238,10 +245,10 @@ def main(argv):
     cpus=os.cpu_count(),
   )
   print(json.dumps(report, indent=1))
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
+  if c.json_out:
+    with open(c.json_out, "w") as f:
       json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(ReportConfig(), run, doc=__doc__, exclude=PRESET_ONLY, renamed=RENAMED)

@@ -1,6 +1,6 @@
 """Rollout-vs-training mismatch against the engine's own noise floor, per recipe.
 
-  python experiments/mismatch_floor.py --init_from=runs/sft --task=addition --length=3
+  python experiments/mismatch_floor.py --init_from=runs/sft --task.name=addition --task.length=3
 
 For each recipe it samples a batch with `recipe.rollout`, then computes the training forward's
 log-probs of the same tokens twice: over the whole batch, and in chunks of --chunk_rows rows.
@@ -9,86 +9,97 @@ log-probs of the same tokens twice: over the whole batch, and in chunks of --chu
                      is the engine's batch-variance floor (matmul and attention kernels that
                      sum in a different order for a different number of rows).
 A recipe whose rollout-vs-train gap sits at its floor has no systematic mismatch left.
+
+Every flag is a field of the configuration, named by its path: the model, the task and the
+sampling settings are experiments/train.py's (--model.name, --task.name, --task.length,
+--sampling.n, --sampling.max_new_tokens, --sampling.temperature).
 """
 
 from __future__ import annotations
 
-from absl import app, flags
+import dataclasses
+import os
+import sys
+from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jetrl.precision import RECIPES, get_recipe
-from jetrl.rl.batch import make_train_batch, policy_logprobs
-from jetrl.sampling import SamplingConfig, sample
-from jetrl.train import ModelSpec, TaskConfig, pieces
-from jetrl.train.checkpoint import load_params_from
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared helpers
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string(
-  "init_from", "", "Checkpoint directory (an SFT or RL workdir); empty: random init."
-)
-flags.DEFINE_string("model", "tiny", "Model preset.")
-flags.DEFINE_string("task", "addition", "Synthetic task.")
-flags.DEFINE_integer("difficulty", 1, "Task difficulty knob.")
-flags.DEFINE_integer("length", 3, "Task length knob.")
-flags.DEFINE_integer("prompts", 16, "Prompts.")
-flags.DEFINE_integer("group_size", 8, "Samples per prompt.")
-flags.DEFINE_integer("max_new_tokens", 64, "Generation budget.")
-flags.DEFINE_float("temperature", 0.7, "Sampling temperature.")
-flags.DEFINE_integer("chunk_rows", 16, "Rows per chunk of the second training forward.")
-flags.DEFINE_list("recipes", ["bf16", "jet", "fp8_rollout", "fp8_tensor"], "Recipes.")
-flags.DEFINE_integer("seed", 0, "Seed.")
+from _fields import recipes_field  # noqa: E402
+from _mismatch_common import rollout_batch, train_logprobs  # noqa: E402
+from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node  # noqa: E402
+from jetrl.precision import get_recipe  # noqa: E402
+from jetrl.sampling import SamplingConfig, sample  # noqa: E402
+from jetrl.train import ModelSpec, TaskConfig, pieces  # noqa: E402
+from jetrl.train.checkpoint import CheckpointError, load_params_from  # noqa: E402
+from jetrl.train.cli import main  # noqa: E402
+from jetrl.train.config import Tree  # noqa: E402
+
+# The flags of this script before it took the configuration's.
+RENAMED = {
+  "model": "model.name",
+  "task": "task.name",
+  "difficulty": "task.difficulty",
+  "length": "task.length",
+  "group_size": "sampling.n",
+  "max_new_tokens": "sampling.max_new_tokens",
+  "temperature": "sampling.temperature",
+}
+# Set by the script: the stop and pad ids are the tokenizer's, the prompt width the prompts'.
+EXCLUDE = ("sampling.stop_ids", "sampling.prompt_len")
 
 
-def main(argv):
-  del argv
-  bad = [r for r in FLAGS.recipes if r not in RECIPES]
-  if bad:
-    raise app.UsageError(f"--recipes: unknown {bad}; accepted: {list(RECIPES)}")
-  rows = FLAGS.prompts * FLAGS.group_size
-  if rows % FLAGS.chunk_rows:
-    raise app.UsageError(f"--chunk_rows must divide prompts x group_size = {rows}")
-  task_cfg = TaskConfig(name=FLAGS.task, difficulty=FLAGS.difficulty, length=FLAGS.length)
-  model = ModelSpec(name=FLAGS.model)
-  task = pieces.make_task(task_cfg, seed=FLAGS.seed)
-  tok = pieces.make_tokenizer(model, task_cfg)
-  problems = task.batch("train", 0, FLAGS.prompts)
+@dataclasses.dataclass(frozen=True)
+class FloorConfig(Tree):
+  """experiments/mismatch_floor.py's settings."""
+
+  init_from: Optional[str] = field(
+    None, "Checkpoint directory (an SFT or RL workdir); none: random init."
+  )
+  model: ModelSpec = node(ModelSpec, "The policy model.")
+  task: TaskConfig = node(
+    TaskConfig(name="addition", difficulty=1, length=3), "The task whose prompts are sampled."
+  )
+  sampling: SamplingConfig = node(
+    SamplingConfig(max_new_tokens=64, temperature=0.7, n=8), "The rollouts (n per prompt)."
+  )
+  prompts: int = field(16, "Prompts.", lo=1)
+  chunk_rows: int = field(16, "Rows per chunk of the second training forward.", lo=1)
+  recipes: tuple[str, ...] = recipes_field(("bf16", "jet", "fp8_rollout", "fp8_tensor"))
+  seed: int = field(0, "Seed (task, init, sampling).", lo=0, hi=SEED_MAX)
+
+  def __post_init__(self):
+    check_fields(self)
+    rows = self.prompts * self.sampling.n
+    if rows % self.chunk_rows:
+      raise ConfigError("chunk_rows", f"must divide prompts x sampling.n = {rows}")
+
+
+def run(cfg: FloorConfig) -> None:
+  rows = cfg.prompts * cfg.sampling.n
+  task = pieces.make_task(cfg.task, seed=cfg.seed)
+  tok = pieces.make_tokenizer(cfg.model, cfg.task)
+  problems = task.batch("train", 0, cfg.prompts)
   prompts = [pieces.encode_prompt(tok, p.prompt) for p in problems]
   width = pieces.prompt_width(prompts)
-  mcfg, params = pieces.make_model(model, tok, FLAGS.seed, width + FLAGS.max_new_tokens)
-  if FLAGS.init_from:
-    params = load_params_from(FLAGS.init_from, params)
+  mcfg, params = pieces.make_model(cfg.model, tok, cfg.seed, width + cfg.sampling.max_new_tokens)
+  if cfg.init_from:
+    params = load_params_from(cfg.init_from, params)
   ids = pieces.token_ids(tok)
-  fn = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "temperature"))
+  sc = dataclasses.replace(cfg.sampling, stop_ids=ids.stop, pad_id=ids.pad, prompt_len=width)
   print("| recipe | rollout vs train: mean abs Δlogp | max | train vs train (floor): mean | max |")
   print("|---|---:|---:|---:|---:|")
-  for name in FLAGS.recipes:
+  for name in cfg.recipes:
     r = get_recipe(name)
-    sc = SamplingConfig(
-      max_new_tokens=FLAGS.max_new_tokens,
-      temperature=FLAGS.temperature,
-      n=FLAGS.group_size,
-      stop_ids=ids.stop,
-      pad_id=ids.pad,
-      prompt_len=width,
-    )
-    out = sample(params, mcfg, prompts, jax.random.PRNGKey(FLAGS.seed), sc, r.rollout)
-    batch = make_train_batch(
-      out.prompt_tokens, out.prompt_mask, out.tokens, out.mask, out.logprobs, jnp.zeros(rows)
-    )
-    kw = dict(model_config=mcfg, precision=r.train, temperature=FLAGS.temperature)
-    whole = np.asarray(fn(params, batch=batch, **kw)[0])
-    step = FLAGS.chunk_rows
-    chunks = np.concatenate(
-      [
-        np.asarray(
-          fn(params, batch=jax.tree_util.tree_map(lambda a: a[i : i + step], batch), **kw)[0]
-        )
-        for i in range(0, rows, step)
-      ]
-    )
+    out = sample(params, mcfg, prompts, jax.random.PRNGKey(cfg.seed), sc, r.rollout)
+    batch = rollout_batch(out)
+    logp = train_logprobs(mcfg, r.train, sc.temperature)
+    whole = np.asarray(logp(params, batch))
+    step = cfg.chunk_rows
+    chunk = lambda i: jax.tree_util.tree_map(lambda a: a[i : i + step], batch)
+    chunks = np.concatenate([np.asarray(logp(params, chunk(i))) for i in range(0, rows, step)])
     m = np.asarray(out.mask)
     d_rt = np.abs(np.asarray(out.logprobs) - whole)[m]
     d_tt = np.abs(chunks - whole)[m]
@@ -99,4 +110,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main(FloorConfig(), run, doc=__doc__, exclude=EXCLUDE, renamed=RENAMED, errors=(CheckpointError,))

@@ -8,11 +8,10 @@ line per preset is also written to <workdir>/model_memory.jsonl.
 
 from __future__ import annotations
 
-import json
-import os
 
 from absl import app, flags
 
+from _reports import check_presets, write_jsonl
 from jetrl.models import PRESETS
 from jetrl.models.cache import cache_bytes
 
@@ -73,16 +72,10 @@ def markdown(table, batch, seq_len, param_dtype, cache_dtype) -> str:
 
 def main(argv):
   del argv
-  unknown = [p for p in FLAGS.presets if p not in PRESETS]
-  if unknown:
-    raise app.UsageError(f"unknown presets {unknown}; known: {list(PRESETS)}")
+  check_presets(FLAGS.presets)
   table = rows(FLAGS.presets, FLAGS.batch, FLAGS.seq_len, FLAGS.param_dtype, FLAGS.cache_dtype)
   print(markdown(table, FLAGS.batch, FLAGS.seq_len, FLAGS.param_dtype, FLAGS.cache_dtype))
-  if FLAGS.workdir:
-    os.makedirs(FLAGS.workdir, exist_ok=True)
-    with open(os.path.join(FLAGS.workdir, "model_memory.jsonl"), "w") as f:
-      for r in table:
-        f.write(json.dumps(r) + "\n")
+  write_jsonl(FLAGS.workdir, "model_memory.jsonl", table)
 
 
 if __name__ == "__main__":

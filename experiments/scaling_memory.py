@@ -16,13 +16,12 @@ are not included. "jet" says whether the mesh passes the FP8 block-alignment che
 
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import jax
 from absl import app, flags
 
+from _reports import check_presets, write_jsonl
 from jetrl.models import PRESETS
 from jetrl.models.params import param_shapes
 from jetrl.parallel import check_fp8_alignment, param_specs, resolve_mesh_shape
@@ -114,9 +113,7 @@ def markdown(table, batch, seq_len) -> str:
 
 def main(argv):
   del argv
-  unknown = [p for p in FLAGS.presets if p not in PRESETS]
-  if unknown:
-    raise app.UsageError(f"unknown presets {unknown}; known: {list(PRESETS)}")
+  check_presets(FLAGS.presets)
   meshes = [m.strip() for m in FLAGS.meshes.split(";")]
   table = [
     per_device(p, m, FLAGS.devices, FLAGS.batch, FLAGS.seq_len)
@@ -124,11 +121,7 @@ def main(argv):
     for m in meshes
   ]
   print(markdown(table, FLAGS.batch, FLAGS.seq_len))
-  if FLAGS.workdir:
-    os.makedirs(FLAGS.workdir, exist_ok=True)
-    with open(os.path.join(FLAGS.workdir, "scaling_memory.jsonl"), "w") as f:
-      for r in table:
-        f.write(json.dumps(r) + "\n")
+  write_jsonl(FLAGS.workdir, "scaling_memory.jsonl", table)
 
 
 if __name__ == "__main__":

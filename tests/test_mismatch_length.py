@@ -78,10 +78,10 @@ def test_mismatch_length_at_toy_size(tmp_path):
     [
       sys.executable,
       os.path.join(ROOT, "experiments", "mismatch_length.py"),
-      f"--model={folder}",
+      f"--model.name={folder}",
       f"--gsm8k={questions}",
       "--prompts=1",
-      "--samples=2",
+      "--sampling.n=2",
       "--lengths=4,12",
       "--recipes=jet_exact,fp8_rollout",
       f"--json_out={out}",

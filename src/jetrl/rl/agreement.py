@@ -41,6 +41,9 @@ Position bins: the token at column t of the [B, T] arrays (its position in the c
 falls in bin i when bin_edges[i] <= t < bin_edges[i + 1]; the last bin is
 [bin_edges[-1], ∞). The edges are static: the number of bins does not depend on T.
 
+The keys are named in `jetrl.rl.metrics` (`AGREEMENT_KEYS`); the update step reports them
+under "agree/".
+
 Everything is float32 and jit-compatible with `bin_edges` (a tuple) static, e.g.
 `jax.jit(agreement_metrics, static_argnames=("bin_edges", "log_clamp"))`.
 """
@@ -54,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.rl import metrics as M
 from jetrl.rl.masking import as_mask, masked, masked_mean
 
 DEFAULT_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -192,15 +196,15 @@ def agreement_metrics(
 
   bin_mean, bin_count = position_bins(abs_delta, m, bin_edges=bin_edges)
   return {
-    "abs_diff_mean": mean(abs_delta),
-    "abs_diff_max": jnp.max(jnp.where(m, abs_delta, 0.0)),
-    "kl_k3": mean(k3),
-    "prob_ratio_error": mean(ratio_err),
-    "prob_pearson": pearson.astype(_F32),
-    "ratio_out_frac": mean(outside),
-    "seq_abs_sum_mean": seq_abs_mean,
-    "seq_abs_sum_max": jnp.max(jnp.where(has_tok, seq_abs, 0.0)),
-    "n_tokens": n,
-    "bin_abs_diff_mean": bin_mean,
-    "bin_count": bin_count,
+    M.ABS_DIFF_MEAN: mean(abs_delta),
+    M.ABS_DIFF_MAX: jnp.max(jnp.where(m, abs_delta, 0.0)),
+    M.KL_K3: mean(k3),
+    M.PROB_RATIO_ERROR: mean(ratio_err),
+    M.PROB_PEARSON: pearson.astype(_F32),
+    M.RATIO_OUT_FRAC: mean(outside),
+    M.SEQ_ABS_SUM_MEAN: seq_abs_mean,
+    M.SEQ_ABS_SUM_MAX: jnp.max(jnp.where(has_tok, seq_abs, 0.0)),
+    M.N_TOKENS: n,
+    M.BIN_ABS_DIFF_MEAN: bin_mean,
+    M.BIN_COUNT: bin_count,
   }
