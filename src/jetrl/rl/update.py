@@ -47,6 +47,7 @@ from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics
 from jetrl.rl.batch import TrainBatch, policy_logprobs
 from jetrl.rl.correction import importance_weights
 from jetrl.rl.losses import aggregate
+from jetrl.rl import metrics as names
 from jetrl.rl.objective import (
   TOKEN_METRICS,
   has_reference,
@@ -250,7 +251,7 @@ def summarize(
   )
   if "kl" in outs:  # only against a real reference policy (kl_coef > 0)
     metrics["kl"] = fmean(outs["kl"])
-  metrics.update({f"agree/{k}": v for k, v in agree.items()})
+  metrics.update({names.agree(k): v for k, v in agree.items()})
   return metrics
 
 

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from jetrl.rl import metrics as names
 from jetrl.train.writers import read_jsonl
 from jetrl.train.nodes import EvalConfig
 
@@ -108,9 +109,9 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
   fig, ax = plt.subplots(figsize=(6.5, 3.5))
   drawn = []
   for key, label in (
-    ("agree/abs_diff_mean", "mean |Δ log p|"),
-    ("agree/abs_diff_max", "max |Δ log p|"),
-    ("agree/kl_k3", "k3 KL"),
+    (names.agree(names.ABS_DIFF_MEAN), "mean |Δ log p|"),
+    (names.agree(names.ABS_DIFF_MAX), "max |Δ log p|"),
+    (names.agree(names.KL_K3), "k3 KL"),
   ):
     x, y = _series(recs, key)
     if len(x):
@@ -123,12 +124,13 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
   legend_outside(ax)
   paths.append(save(fig, os.path.join(out_dir, "agreement.png")))
 
-  bins = [r for r in recs if "agree/bin_abs_diff_mean" in r]
+  bin_mean, bin_count = names.agree(names.BIN_ABS_DIFF_MEAN), names.agree(names.BIN_COUNT)
+  bins = [r for r in recs if bin_mean in r]
   if bins:
-    means = np.asarray([r["agree/bin_abs_diff_mean"] for r in bins], float)
-    counts = np.asarray([r["agree/bin_count"] for r in bins], float)
+    means = np.asarray([r[bin_mean] for r in bins], float)
+    counts = np.asarray([r[bin_count] for r in bins], float)
     prof = (means * counts).sum(0) / np.maximum(counts.sum(0), 1)
-    edges = bins[-1].get("agree/bin_edges") or list(range(len(prof)))
+    edges = bins[-1].get(names.AGREE_PREFIX + "bin_edges") or list(range(len(prof)))
     keep = counts.sum(0) > 0
     labels = np.asarray(bin_labels(edges[: len(prof)]))
     fig, ax = plt.subplots(figsize=(1.5 + 0.9 * max(int(keep.sum()), 2), 3.5))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl import parallel
+from jetrl.rl import metrics as names
 from jetrl.rl import (
   dynamic_sampling_mask,
   group_advantages,
@@ -131,7 +132,7 @@ class RLStep:
         "tokens_per_s/update": float(jnp.sum(batch.mask)) / max(t_update, 1e-9),
       },
     )
-    record["agree/bin_edges"] = list(self.bin_edges)
+    record[names.AGREE_PREFIX + "bin_edges"] = list(self.bin_edges)
     return state, record, data_pos + cfg.prompts_per_step, samples
 
   def _rows(self, x):
@@ -174,6 +175,6 @@ def console_fields(record: dict) -> tuple[dict, str]:
     "reward": record["reward_mean"],
     "acc": record["accuracy"],
     "len": record["response_length"],
-    "|dlogp|": float(record["agree/abs_diff_mean"]),
+    "|dlogp|": float(names.read(record, names.AGREE_ABS_DIFF_MEAN)),
   }
   return fields, f"{record['time/rollout']:.1f}s rollout {record['time/update']:.1f}s update"
