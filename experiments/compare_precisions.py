@@ -12,7 +12,7 @@ report adds paired intervals against bf16 and the verdicts. Finished combination
 rerunning the command resumes an interrupted study. Writes <report_dir>/report.md,
 results.json and PNG plots. The RL flags are those of experiments/train.py (--optimizer.lr,
 --sampling.temperature, --update.loss, ...), the warm start's are --sft.*. See
-jetrl.train.study.
+jetrl.study.
 """
 
 import shlex
@@ -21,7 +21,7 @@ import sys
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
 from jetrl.train.skips import SkippedUpdatesError
-from jetrl.train.study import GRID_FIELDS, StudyConfig, run_study
+from jetrl.study import GRID_FIELDS, StudyConfig, run_study
 
 RENAMED = {
   "task": "task.name",

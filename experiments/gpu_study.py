@@ -4,7 +4,7 @@
   PYTHONPATH=src python3 experiments/gpu_study.py --out=/tmp/toy \\
       --config=experiments/configs/gpu_study_toy.py                 # minutes, on a CPU
 
-The design of docs/precision_study.md (`jetrl.train.study`) at a length whose generation budget
+The design of docs/precision_study.md (`jetrl.study`) at a length whose generation budget
 is at least --min_tokens: 1-digit-carry addition with --length digits per addend (none: the
 smallest length reaching --min_tokens; the scratchpad grows with it), the `tiny` preset with
 --model.n_layers=4 layers, the recipes bf16, fp8_rollout (old log-probs recomputed, no
@@ -62,7 +62,7 @@ from typing import Optional
 from jetrl.config import ConfigError, FlagError, field, node
 from jetrl.rl import OptimizerConfig
 from jetrl.train import ModelSpec, TaskConfig
-from jetrl.train.study import GRID_FIELDS, StudyConfig, WarmStartConfig
+from jetrl.study import GRID_FIELDS, StudyConfig, WarmStartConfig
 
 # StudyConfig's fields that this script sets itself (from --out, --length / --min_tokens,
 # --start_by_s), and the warm start's mix (the study has one length).
@@ -200,7 +200,7 @@ class Log:
 def task_length(cfg: StudyConfig, min_tokens: int) -> int:
   """The smallest task length whose generation budget reaches `min_tokens`."""
   from jetrl.data.registry import task_class  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import max_new_tokens_for  # pylint: disable=import-outside-toplevel
+  from jetrl.study import max_new_tokens_for  # pylint: disable=import-outside-toplevel
 
   lo, hi = task_class(cfg.task.name).length_range
   for length in range(lo, hi + 1):
@@ -216,7 +216,7 @@ def task_length(cfg: StudyConfig, min_tokens: int) -> int:
 def warm_start(cfg: GPUStudyConfig, study: StudyConfig, log, t0: float) -> dict:
   """SFT in chunks until the accuracy reaches the target; the shared warm start."""
   from jetrl.train.sft import run_sft  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import sft_config, sft_name  # pylint: disable=import-outside-toplevel
+  from jetrl.study import sft_config, sft_name  # pylint: disable=import-outside-toplevel
 
   length = study.lengths[0]
   w = cfg.sft
@@ -273,7 +273,7 @@ def worker(study: StudyConfig, combos, start_by: float, end_by: float, log, t0: 
 
   Returns {"timing": {tag: wall seconds}, "not_run": [...], "cut_short": [...]}."""
   from jetrl.train.loop import run  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import is_done, train_config  # pylint: disable=import-outside-toplevel
+  from jetrl.study import is_done, train_config  # pylint: disable=import-outside-toplevel
 
   timing, not_run, cut_short = {}, [], []
   for i, (length, spec, seed) in enumerate(combos):
@@ -327,7 +327,7 @@ def _worker_main(study, combos, start_by, end_by, log_path, result_path, t0):
 
 def split_combos(study: StudyConfig, workers: int) -> list[list]:
   """Each recipe's runs to one worker (round-robin over recipes), seeds in order."""
-  from jetrl.train.study import combinations  # pylint: disable=import-outside-toplevel
+  from jetrl.study import combinations  # pylint: disable=import-outside-toplevel
 
   groups = [[] for _ in range(min(workers, len(study.recipes)))]
   for i, spec in enumerate(study.recipes):
@@ -394,7 +394,7 @@ def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
   log = Log(os.path.join(cfg.out, "gpu_study.log"))
   import jax  # pylint: disable=import-outside-toplevel
 
-  from jetrl.train.study import (  # pylint: disable=import-outside-toplevel
+  from jetrl.study import (  # pylint: disable=import-outside-toplevel
     aggregate,
     collect,
     max_new_tokens_for,
@@ -402,7 +402,7 @@ def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
     verdicts,
     write_report,
   )
-  from jetrl.train.study.runner import read_timing, timing_path  # pylint: disable=import-outside-toplevel
+  from jetrl.study.runner import read_timing, timing_path  # pylint: disable=import-outside-toplevel
 
   device = dict(
     platform=jax.devices()[0].platform,

@@ -53,7 +53,7 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
   assert parse(["--sampling.top_k=none"]).sampling.top_k is None
   assert parse(["--sampling.top_k=40"]).sampling.top_k == 40
   # Tuples: comma-separated, each element checked.
-  from jetrl.train.study import GRID_FIELDS, StudyConfig
+  from jetrl.study import GRID_FIELDS, StudyConfig
 
   fv = flags.FlagValues()
   define_flags(StudyConfig(), fv, exclude=GRID_FIELDS)

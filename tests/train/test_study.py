@@ -12,7 +12,7 @@ import pytest
 
 from conftest import quiet
 from jetrl.config import ConfigError
-from jetrl.train.study import (
+from jetrl.study import (
   ACCURACY_HEADER,
   MISMATCH_HEADER,
   StudyConfig,
@@ -373,7 +373,7 @@ def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
   assert "Traceback" not in res.stderr
   # The study's flags: the RL nodes of train.py, the warm start's, none of the grid's fields.
   from jetrl.config.flags import flag_specs
-  from jetrl.train.study import GRID_FIELDS
+  from jetrl.study import GRID_FIELDS
 
   names = {s.path for s in flag_specs(StudyConfig(), exclude=GRID_FIELDS)}
   assert {
@@ -431,14 +431,14 @@ def test_a_value_a_run_refuses_stops_the_study_before_any_warm_start(
 
 STUDY_FAILS = """
 import runpy, sys
-import jetrl.train.study
+import jetrl.study
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.skips import SkippedUpdatesError
 kind = sys.argv[1]
 error = {"skipped": SkippedUpdatesError, "checkpoint": CheckpointError}[kind]
 def run_study(cfg):
   raise error(f"the {kind} message")
-jetrl.train.study.run_study = run_study
+jetrl.study.run_study = run_study
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -2,7 +2,7 @@
 lengths and seeds, each from a shared supervised warm start; then one report directory with
 tables (report.md), per-combination results (results.json) and PNG plots.
 
-  from jetrl.train.study import StudyConfig, run_study
+  from jetrl.study import StudyConfig, run_study
   run_study(StudyConfig(report_dir="runs/study", lengths=(3, 8)))
 
 `experiments/compare_precisions.py` is the command-line front end (one flag per field).
@@ -23,7 +23,7 @@ A recipe spec is a recipe name, optionally followed by `+` and an importance-sam
 correction: `fp8_rollout+tis`.
 """
 
-from jetrl.train.study.config import (
+from jetrl.study.config import (
   DEFAULT_RECIPES,
   GRID_FIELDS,
   StudyConfig,
@@ -39,7 +39,7 @@ from jetrl.train.study.config import (
   sft_name,
   train_config,
 )
-from jetrl.train.study.report import (
+from jetrl.study.report import (
   ACCURACY_HEADER,
   MISMATCH_HEADER,
   TABLE_HEADER,
@@ -52,7 +52,7 @@ from jetrl.train.study.report import (
   verdicts,
   write_report,
 )
-from jetrl.train.study.runner import run_study
+from jetrl.study.runner import run_study
 
 __all__ = [
   "DEFAULT_RECIPES",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Optional
 
 from jetrl.config import FlagError
-from jetrl.train.study.config import (
+from jetrl.study.config import (
   StudyConfig,
   check_combinations,
   combinations,
@@ -26,7 +26,7 @@ from jetrl.train.study.config import (
   sft_name,
   train_config,
 )
-from jetrl.train.study.report import collect, write_report
+from jetrl.study.report import collect, write_report
 from jetrl.train.validation import check_local
 
 

@@ -1,6 +1,6 @@
 """The study's aggregates and its report: per-run summaries from each run's metric records,
 means and spreads over seeds, paired comparisons with bf16, the verdicts, and report.md (with
-the figures of `jetrl.train.study.plots`).
+the figures of `jetrl.study.plots`).
 
 Paired comparisons. Every recipe runs the same seeds from the same warm start, so seed s of a
 recipe and seed s of bf16 share their warm start, their problems and their evaluation set. The
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jetrl.train.study.config import (
+from jetrl.study.config import (
   StudyConfig,
   combinations,
   is_done,
@@ -41,7 +41,7 @@ from jetrl.train.study.config import (
   sft_lengths_text,
   sft_name,
 )
-from jetrl.train.study.plots import write_plots
+from jetrl.study.plots import write_plots
 from jetrl.train.writers import read_jsonl
 
 BASELINE = "bf16"
