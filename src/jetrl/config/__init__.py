@@ -4,7 +4,7 @@
 flags with dotted names (and reads `--config=FILE`). The trees themselves live with the code
 that reads them: `jetrl.sampling.SamplingConfig`, `jetrl.rl.OptimizerConfig`,
 `jetrl.rl.UpdateConfig`, `jetrl.train.TrainConfig` (and its model, task, eval, checkpoint and
-logging nodes), `jetrl.train.SFTConfig`, `jetrl.train.study.StudyConfig`.
+logging nodes), `jetrl.train.SFTConfig`, `jetrl.study.StudyConfig`.
 """
 
 from jetrl.config.fields import (
