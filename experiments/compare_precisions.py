@@ -21,7 +21,7 @@ import sys
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
 from jetrl.train.skips import SkippedUpdatesError
-from jetrl.study import GRID_FIELDS, StudyConfig, run_study
+from jetrl.study import StudyConfig, run_study, set_by_study
 
 RENAMED = {
   "task": "task.name",
@@ -54,7 +54,7 @@ if __name__ == "__main__":
     StudyConfig(),
     study,
     doc=__doc__,
-    exclude=GRID_FIELDS,
+    exclude=set_by_study(StudyConfig()),
     renamed=RENAMED,
     errors=(SkippedUpdatesError, CheckpointError),
   )

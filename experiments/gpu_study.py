@@ -62,11 +62,17 @@ from typing import Optional
 from jetrl.config import ConfigError, FlagError, field, node
 from jetrl.rl import OptimizerConfig
 from jetrl.train import ModelSpec, TaskConfig
-from jetrl.study import GRID_FIELDS, StudyConfig, WarmStartConfig
+from jetrl.study import StudyConfig, WarmStartConfig, set_by_study
 
 # StudyConfig's fields that this script sets itself (from --out, --length / --min_tokens,
 # --start_by_s), and the warm start's mix (the study has one length).
-EXCLUDE = GRID_FIELDS + ("report_dir", "lengths", "time_budget_s", "quiet_runs", "sft.mix")
+EXCLUDE = set_by_study(StudyConfig()) + (
+  "report_dir",
+  "lengths",
+  "time_budget_s",
+  "quiet_runs",
+  "sft.mix",
+)
 # The flags of this script before it took the configuration's.
 RENAMED = {
   "toy": "config=experiments/configs/gpu_study_toy.py",
@@ -120,9 +126,8 @@ class GPUStudyConfig(StudyConfig):
   """The study's configuration with the GPU design's defaults, and this script's fields."""
 
   recipes: tuple[str, ...] = field(
-    ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet"),
-    "Recipe specs: a recipe name, optionally '+' and an importance-sampling correction "
-    "(fp8_rollout+tis).",
+    ("bf16", "fp8_rollout", "jet"),
+    "Precision recipes: one arm each (and fp8_rollout+tis: --corrected, --correction).",
   )
   steps: int = field(24, "RL steps per run.", lo=1)
   model: ModelSpec = node(ModelSpec(n_layers=4), "The policy model.")
@@ -329,11 +334,11 @@ def split_combos(study: StudyConfig, workers: int) -> list[list]:
   """Each recipe's runs to one worker (round-robin over recipes), seeds in order."""
   from jetrl.study import combinations  # pylint: disable=import-outside-toplevel
 
-  groups = [[] for _ in range(min(workers, len(study.recipes)))]
-  for i, spec in enumerate(study.recipes):
-    groups[i % len(groups)] += [c for c in combinations(study) if c[1] == spec]
+  groups = [[] for _ in range(min(workers, len(study.arms)))]
+  for i, arm in enumerate(study.arms):
+    groups[i % len(groups)] += [c for c in combinations(study) if c[1] == arm]
   for g in groups:
-    g.sort(key=lambda c: (c[2], study.recipes.index(c[1])))  # seed-major: seeds finish together
+    g.sort(key=lambda c: (c[2], study.arms.index(c[1])))  # seed-major: seeds finish together
   return groups
 
 
@@ -416,7 +421,7 @@ def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
     json.dump(study.to_dict(), f, indent=1)
   log(
     f"length {length} (max_new_tokens {max_new_tokens_for(study, length)}), "
-    f"recipes {list(study.recipes)}, seeds {list(study.seeds)}, {study.steps} steps of "
+    f"recipes {[arm.label for arm in study.arms]}, seeds {list(study.seeds)}, {study.steps} steps of "
     f"{study.prompts_per_step} x {study.sampling.n}; no run starts after {cfg.start_by_s:.0f}s, "
     f"runs stop at {cfg.end_by_s:.0f}s"
   )

@@ -33,8 +33,9 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-  recipes = [r for r in cfg.recipes if any(x["recipe"] == r for x in rows)]
-  colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(cfg.recipes)}
+  labels = [arm.label for arm in cfg.arms]
+  recipes = [r for r in labels if any(x["recipe"] == r for x in rows)]
+  colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(labels)}
   lengths = [int(L) for L in cfg.lengths if any(x["length"] == int(L) for x in rows)]
   of = lambda L, spec: [r for r in rows if r["length"] == L and r["recipe"] == spec]
   paths = []
