@@ -45,31 +45,24 @@ def test_paired_interval_hand_values():
   assert paired_interval([])["n"] == 0
 
 
+# What every hand-made row of a length-3 run has in common.
+ROW = {"length": 3, "max_new_tokens": 57, "steps_to_target": None, "diverged": False}
+ROW |= {"diverged_why": [], "abs_diff_max": 1.0, "seq_abs_sum_max": 1.0, "ratio_out_frac": 0.0}
+ROW |= {"reward_last": 0.5, "response_length": 40.0, "wall_s": 10.0}
+ROW |= {"time_rollout": 1.0, "time_reward": 0.0, "time_update": 1.0}
+
+
 def _row(recipe, seed, init, final, mismatch):
-  keys = ("abs_diff_mean", "seq_abs_sum_mean", "kl_k3")
-  return dict(
-    length=3,
-    recipe=recipe,
-    seed=seed,
-    max_new_tokens=57,
-    eval_initial=init,
-    eval_initial_bf16=init,
-    eval_final=final,
-    eval_final_bf16=final,
-    steps_to_target=None,
-    diverged=False,
-    diverged_why=[],
-    abs_diff_max=1.0,
-    seq_abs_sum_max=1.0,
-    ratio_out_frac=0.0,
-    reward_last=0.5,
-    response_length=40.0,
-    time_rollout=1.0,
-    time_reward=0.0,
-    time_update=1.0,
-    wall_s=10.0,
-    **{k: mismatch for k in keys},
-  )
+  """A finished run's row: accuracies `init` -> `final` (the same scored own and bf16), every
+  mismatch measure `mismatch`."""
+  return {
+    **ROW,
+    "recipe": recipe,
+    "seed": seed,
+    **dict.fromkeys(("eval_initial", "eval_initial_bf16"), init),
+    **dict.fromkeys(("eval_final", "eval_final_bf16"), final),
+    **dict.fromkeys(("abs_diff_mean", "seq_abs_sum_mean", "kl_k3"), mismatch),
+  }
 
 
 def _grid(bf16_final, off_final, jet_final, off_mismatch=3e-3):
@@ -170,23 +163,31 @@ def test_a_combinations_error_names_the_field_of_the_study_that_set_it(tiny_stud
   failing one (an axis, or a node the study hands on), else the template's own path."""
   cfg = tiny_study_config("x", lengths=(1, 2))
   run = run_settings(cfg, 2, cfg.arms[0], 0)
-  named = lambda path, settings, prefix: flag_error(ConfigError(path, "bad"), settings, prefix, "w")
-  assert str(named("sampling.temperature", run, "")) == "--sampling.temperature: bad (w)"
-  assert str(named("sampling.max_new_tokens", run, "")) == "--token_margin: bad (w)"
-  assert str(named("task.length", run, "")) == "--lengths: bad (w)"
-  assert str(named("recipe", run, "")) == "--recipes: bad (w)"
-  assert str(named("seed", run, "")) == "--seeds: bad (w)"
-  assert str(named("update.is_method", run, "")) == "--correction: bad (w)"
   warm = sft_settings(cfg, 2)
-  assert str(named("optimizer.lr", warm, "sft.")) == "--sft.optimizer.lr: bad (w)"
-  assert str(named("steps", warm, "sft.")) == "--sft.steps: bad (w)"
-  assert str(named("max_new_tokens", warm, "sft.")) == "--token_margin: bad (w)"
-  assert str(named("mix_lengths", warm, "sft.")) == "--lengths: bad (w)"
-  assert str(named("task.length", warm, "sft.")) == "--lengths: bad (w)"
-  assert str(named("task.difficulty", warm, "sft.")) == "--task.difficulty: bad (w)"
   shared = sft_settings(cfg.replace(sft={"length": 1}), 2)
-  assert str(named("task.length", shared, "sft.")) == "--sft.length: bad (w)"
-  assert str(named(None, run, "")) == "bad (w)"
+
+  def named(settings, prefix, failing):
+    """The flags named for the failing fields `failing` (space-separated)."""
+    paths = (flag_error(ConfigError(p, "bad"), settings, prefix, "w").path for p in failing.split())
+    return " ".join(paths)
+
+  # A run's field keeps its path; one the grid sets names the study's field that set it.
+  assert (
+    named(run, "", "sampling.temperature sampling.max_new_tokens task.length recipe seed")
+    == "sampling.temperature token_margin lengths recipes seeds"
+  )
+  assert named(run, "", "update.is_method update.loss") == "correction update.loss"
+  # A warm start's field is under --sft.; the model, task and evaluation are the study's own.
+  assert (
+    named(warm, "sft.", "optimizer.lr steps max_new_tokens mix_lengths task.length")
+    == "sft.optimizer.lr sft.steps token_margin lengths lengths"
+  )
+  assert named(warm, "sft.", "task.difficulty eval.size") == "task.difficulty eval.size"
+  assert named(shared, "sft.", "task.length") == "sft.length"
+  assert (
+    str(flag_error(ConfigError("seed", "bad"), run, "", "the run x")) == "--seeds: bad (the run x)"
+  )
+  assert str(flag_error(ConfigError(None, "bad"), run, "", "the run x")) == "bad (the run x)"
   # What the study sets is what it leaves out of its flags.
   grid = set(set_by_study(cfg))
   assert {p for _, sets in run for p in sets} | {

@@ -74,11 +74,7 @@ class WarmStartConfig(SFTConfig):
 
   steps: int = field(200, "SFT steps per warm start.", lo=1)
   answer_noise: float = field(
-    0.5,
-    "Fraction of the warm start's gold solutions whose final answer is misreported (its last "
-    "digit replaced by the next one).",
-    lo=0.0,
-    hi=1.0,
+    0.5, "Fraction of the gold solutions whose final answer is misreported.", lo=0.0, hi=1.0
   )
   logging: LoggingConfig = node(
     LoggingConfig(every=10, tensorboard=False, plots=False), "Metrics of the warm start."

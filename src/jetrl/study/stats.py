@@ -74,62 +74,59 @@ def _by_seed(rows, key):
   return {r["seed"]: r[key] for r in rows}
 
 
+def _paired(rs: Sequence[dict], base: Sequence[dict], key: str) -> dict:
+  """The paired interval of `key` in `rs` minus `base`, over the seeds both have."""
+  mine, theirs = _by_seed(rs, key), _by_seed(base, key)
+  return paired_interval([mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs))])
+
+
+# Means over the seeds of a (length, arm), each of the runs' value of that name.
+MEANS = (
+  "ratio_out_frac",
+  "reward_last",
+  "response_length",
+  "time_rollout",
+  "time_reward",
+  "time_update",
+  "wall_s",
+)
+
+
 def aggregate(rows: Sequence[dict]) -> list[dict]:
-  """Rows grouped by (length, recipe) over seeds, in first-seen order, with paired comparisons
+  """Rows grouped by (length, arm) over seeds, in first-seen order, with paired comparisons
   against bf16's runs of the same length and seeds."""
   groups: dict = {}
   for r in rows:
     groups.setdefault((r["length"], r["recipe"]), []).append(r)
   out = []
-  for (L, spec), rs in groups.items():
-    ms = lambda k: _mean_spread([r.get(k) for r in rs])
-    acc, acc_sd = ms("eval_final")
-    acc16, acc16_sd = ms("eval_final_bf16")
-    init, _ = ms("eval_initial")
-    init16, _ = ms("eval_initial_bf16")
-    base = groups.get((L, BASELINE), [])
-    paired = {}
-    for key in ("eval_final_bf16", "eval_final"):
-      mine, theirs = _by_seed(rs, key), _by_seed(base, key)
-      seeds = sorted(set(mine) & set(theirs))
-      paired[key] = paired_interval([mine[s] - theirs[s] for s in seeds])
-    gain = paired_interval([r["eval_final_bf16"] - r["eval_initial_bf16"] for r in rs])
+  for (L, label), rs in groups.items():
+    spread = lambda k: _mean_spread([r.get(k) for r in rs])
     mean = lambda k: nan_mean([r[k] for r in rs if r.get(k) is not None])
-    out.append(
-      dict(
-        length=L,
-        recipe=spec,
-        n_seeds=len(rs),
-        seeds=[r["seed"] for r in rs],
-        max_new_tokens=rs[0]["max_new_tokens"],
-        eval_initial=init,
-        eval_initial_bf16=init16,
-        eval_final=acc,
-        eval_final_sd=acc_sd,
-        eval_final_bf16=acc16,
-        eval_final_bf16_sd=acc16_sd,
-        gain_bf16=gain,
-        vs_bf16=paired["eval_final_bf16"],
-        vs_bf16_own=paired["eval_final"],
-        steps_to_target=[r["steps_to_target"] for r in rs],
-        n_diverged=sum(r["diverged"] for r in rs),
-        diverged_why=sorted({w for r in rs for w in r["diverged_why"]}),
-        abs_diff_mean=mean("abs_diff_mean"),
-        abs_diff_mean_sd=_mean_spread([r["abs_diff_mean"] for r in rs])[1],
-        abs_diff_max=float(np.max([r["abs_diff_max"] for r in rs])),
-        seq_abs_sum_mean=mean("seq_abs_sum_mean"),
-        seq_abs_sum_max=float(np.nanmax([r.get("seq_abs_sum_max", np.nan) for r in rs])),
-        kl_k3=mean("kl_k3"),
-        kl_k3_sd=_mean_spread([r["kl_k3"] for r in rs])[1],
-        ratio_out_frac=mean("ratio_out_frac"),
-        reward_last=mean("reward_last"),
-        response_length=mean("response_length"),
-        time_rollout=mean("time_rollout"),
-        time_reward=mean("time_reward"),
-        time_update=mean("time_update"),
-        wall_s=nan_mean([r["wall_s"] for r in rs if r.get("wall_s") is not None]),
-      )
+    base = groups.get((L, BASELINE), [])
+    a = dict(length=L, recipe=label, n_seeds=len(rs), seeds=[r["seed"] for r in rs])
+    a["max_new_tokens"] = rs[0]["max_new_tokens"]
+    for key in ("eval_initial", "eval_initial_bf16"):
+      a[key] = spread(key)[0]
+    for key in ("eval_final", "eval_final_bf16"):
+      a[key], a[key + "_sd"] = spread(key)
+    a["gain_bf16"] = paired_interval([r["eval_final_bf16"] - r["eval_initial_bf16"] for r in rs])
+    a["vs_bf16"], a["vs_bf16_own"] = (
+      _paired(rs, base, k) for k in ("eval_final_bf16", "eval_final")
     )
+    a["steps_to_target"] = [r["steps_to_target"] for r in rs]
+    a["n_diverged"] = sum(r["diverged"] for r in rs)
+    a["diverged_why"] = sorted({w for r in rs for w in r["diverged_why"]})
+    a.update(
+      abs_diff_mean=mean("abs_diff_mean"),
+      abs_diff_mean_sd=spread("abs_diff_mean")[1],
+      abs_diff_max=float(np.max([r["abs_diff_max"] for r in rs])),
+      seq_abs_sum_mean=mean("seq_abs_sum_mean"),
+      seq_abs_sum_max=float(np.nanmax([r.get("seq_abs_sum_max", np.nan) for r in rs])),
+      kl_k3=mean("kl_k3"),
+      kl_k3_sd=spread("kl_k3")[1],
+    )
+    a.update({k: mean(k) for k in MEANS})
+    out.append(a)
   return out
 
 
