@@ -18,7 +18,7 @@ Layout of the report directory:
   sft/mix{lengths}/                  with --sft.mix, one trained on every length, shared by all
   runs/L{length}/{arm}/seed{s}/      one RL run (`jetrl.train.run`'s workdir)
   results.json                       one row per finished combination (the aggregates' source)
-  verdicts.json                      the verdicts per length (rules: `report`)
+  verdicts.json                      the verdicts per length (rules: `stats`)
   report.md, *.png                   the report
 
 An arm is a precision recipe and the importance-sampling correction of its runs (`Arm`): one
