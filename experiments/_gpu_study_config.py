@@ -10,11 +10,17 @@ from typing import Optional
 from jetrl.config import ConfigError, field, node
 from jetrl.rl import OptimizerConfig
 from jetrl.train import ModelSpec, TaskConfig
-from jetrl.train.study import GRID_FIELDS, StudyConfig, WarmStartConfig
+from jetrl.study import StudyConfig, WarmStartConfig, set_by_study
 
 # StudyConfig's fields that this script sets itself (from --out, --length / --min_tokens,
 # --start_by_s), and the warm start's mix (the study has one length).
-EXCLUDE = GRID_FIELDS + ("report_dir", "lengths", "time_budget_s", "quiet_runs", "sft.mix")
+EXCLUDE = set_by_study(StudyConfig()) + (
+  "report_dir",
+  "lengths",
+  "time_budget_s",
+  "quiet_runs",
+  "sft.mix",
+)
 # The flags of this script before it took the configuration's.
 RENAMED = {
   "toy": "config=experiments/configs/gpu_study_toy.py",
@@ -68,9 +74,8 @@ class GPUStudyConfig(StudyConfig):
   """The study's configuration with the GPU design's defaults, and this script's fields."""
 
   recipes: tuple[str, ...] = field(
-    ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet"),
-    "Recipe specs: a recipe name, optionally '+' and an importance-sampling correction "
-    "(fp8_rollout+tis).",
+    ("bf16", "fp8_rollout", "jet"),
+    "Precision recipes: one arm each (and fp8_rollout+tis: --corrected, --correction).",
   )
   steps: int = field(24, "RL steps per run.", lo=1)
   model: ModelSpec = node(ModelSpec(n_layers=4), "The policy model.")
@@ -130,7 +135,7 @@ def study_config(cfg: GPUStudyConfig) -> StudyConfig:
 def task_length(cfg: StudyConfig, min_tokens: int) -> int:
   """The smallest task length whose generation budget reaches `min_tokens`."""
   from jetrl.data.registry import task_class  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import max_new_tokens_for  # pylint: disable=import-outside-toplevel
+  from jetrl.study import max_new_tokens_for  # pylint: disable=import-outside-toplevel
 
   lo, hi = task_class(cfg.task.name).length_range
   for length in range(lo, hi + 1):

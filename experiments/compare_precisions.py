@@ -12,7 +12,7 @@ report adds paired intervals against bf16 and the verdicts. Finished combination
 rerunning the command resumes an interrupted study. Writes <report_dir>/report.md,
 results.json and PNG plots. The RL flags are those of experiments/train.py (--optimizer.lr,
 --sampling.temperature, --update.loss, ...), the warm start's are --sft.*. See
-jetrl.train.study.
+jetrl.study.
 """
 
 import shlex
@@ -21,7 +21,7 @@ import sys
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
 from jetrl.train.skips import SkippedUpdatesError
-from jetrl.train.study import GRID_FIELDS, StudyConfig, run_study
+from jetrl.study import StudyConfig, run_study, set_by_study
 
 RENAMED = {
   "task": "task.name",
@@ -54,7 +54,7 @@ if __name__ == "__main__":
     StudyConfig(),
     study,
     doc=__doc__,
-    exclude=GRID_FIELDS,
+    exclude=set_by_study(StudyConfig()),
     renamed=RENAMED,
     errors=(SkippedUpdatesError, CheckpointError),
   )

@@ -4,7 +4,7 @@
   PYTHONPATH=src python3 experiments/gpu_study.py --out=/tmp/toy \\
       --config=experiments/configs/gpu_study_toy.py                 # minutes, on a CPU
 
-The design of docs/precision_study.md (`jetrl.train.study`) at a length whose generation budget
+The design of docs/precision_study.md (`jetrl.study`) at a length whose generation budget
 is at least --min_tokens: 1-digit-carry addition with --length digits per addend (none: the
 smallest length reaching --min_tokens; the scratchpad grows with it), the `tiny` preset with
 --model.n_layers=4 layers, the recipes bf16, fp8_rollout (old log-probs recomputed, no
@@ -68,7 +68,7 @@ from _gpu_study_config import (  # noqa: E402
   task_length,
 )
 from jetrl.config import FlagError  # noqa: E402
-from jetrl.train.study import StudyConfig  # noqa: E402
+from jetrl.study import StudyConfig  # noqa: E402
 
 __all__ = [
   "EXCLUDE",
@@ -102,7 +102,7 @@ class Log:
 def warm_start(cfg: GPUStudyConfig, study: StudyConfig, log, t0: float) -> dict:
   """SFT in chunks until the accuracy reaches the target; the shared warm start."""
   from jetrl.train.sft import run_sft  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import sft_config, sft_name  # pylint: disable=import-outside-toplevel
+  from jetrl.study import sft_config, sft_name  # pylint: disable=import-outside-toplevel
 
   length = study.lengths[0]
   w = cfg.sft
@@ -159,7 +159,7 @@ def worker(study: StudyConfig, combos, start_by: float, end_by: float, log, t0: 
 
   Returns {"timing": {tag: wall seconds}, "not_run": [...], "cut_short": [...]}."""
   from jetrl.train.loop import run  # pylint: disable=import-outside-toplevel
-  from jetrl.train.study import is_done, train_config  # pylint: disable=import-outside-toplevel
+  from jetrl.study import is_done, train_config  # pylint: disable=import-outside-toplevel
 
   timing, not_run, cut_short = {}, [], []
   for i, (length, spec, seed) in enumerate(combos):
@@ -213,13 +213,13 @@ def _worker_main(study, combos, start_by, end_by, log_path, result_path, t0):
 
 def split_combos(study: StudyConfig, workers: int) -> list[list]:
   """Each recipe's runs to one worker (round-robin over recipes), seeds in order."""
-  from jetrl.train.study import combinations  # pylint: disable=import-outside-toplevel
+  from jetrl.study import combinations  # pylint: disable=import-outside-toplevel
 
-  groups = [[] for _ in range(min(workers, len(study.recipes)))]
-  for i, spec in enumerate(study.recipes):
-    groups[i % len(groups)] += [c for c in combinations(study) if c[1] == spec]
+  groups = [[] for _ in range(min(workers, len(study.arms)))]
+  for i, arm in enumerate(study.arms):
+    groups[i % len(groups)] += [c for c in combinations(study) if c[1] == arm]
   for g in groups:
-    g.sort(key=lambda c: (c[2], study.recipes.index(c[1])))  # seed-major: seeds finish together
+    g.sort(key=lambda c: (c[2], study.arms.index(c[1])))  # seed-major: seeds finish together
   return groups
 
 
@@ -280,7 +280,7 @@ def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
   log = Log(os.path.join(cfg.out, "gpu_study.log"))
   import jax  # pylint: disable=import-outside-toplevel
 
-  from jetrl.train.study import (  # pylint: disable=import-outside-toplevel
+  from jetrl.study import (  # pylint: disable=import-outside-toplevel
     aggregate,
     collect,
     max_new_tokens_for,
@@ -288,7 +288,7 @@ def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
     verdicts,
     write_report,
   )
-  from jetrl.train.study.runner import read_timing, timing_path  # pylint: disable=import-outside-toplevel
+  from jetrl.study.runner import read_timing, timing_path  # pylint: disable=import-outside-toplevel
 
   device = dict(
     platform=jax.devices()[0].platform,
@@ -302,7 +302,7 @@ def run(cfg: GPUStudyConfig, command: str = "(from Python)") -> dict:
     json.dump(study.to_dict(), f, indent=1)
   log(
     f"length {length} (max_new_tokens {max_new_tokens_for(study, length)}), "
-    f"recipes {list(study.recipes)}, seeds {list(study.seeds)}, {study.steps} steps of "
+    f"recipes {[arm.label for arm in study.arms]}, seeds {list(study.seeds)}, {study.steps} steps of "
     f"{study.prompts_per_step} x {study.sampling.n}; no run starts after {cfg.start_by_s:.0f}s, "
     f"runs stop at {cfg.end_by_s:.0f}s"
   )

@@ -133,14 +133,15 @@ def tiny_sft_config():
 
 @pytest.fixture(scope="session")
 def tiny_study_config():
-  """`make(report_dir, **changes)`: fp8_rollout and jet at length 1, one seed, runs shaped like
+  """`make(report_dir, **changes)`: fp8_rollout and jet (no corrected arm) at length 1, one seed, runs shaped like
   `tiny_train_config`'s, warm starts like `tiny_sft_config`'s."""
   from jetrl.train import EvalConfig
-  from jetrl.train.study import StudyConfig, WarmStartConfig
+  from jetrl.study import StudyConfig, WarmStartConfig
 
   nodes = _tiny_nodes()
   base = StudyConfig(
     recipes=("fp8_rollout", "jet"),
+    corrected=(),
     lengths=(1,),
     seeds=(0,),
     steps=2,

@@ -33,7 +33,7 @@ SMALLEST = {
   ),
   "precision_study.ipynb": (
     "SMALL = True\n"
-    "OVERRIDES = dict(recipes=('fp8_rollout', 'jet'), lengths=(1,), seeds=(0,),\n"
+    "OVERRIDES = dict(recipes=('fp8_rollout', 'jet'), corrected=(), lengths=(1,), seeds=(0,),\n"
     "                 token_margin=2, steps=2, prompts_per_step=2, model={'n_layers': 1},\n"
     "                 sampling={'n': 2}, eval={'every': None, 'size': 4},\n"
     "                 sft={'steps': 10, 'batch_size': 8})\n"

@@ -54,13 +54,25 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
   assert parse(["--sampling.top_k=none"]).sampling.top_k is None
   assert parse(["--sampling.top_k=40"]).sampling.top_k == 40
   # Tuples: comma-separated, each element checked.
-  from jetrl.train.study import GRID_FIELDS, StudyConfig
+  from jetrl.study import StudyConfig, set_by_study
 
   fv = flags.FlagValues()
-  define_flags(StudyConfig(), fv, exclude=GRID_FIELDS)
-  fv(["prog", "--recipes=bf16, jet+tis", "--lengths=2,4", "--seeds=0,1", "--sft.optimizer.lr=2e-3"])
-  study = config_from_flags(StudyConfig(), fv, exclude=GRID_FIELDS)
-  assert study.recipes == ("bf16", "jet+tis") and study.lengths == (2, 4)
+  grid = set_by_study(StudyConfig())
+  define_flags(StudyConfig(), fv, exclude=grid)
+  fv(
+    [
+      "prog",
+      "--recipes=bf16, jet",
+      "--corrected=jet",
+      "--lengths=2,4",
+      "--seeds=0,1",
+      "--sft.optimizer.lr=2e-3",
+    ]
+  )
+  study = config_from_flags(StudyConfig(), fv, exclude=grid)
+  assert study.recipes == ("bf16", "jet") and study.corrected == ("jet",)
+  assert [arm.label for arm in study.arms] == ["bf16", "jet", "jet+tis"]
+  assert study.lengths == (2, 4)
   assert study.seeds == (0, 1) and study.sft.optimizer.lr == 2e-3
   assert "task.length" not in fv and "command" not in fv
 

@@ -12,19 +12,24 @@ import pytest
 
 from conftest import quiet
 from jetrl.config import ConfigError
-from jetrl.train.study import (
+from jetrl.study import (
   ACCURACY_HEADER,
   MISMATCH_HEADER,
+  Arm,
   StudyConfig,
   aggregate,
+  format_table,
   max_new_tokens_for,
   paired_interval,
-  parse_recipe,
+  run_settings,
   run_study,
+  set_by_study,
   sft_config,
+  sft_settings,
   train_config,
   verdicts,
 )
+from jetrl.study.config import flag_error
 
 
 def test_paired_interval_hand_values():
@@ -40,31 +45,24 @@ def test_paired_interval_hand_values():
   assert paired_interval([])["n"] == 0
 
 
+# What every hand-made row of a length-3 run has in common.
+ROW = {"length": 3, "max_new_tokens": 57, "steps_to_target": None, "diverged": False}
+ROW |= {"diverged_why": [], "abs_diff_max": 1.0, "seq_abs_sum_max": 1.0, "ratio_out_frac": 0.0}
+ROW |= {"reward_last": 0.5, "response_length": 40.0, "wall_s": 10.0}
+ROW |= {"time_rollout": 1.0, "time_reward": 0.0, "time_update": 1.0}
+
+
 def _row(recipe, seed, init, final, mismatch):
-  keys = ("abs_diff_mean", "seq_abs_sum_mean", "kl_k3")
-  return dict(
-    length=3,
-    recipe=recipe,
-    seed=seed,
-    max_new_tokens=57,
-    eval_initial=init,
-    eval_initial_bf16=init,
-    eval_final=final,
-    eval_final_bf16=final,
-    steps_to_target=None,
-    diverged=False,
-    diverged_why=[],
-    abs_diff_max=1.0,
-    seq_abs_sum_max=1.0,
-    ratio_out_frac=0.0,
-    reward_last=0.5,
-    response_length=40.0,
-    time_rollout=1.0,
-    time_reward=0.0,
-    time_update=1.0,
-    wall_s=10.0,
-    **{k: mismatch for k in keys},
-  )
+  """A finished run's row: accuracies `init` -> `final` (the same scored own and bf16), every
+  mismatch measure `mismatch`."""
+  return {
+    **ROW,
+    "recipe": recipe,
+    "seed": seed,
+    **dict.fromkeys(("eval_initial", "eval_initial_bf16"), init),
+    **dict.fromkeys(("eval_final", "eval_final_bf16"), final),
+    **dict.fromkeys(("abs_diff_mean", "seq_abs_sum_mean", "kl_k3"), mismatch),
+  }
 
 
 def _grid(bf16_final, off_final, jet_final, off_mismatch=3e-3):
@@ -104,17 +102,36 @@ def test_verdict_rules():
   assert verdicts(rows, aggregate(rows), 3)["central"] == "inconclusive"
 
 
-def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
-  assert parse_recipe("jet") == ("jet", "none")
-  assert parse_recipe("fp8_rollout+tis") == ("fp8_rollout", "tis")
-  with pytest.raises(ConfigError, match="unknown recipe"):
-    parse_recipe("fp9")
-  with pytest.raises(ConfigError, match="unknown correction"):
-    parse_recipe("jet+foo")
+def _labels(cfg):
+  return [arm.label for arm in cfg.arms]
+
+
+def test_arms_budget_and_combination_configs(tiny_study_config):
+  # The design's arms: each recipe, and fp8_rollout again with TIS, right after its own.
+  assert _labels(StudyConfig()) == ["bf16", "fp8_rollout", "fp8_rollout+tis", "jet", "jet_exact"]
+  assert Arm("jet").label == "jet" and str(Arm("fp8_rollout", "tis")) == "fp8_rollout+tis"
+  assert _labels(StudyConfig(recipes=("bf16", "jet"))) == ["bf16", "jet"]
+  assert _labels(StudyConfig(corrected=("jet",), correction="mis")) == [
+    "bf16",
+    "fp8_rollout",
+    "jet",
+    "jet+mis",
+    "jet_exact",
+  ]
+  with pytest.raises(ConfigError, match="recipes: 'fp9': unknown recipe"):
+    StudyConfig(recipes=("jet", "fp9"))
+  with pytest.raises(ConfigError, match="recipes: 'fp8_rollout\\+tis': unknown recipe"):
+    StudyConfig(recipes=("fp8_rollout+tis",))
+  with pytest.raises(ConfigError, match="correction: 'foo' is not accepted"):
+    StudyConfig(correction="foo")
+  with pytest.raises(ConfigError, match="correction: 'none' is not accepted"):
+    StudyConfig(correction="none")
   cfg = tiny_study_config("x")
   assert max_new_tokens_for(cfg, 1) == 21 + 1 + 2  # longest gold completion + eos + margin
-  run_cfg = train_config(cfg.replace(recipes=("fp8_rollout+tis",)), 1, "fp8_rollout+tis", 3)
+  tis = cfg.replace(recipes=("fp8_rollout",), corrected=("fp8_rollout",))
+  run_cfg = train_config(tis, 1, tis.arms[1], 3)
   assert (run_cfg.recipe, run_cfg.update.is_method, run_cfg.seed) == ("fp8_rollout", "tis", 3)
+  assert run_cfg.workdir.endswith("runs/L1/fp8_rollout+tis/seed3")
   assert (run_cfg.task.length, run_cfg.sampling.max_new_tokens) == (1, 24)
   assert run_cfg.optimizer is cfg.optimizer and run_cfg.init_from.endswith("sft/L1")
   with pytest.raises(ConfigError, match=r"lengths: 0: must be in \[1, 300\]"):
@@ -122,20 +139,79 @@ def test_parse_recipe_budget_and_combination_configs(tiny_study_config):
   with pytest.raises(ConfigError, match="task.name: 'gsm8k' is not a synthetic task"):
     cfg.replace(task={"name": "gsm8k"})
   assert run_cfg.eval.also_bf16 and run_cfg.update.old_logp == "recompute"
-  with pytest.raises(ConfigError, match=r"update.old_logp: 'rollout' cannot be combined"):
-    cfg.replace(recipes=("fp8_rollout+tis",), update={"old_logp": "rollout"})
+  with pytest.raises(
+    ConfigError,
+    match=r"update.old_logp: 'rollout' cannot be combined with the correction of 'fp8_rollout\+tis'",
+  ):
+    tis.replace(update={"old_logp": "rollout"})
   # One warm start shared by every length: the runs of length 2 start from the length-1 one.
   shared = cfg.replace(lengths=(1, 2), sft={"length": 1})
-  assert train_config(shared, 2, "jet", 0).init_from.endswith("sft/L1")
+  assert train_config(shared, 2, Arm("jet"), 0).init_from.endswith("sft/L1")
   assert sft_config(shared, 2).task.length == 1
   # One warm start trained on every length in turn, with the budget of the longest.
   mixed = cfg.replace(lengths=(1, 2), sft={"mix": True})
-  assert train_config(mixed, 2, "jet", 0).init_from.endswith("sft/mix1_2")
+  assert train_config(mixed, 2, Arm("jet"), 0).init_from.endswith("sft/mix1_2")
   warm = sft_config(mixed, 2)
   assert (warm.mix_lengths, warm.task.length) == ((1, 2), 1)
   assert warm.max_new_tokens == max_new_tokens_for(cfg, 2) > max_new_tokens_for(cfg, 1)
   with pytest.raises(ConfigError, match="mix: trains on every length"):
     cfg.replace(sft={"mix": True, "length": 1})
+
+
+def test_a_combinations_error_names_the_field_of_the_study_that_set_it(tiny_study_config):
+  """What a combination refuses is reported under the study's flag: the field that set the
+  failing one (an axis, or a node the study hands on), else the template's own path."""
+  cfg = tiny_study_config("x", lengths=(1, 2))
+  run = run_settings(cfg, 2, cfg.arms[0], 0)
+  warm = sft_settings(cfg, 2)
+  shared = sft_settings(cfg.replace(sft={"length": 1}), 2)
+
+  def named(settings, prefix, failing):
+    """The flags named for the failing fields `failing` (space-separated)."""
+    paths = (flag_error(ConfigError(p, "bad"), settings, prefix, "w").path for p in failing.split())
+    return " ".join(paths)
+
+  # A run's field keeps its path; one the grid sets names the study's field that set it.
+  assert (
+    named(run, "", "sampling.temperature sampling.max_new_tokens task.length recipe seed")
+    == "sampling.temperature token_margin lengths recipes seeds"
+  )
+  assert named(run, "", "update.is_method update.loss") == "correction update.loss"
+  # A warm start's field is under --sft.; the model, task and evaluation are the study's own.
+  assert (
+    named(warm, "sft.", "optimizer.lr steps max_new_tokens mix_lengths task.length")
+    == "sft.optimizer.lr sft.steps token_margin lengths lengths"
+  )
+  assert named(warm, "sft.", "task.difficulty eval.size") == "task.difficulty eval.size"
+  assert named(shared, "sft.", "task.length") == "sft.length"
+  assert (
+    str(flag_error(ConfigError("seed", "bad"), run, "", "the run x")) == "--seeds: bad (the run x)"
+  )
+  assert str(flag_error(ConfigError(None, "bad"), run, "", "the run x")) == "bad (the run x)"
+  # What the study sets is what it leaves out of its flags.
+  grid = set(set_by_study(cfg))
+  assert {p for _, sets in run for p in sets} | {
+    "sft." + p for _, sets in warm for p in sets
+  } == grid
+
+
+def test_committed_studies_re_report_identically(root):
+  """The results of docs/study/*/ (rows named by their arms' labels, fp8_rollout+tis among them)
+  give their committed verdicts again, one table line per arm in the order the same grid runs
+  them today."""
+  for name, cfg in (
+    ("a_length3", StudyConfig()),
+    ("b_lengths", StudyConfig(recipes=("bf16", "fp8_rollout", "jet", "jet_exact"), corrected=())),
+  ):
+    study = root / "docs" / "study" / name
+    saved = json.loads((study / "study_config.json").read_text())
+    assert _labels(cfg) == saved["recipes"], name
+    rows = json.loads((study / "results.json").read_text())
+    agg = aggregate(rows)
+    for length, v in json.loads((study / "verdicts.json").read_text()).items():
+      assert verdicts(rows, agg, int(length)) == v, (name, length)
+      table = format_table([a for a in agg if a["length"] == int(length)])
+      assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == _labels(cfg)
 
 
 def _gpu_study(root):
@@ -152,15 +228,24 @@ def _gpu_study(root):
   return sys.modules["gpu_study"]
 
 
-def _gpu_toy(root, out, **changes):
-  """The toy configuration of experiments/configs/gpu_study_toy.py, as --config reads it."""
+def _gpu_toy(root, out, seeds=(0,)):
+  """The toy configuration of experiments/configs/gpu_study_toy.py, as --config reads it, with
+  the arms fp8_rollout and jet, sampled and evaluated at temperature 0.7."""
   from jetrl.config.flags import load_config_file
 
   gs = _gpu_study(root)
   toy = load_config_file(
     str(root / "experiments" / "configs" / "gpu_study_toy.py"), gs.GPUStudyConfig()
   )
-  return toy.replace(out=str(out), workers=1, **changes)
+  return toy.replace(
+    out=str(out),
+    workers=1,
+    recipes=("fp8_rollout", "jet"),
+    corrected=(),
+    seeds=seeds,
+    sampling={"temperature": 0.7},
+    eval={"temperature": 0.7},
+  )
 
 
 def test_gpu_study_flags_are_config_paths_with_the_gpu_design_defaults(root):
@@ -171,7 +256,7 @@ def test_gpu_study_flags_are_config_paths_with_the_gpu_design_defaults(root):
   gs = _gpu_study(root)
   d = gs.GPUStudyConfig()
   # The GPU design (docs/precision_study.md), written out.
-  assert d.recipes == ("bf16", "fp8_rollout", "fp8_rollout+tis", "jet")
+  assert _labels(d) == ["bf16", "fp8_rollout", "fp8_rollout+tis", "jet"]
   assert (d.seeds, d.steps, d.prompts_per_step, d.token_margin) == ((0, 1, 2, 3, 4), 24, 16, 8)
   assert d.model.n_layers == 4 and (d.task.name, d.task.difficulty) == ("addition", 1)
   assert (d.sampling.n, d.sampling.temperature, d.optimizer.lr) == (8, 0.5, 5e-5)
@@ -241,14 +326,7 @@ def gpu_toy_study(tmp_path_factory, root):
   """experiments/gpu_study.py at the toy size, fp8_rollout and jet, seed 0: (out dir, result)."""
   gs = _gpu_study(root)
   out = tmp_path_factory.mktemp("gpu_study")
-  cfg = _gpu_toy(
-    root,
-    out,
-    recipes=("fp8_rollout", "jet"),
-    seeds=(0,),
-    sampling={"temperature": 0.7},
-    eval={"temperature": 0.7},
-  )
+  cfg = _gpu_toy(root, out)
   return out, gs.run(cfg, "python3 experiments/gpu_study.py --config=gpu_study_toy.py")
 
 
@@ -288,14 +366,7 @@ def test_gpu_study_toy_report_and_resume(gpu_toy_study, root):
   assert "[2/2] L1/jet/seed0: running" in log and "mechanism" in log
 
   # Rerunning resumes: finished runs are skipped.
-  cfg = _gpu_toy(
-    root,
-    tmp_path,
-    recipes=("fp8_rollout", "jet"),
-    seeds=(0,),
-    sampling={"temperature": 0.7},
-    eval={"temperature": 0.7},
-  )
+  cfg = _gpu_toy(root, tmp_path)
   gs.run(cfg)
   assert (tmp_path / "gpu_study.log").read_text().count("done already, skipped") == 2
 
@@ -318,14 +389,7 @@ def test_gpu_study_stops_a_run_at_the_end_deadline(gpu_toy_study, root, tmp_path
     return time.time() + (1e6 if written else 0.0)
 
   monkeypatch.setattr(gs, "clock", clock)
-  cfg = _gpu_toy(
-    root,
-    tmp_path,
-    recipes=("fp8_rollout", "jet"),
-    seeds=(0, 1),
-    sampling={"temperature": 0.7},
-    eval={"temperature": 0.7},
-  )
+  cfg = _gpu_toy(root, tmp_path, seeds=(0, 1))
   out = gs.run(cfg)
   # Seed 0 was done; fp8_rollout/seed1 ran its step 1 of 2, then stopped; jet/seed1 never began.
   assert out["cut_short"] == [
@@ -356,34 +420,35 @@ def test_time_budget_stops_new_combinations(tmp_path, tiny_study_config):
   assert "Time budget" in (tmp_path / "report.md").read_text()
 
 
+def _python(*argv):
+  """A Python subprocess (of this interpreter) on `argv`, its output captured."""
+  return subprocess.run(
+    [sys.executable, *map(str, argv)], check=False, capture_output=True, text=True, timeout=120
+  )
+
+
 def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
-  res = subprocess.run(
-    [
-      sys.executable,
-      str(root / "experiments" / "compare_precisions.py"),
-      f"--report_dir={tmp_path}",
-      "--recipes=jet,fp9",
-    ],
-    check=False,
-    capture_output=True,
-    text=True,
-    timeout=120,
+  res = _python(
+    root / "experiments" / "compare_precisions.py", f"--report_dir={tmp_path}", "--recipes=jet,fp9"
   )
   assert res.returncode == 2 and "--recipes: 'fp9': unknown recipe" in res.stderr, res.stderr
   assert "Traceback" not in res.stderr
   # The study's flags: the RL nodes of train.py, the warm start's, none of the grid's fields.
   from jetrl.config.flags import flag_specs
-  from jetrl.train.study import GRID_FIELDS
 
-  names = {s.path for s in flag_specs(StudyConfig(), exclude=GRID_FIELDS)}
+  names = {s.path for s in flag_specs(StudyConfig(), exclude=set_by_study(StudyConfig()))}
   assert {
     "optimizer.lr",
     "sampling.temperature",
     "update.loss",
     "sft.optimizer.lr",
     "sft.steps",
+    "sft.length",
+    "sft.mix",
     "lengths",
     "recipes",
+    "corrected",
+    "correction",
   } <= names
   assert not names & {
     "task.length",
@@ -391,7 +456,16 @@ def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
     "update.is_method",
     "eval.also_bf16",
     "command",
+    "recipe",
+    "seed",
+    "workdir",
+    "init_from",
+    "checkpoint.every",
+    "sft.workdir",
+    "sft.max_new_tokens",
+    "sft.mix_lengths",
   }
+  assert not {n for n in names if n.startswith(("sft.task.", "sft.model.", "sft.eval."))}
 
 
 @pytest.mark.parametrize(
@@ -431,14 +505,14 @@ def test_a_value_a_run_refuses_stops_the_study_before_any_warm_start(
 
 STUDY_FAILS = """
 import runpy, sys
-import jetrl.train.study
+import jetrl.study
 from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.skips import SkippedUpdatesError
 kind = sys.argv[1]
 error = {"skipped": SkippedUpdatesError, "checkpoint": CheckpointError}[kind]
 def run_study(cfg):
   raise error(f"the {kind} message")
-jetrl.train.study.run_study = run_study
+jetrl.study.run_study = run_study
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -447,20 +521,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_compare_precisions_exits_1_with_a_runs_error_and_2_with_a_runs_bad_flag(tmp_path, root):
   script = str(root / "experiments" / "compare_precisions.py")
   for kind in ("skipped", "checkpoint"):  # what a run of the study raises, as train.py maps it
-    res = subprocess.run(
-      [sys.executable, "-c", STUDY_FAILS, kind, script, f"--report_dir={tmp_path}"],
-      capture_output=True,
-      text=True,
-      timeout=120,
-    )
+    res = _python("-c", STUDY_FAILS, kind, script, f"--report_dir={tmp_path}")
     assert res.returncode == 1, res.stderr[-2000:]
     assert res.stderr.strip() == f"compare_precisions.py: error: the {kind} message"
-  res = subprocess.run(
-    [sys.executable, script, f"--report_dir={tmp_path / 's'}", "--sampling.temperature=1e-30"],
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  res = _python(script, f"--report_dir={tmp_path / 's'}", "--sampling.temperature=1e-30")
   assert res.returncode == 2, res.stderr[-2000:]
   assert res.stderr.strip().startswith(
     "compare_precisions.py: error: --sampling.temperature: must be in [0.01, 100], got 1e-30"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Optional
 
 from jetrl.config import FlagError
-from jetrl.train.study.config import (
+from jetrl.study.config import (
   StudyConfig,
   check_combinations,
   combinations,
@@ -24,9 +24,13 @@ from jetrl.train.study.config import (
   sft_config,
   sft_dir,
   sft_name,
+  tag,
   train_config,
 )
-from jetrl.train.study.report import collect, write_report
+from jetrl.study.report import write_report
+from jetrl.study.summary import collect
+from jetrl.train.loop import run
+from jetrl.train.sft import run_sft
 from jetrl.train.validation import check_local
 
 
@@ -57,9 +61,6 @@ def run_study(
   report then lists what was not run. `quiet_runs` (default: the config's) hides the runs' own
   lines. Returns {"report": path, "rows": [...], "not_run": [...]}.
   """
-  from jetrl.train.loop import run  # pylint: disable=import-outside-toplevel
-  from jetrl.train.sft import run_sft  # pylint: disable=import-outside-toplevel
-
   if not cfg.report_dir:
     raise FlagError("report_dir", "is required (where the runs and the report go)")
   check_local("report_dir", cfg.report_dir)
@@ -77,15 +78,15 @@ def run_study(
   def over_budget():
     return cfg.time_budget_s is not None and time.time() - t_start > cfg.time_budget_s
 
-  for i, (length, spec, seed) in enumerate(combos):
-    tag = f"L{length}/{spec}/seed{seed}"
-    head = f"[{i + 1}/{len(combos)}] {tag}"
-    if is_done(cfg, length, spec, seed):
+  for i, (length, arm, seed) in enumerate(combos):
+    name = tag(length, arm, seed)
+    head = f"[{i + 1}/{len(combos)}] {name}"
+    if is_done(cfg, length, arm, seed):
       log(f"{head}: done already, skipped")
       continue
     if over_budget():
       budget_hit = True
-      not_run.append(tag)
+      not_run.append(name)
       log(f"{head}: not started (time budget {cfg.time_budget_s:.0f}s exceeded)")
       continue
     if not os.path.exists(os.path.join(sft_dir(cfg, length), "sft_summary.json")):
@@ -100,8 +101,8 @@ def run_study(
       )
     log(f"{head}: running (study elapsed {time.time() - t_start:.0f}s)")
     t0 = time.time()
-    summary = run(train_config(cfg, length, spec, seed), log=sub_log)
-    timing[tag] = timing.get(tag, 0.0) + time.time() - t0
+    summary = run(train_config(cfg, length, arm, seed), log=sub_log)
+    timing[name] = timing.get(name, 0.0) + time.time() - t0
     _write_timing(cfg, timing)
     log(
       f"{head}: {cfg.eval.label} {summary['eval_before']:.3f} -> "

@@ -33,18 +33,19 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-  recipes = [r for r in cfg.recipes if any(x["recipe"] == r for x in rows)]
-  colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(cfg.recipes)}
+  all_labels = [arm.label for arm in cfg.arms]
+  labels = [r for r in all_labels if any(x["recipe"] == r for x in rows)]
+  colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(all_labels)}
   lengths = [int(L) for L in cfg.lengths if any(x["length"] == int(L) for x in rows)]
-  of = lambda L, spec: [r for r in rows if r["length"] == L and r["recipe"] == spec]
+  of = lambda L, label: [r for r in rows if r["length"] == L and r["recipe"] == label]
   paths = []
 
   def save(fig, axes, name):
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles, legend_labels = axes.flat[0].get_legend_handles_labels()
     if handles:
       fig.legend(
         handles,
-        labels,
+        legend_labels,
         loc="upper left",
         bbox_to_anchor=(1.0, 0.95),
         fontsize=8,
@@ -59,17 +60,17 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
 
   fig, axes = plt.subplots(len(lengths), 2, figsize=(9, 2.8 * len(lengths)), squeeze=False)
   for i, L in enumerate(lengths):
-    for spec in recipes:
-      rs = of(L, spec)
+    for label in labels:
+      rs = of(L, label)
       if not rs:
         continue
       x, y = _seed_mean(rs, "reward_series", "step_series")
-      axes[i, 0].plot(x, _smooth(y), color=colors[spec], label=spec)
+      axes[i, 0].plot(x, _smooth(y), color=colors[label], label=label)
       x, y = _seed_mean(rs, "eval_accuracy", "eval_steps")
-      axes[i, 1].plot(x, y, "o-", color=colors[spec], label=spec)
+      axes[i, 1].plot(x, y, "o-", color=colors[label], label=label)
       if all(r.get("eval_accuracy_bf16") for r in rs):
         x, y = _seed_mean(rs, "eval_accuracy_bf16", "eval_steps")
-        axes[i, 1].plot(x, y, "x--", color=colors[spec], alpha=0.7)
+        axes[i, 1].plot(x, y, "x--", color=colors[label], alpha=0.7)
     axes[i, 0].set_title(f"length {L}: train reward (5-step mean)", fontsize=9)
     axes[i, 0].set_ylabel("reward")
     axes[i, 1].set_title(f"length {L}: held-out accuracy (o own, x bf16-scored)", fontsize=9)
@@ -81,11 +82,11 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
   fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.2), squeeze=False)
   for i, L in enumerate(lengths):
     ax, drawn = axes[0, i], []
-    for spec in recipes:
-      rs = of(L, spec)
+    for label in labels:
+      rs = of(L, label)
       if rs:
         x, y = _seed_mean(rs, "abs_diff_series", "step_series")
-        ax.plot(x, np.maximum(y, 1e-12), color=colors[spec], label=spec)
+        ax.plot(x, np.maximum(y, 1e-12), color=colors[label], label=label)
         drawn += list(y)
     if use_log_scale(drawn):
       ax.set_yscale("log")
@@ -96,15 +97,15 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
   fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.2), squeeze=False)
   for i, L in enumerate(lengths):
     ax, drawn = axes[0, i], []
-    for spec in recipes:
-      rs = [r for r in of(L, spec) if r["position_profile"] is not None]
+    for label in labels:
+      rs = [r for r in of(L, label) if r["position_profile"] is not None]
       if not rs:
         continue
       prof = np.asarray([[np.nan if v is None else v for v in r["position_profile"]] for r in rs])
       y = np.nanmean(prof, axis=0)
       keep = np.isfinite(y)
       ax.plot(
-        np.arange(len(y))[keep], np.maximum(y[keep], 1e-12), "o-", color=colors[spec], label=spec
+        np.arange(len(y))[keep], np.maximum(y[keep], 1e-12), "o-", color=colors[label], label=label
       )
       ax.set_xticks(range(len(y)), bin_labels(rs[0]["position_edges"])[: len(y)])
       drawn += list(y[keep])
@@ -115,29 +116,29 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
   save(fig, axes, "mismatch_by_position.png")
 
   fig, ax = plt.subplots(figsize=(1.5 + 1.6 * len(lengths), 3.2))
-  w = 0.8 / max(len(recipes), 1)
-  for j, spec in enumerate(recipes):
+  w = 0.8 / max(len(labels), 1)
+  for j, label in enumerate(labels):
     xs, ys, es = [], [], []
     for i, L in enumerate(lengths):
-      a = [a for a in agg if a["length"] == L and a["recipe"] == spec]
+      a = [a for a in agg if a["length"] == L and a["recipe"] == label]
       if a:
-        xs.append(i + (j - (len(recipes) - 1) / 2) * w)
+        xs.append(i + (j - (len(labels) - 1) / 2) * w)
         key = (
           "eval_final_bf16" if a[0]["eval_final_bf16"] == a[0]["eval_final_bf16"] else "eval_final"
         )
         ys.append(a[0][key]), es.append(a[0][key + "_sd"])
-    ax.bar(xs, ys, w, yerr=es, color=colors[spec], label=spec, capsize=2)
+    ax.bar(xs, ys, w, yerr=es, color=colors[label], label=label, capsize=2)
   ax.set_xticks(range(len(lengths)), [f"length {L}" for L in lengths])
   ax.set_xlabel("task length knob"), ax.set_ylabel("final accuracy (bf16-scored)")
   ax.set_ylim(0, 1.05), ax.grid(alpha=0.3, axis="y")
   save(fig, np.asarray([[ax]]), "final_accuracy.png")
 
-  others = [r for r in recipes if r != "bf16"]
+  others = [r for r in labels if r != "bf16"]
   fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.2), squeeze=False)
   for i, L in enumerate(lengths):
     ax = axes[0, i]
-    for j, spec in enumerate(others):
-      a = [a for a in agg if a["length"] == L and a["recipe"] == spec]
+    for j, label in enumerate(others):
+      a = [a for a in agg if a["length"] == L and a["recipe"] == label]
       if not a:
         continue
       for k, (key, marker, name) in enumerate(
@@ -151,10 +152,10 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
           c["mean"],
           yerr=[[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]],
           fmt=marker,
-          color=colors[spec],
-          mfc=colors[spec] if k == 0 else "white",
+          color=colors[label],
+          mfc=colors[label] if k == 0 else "white",
           capsize=3,
-          label=spec if k == 0 else None,
+          label=label if k == 0 else None,
         )
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(range(len(others)), others, fontsize=8)
