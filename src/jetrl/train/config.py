@@ -110,11 +110,15 @@ class RunConfig(Tree):
 
   def __post_init__(self):
     check_fields(self)
+    self._resolve_recipe()
+
+  def _resolve_recipe(self) -> Recipe:
     try:
       recipe = get_recipe(self.recipe, grad_fmt=self.gradient_format)
     except ValueError as e:
       raise ConfigError("grad_fmt" if self.recipe in RECIPES else "recipe", str(e)) from None
     object.__setattr__(self, "_recipe", recipe)
+    return recipe
 
   @property
   def gradient_format(self) -> str:
@@ -124,7 +128,8 @@ class RunConfig(Tree):
   @property
   def precision_recipe(self) -> Recipe:
     """The `jetrl.precision.Recipe` of `recipe` (and the gradient format)."""
-    return self._recipe  # pylint: disable=no-member
+    recipe = self.__dict__.get("_recipe")
+    return recipe if recipe is not None else self._resolve_recipe()
 
 
 @dataclasses.dataclass(frozen=True)
