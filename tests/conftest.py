@@ -191,3 +191,29 @@ def one_torch_thread():
     yield
   finally:
     torch.set_num_threads(before)
+
+
+def parse_flags(argv, default=None):
+  """The config an entry point would build from `argv` over `default` (a TrainConfig when
+  None), with fresh flags each time."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  from jetrl.config.flags import config_from_flags, define_flags  # pylint: disable=import-outside-toplevel
+  from jetrl.train import TrainConfig  # pylint: disable=import-outside-toplevel
+
+  default = default or TrainConfig()
+  fv = flags.FlagValues()
+  define_flags(default, fv)
+  fv(["prog", *argv])
+  return config_from_flags(default, fv)
+
+
+# A ChatML template with a default system turn (the tokenizer tests' own, checked by hand).
+CHATML_TEMPLATE = (
+  "{% for message in messages %}"
+  "{% if loop.first and message['role'] != 'system' %}"
+  "{{ '<|im_start|>system\nyou are kind<|im_end|>\n' }}{% endif %}"
+  "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+  "{% endfor %}"
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import CHATML_TEMPLATE
 
 from jetrl.data import Tokenizer, char_tokenizer, chat_prompt_ids, stop_token_ids
 
@@ -16,14 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 WORDS = ["[UNK]", "user", "assistant", "system", "hello", "world", "you", "are", "kind", "!"]
 IM_START, IM_END, ENDOFTEXT = 10, 11, 12
-TEMPLATE = (
-  "{% for message in messages %}"
-  "{% if loop.first and message['role'] != 'system' %}"
-  "{{ '<|im_start|>system\nyou are kind<|im_end|>\n' }}{% endif %}"
-  "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-  "{% endfor %}"
-  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+TEMPLATE = CHATML_TEMPLATE
 # The template on "hello" (no system prompt: the template's default system turn), by hand.
 CHAT_HELLO = [IM_START, 3, 6, 7, 8, IM_END, IM_START, 1, 4, IM_END, IM_START, 2]
 # With system prompt "kind !": that turn replaces the default.

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+from conftest import CHATML_TEMPLATE
 
 from jetrl import models as M
 from jetrl.config import FlagError
@@ -33,14 +34,7 @@ WORDS = [
   "4",
 ]
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-TEMPLATE = (
-  "{% for message in messages %}"
-  "{% if loop.first and message['role'] != 'system' %}"
-  "{{ '<|im_start|>system\nyou are kind<|im_end|>\n' }}{% endif %}"
-  "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-  "{% endfor %}"
-  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+TEMPLATE = CHATML_TEMPLATE
 MESSAGES = [
   {"role": "user", "content": "hello world !"},
   {"role": "assistant", "content": "2 + 2 = 4"},

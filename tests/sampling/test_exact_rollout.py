@@ -53,6 +53,19 @@ _lp = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "ch
 _lp_row = jax.jit(token_logprobs, static_argnames=("config", "precision", "chunk_size"))
 
 
+def _train_logprobs(params, cfg, out, recipe, temperature):
+  """The training forward's log-probs of a rollout's rows, in chunks of 16 positions."""
+  lp, _ = _lp(
+    params,
+    model_config=cfg,
+    batch=_batch(out),
+    precision=recipe.train,
+    temperature=np.float32(temperature),
+    chunk_size=16,
+  )
+  return np.asarray(lp)
+
+
 def _prompts(which):
   if which == "A":
     return TASK.batch("train", 0, 4)
@@ -118,15 +131,8 @@ def _diffs(cfg, params, out, temperature, recipe):
   """max |rollout - training forward| over the generated tokens: on the whole batch (chunks
   of 16 positions), and each row alone, shifted right by a random padding, one 64 chunk."""
   m = out.mask
-  lp, _ = _lp(
-    params,
-    model_config=cfg,
-    batch=_batch(out),
-    precision=recipe.train,
-    temperature=temperature,
-    chunk_size=16,
-  )
-  whole = np.abs(np.asarray(lp) - out.logprobs)[m].max()
+  lp = _train_logprobs(params, cfg, out, recipe, temperature)
+  whole = np.abs(lp - out.logprobs)[m].max()
   rng = np.random.default_rng(0)
   alone = 0.0
   for r in range(len(out.tokens)):
@@ -178,15 +184,8 @@ def test_decode_in_segments_changes_no_bit(model, monkeypatch):
   assert parts.mask.sum() >= 40 and parts.lengths.max() > 20  # reaches the last segment
   for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(parts)):
     np.testing.assert_array_equal(a, b)
-  lp, _ = _lp(
-    params,
-    model_config=cfg,
-    batch=_batch(parts),
-    precision=EXACT.train,
-    temperature=np.float32(sc.temperature),
-    chunk_size=16,
-  )
-  assert np.abs(np.asarray(lp) - parts.logprobs)[parts.mask].max() == 0.0
+  lp = _train_logprobs(params, cfg, parts, EXACT, sc.temperature)
+  assert np.abs(lp - parts.logprobs)[parts.mask].max() == 0.0
 
 
 @pytest.mark.slow
@@ -204,15 +203,8 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise_in_a_large_batch(mo
 def test_jet_is_close_but_not_bitwise(model):
   cfg, params = model
   _, sc, out = _rollout(cfg, params, "A", JET)
-  lp, _ = _lp(
-    params,
-    model_config=cfg,
-    batch=_batch(out),
-    precision=JET.train,
-    temperature=np.float32(sc.temperature),
-    chunk_size=16,
-  )
-  d = np.abs(np.asarray(lp) - out.logprobs)[out.mask]
+  lp = _train_logprobs(params, cfg, out, JET, sc.temperature)
+  d = np.abs(lp - out.logprobs)[out.mask]
   print(f"jet: max |dlogp| {d.max():.3g}, mean {d.mean():.3g} over {d.size} tokens")
   assert 0.0 < d.max() < 1.0 and d.mean() < 0.05
 

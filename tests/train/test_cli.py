@@ -11,7 +11,7 @@ import time
 import pytest
 from absl import flags
 
-from conftest import quiet
+from conftest import quiet, parse_flags
 from jetrl.config import FlagError
 from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.train import SFTConfig, TrainConfig, run
@@ -19,13 +19,7 @@ from jetrl.config import former_names, resumable_paths
 from jetrl.train.cli import usage
 
 
-def parse(argv, default=None):
-  """The config `experiments/train.py` would build from `argv` (fresh flags each time)."""
-  default = default or TrainConfig()
-  fv = flags.FlagValues()
-  define_flags(default, fv)
-  fv(["prog", *argv])
-  return config_from_flags(default, fv)
+parse = parse_flags
 
 
 def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):

@@ -16,11 +16,9 @@ import os
 import jax
 import numpy as np
 import pytest
-from absl import flags
 
-from conftest import quiet
+from conftest import quiet, parse_flags
 from jetrl.config import FlagError
-from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.data import Problem, Task, char_tokenizer, register_task, unregister_task
 from jetrl.models import forward, get_config, init_params
 from jetrl.precision import get_recipe
@@ -29,7 +27,6 @@ from jetrl.train import (
   EvalConfig,
   ModelSpec,
   TaskConfig,
-  TrainConfig,
   evaluation,
   pieces,
   run,
@@ -46,12 +43,7 @@ def score(prompts, completions, answers):
 """
 
 
-def parse(argv, default=None):
-  default = default or TrainConfig()
-  fv = flags.FlagValues()
-  define_flags(default, fv)
-  fv(["prog", *argv])
-  return config_from_flags(default, fv)
+parse = parse_flags
 
 
 def tokenizer_folder(path, *, eos_ids=None, template=CHAT_TEMPLATE):

@@ -174,24 +174,21 @@ def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
   # (its metadata rewritten with its own checksum, as the version that wrote it would have).
   meta = os.path.join(cfg.workdir, "checkpoints", "2", "meta", "metadata")
   saved = json.load(open(meta))
+
+  def refused(match):
+    json.dump(dict(saved, meta_checksum=meta_digest(saved)), open(meta, "w"))
+    with pytest.raises(ValueError, match=match):
+      run(cfg, log=quiet)
+
   saved["config"]["lr"] = 1e-4
-  json.dump(dict(saved, meta_checksum=meta_digest(saved)), open(meta, "w"))
-  with pytest.raises(
-    ValueError,
-    match=r"--lr: the checkpoint has this field \(0.0001\), this "
-    r"version has no such field",
-  ):
-    run(cfg, log=quiet)
+  refused(r"--lr: the checkpoint has this field \(0.0001\), this version has no such field")
   # A checkpoint from when the PPO ratio's old log-probs defaulted to the rollout's.
   del saved["config"]["lr"]
   saved["config"]["update"]["old_logp"] = "rollout"
-  json.dump(dict(saved, meta_checksum=meta_digest(saved)), open(meta, "w"))
-  with pytest.raises(
-    ValueError,
-    match=r"(?s)--update.old_logp: checkpoint has 'rollout', this run has 'recompute'.*"
-    r"pass --update.old_logp=rollout to resume this run as it was",
-  ):
-    run(cfg, log=quiet)
+  refused(
+    r"(?s)--update.old_logp: checkpoint has 'rollout', this run has 'recompute'.*"
+    r"pass --update.old_logp=rollout to resume this run as it was"
+  )
 
 
 def test_damaged_latest_checkpoint_resumes_from_the_one_before(done_run, tmp_path):

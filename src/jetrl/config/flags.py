@@ -24,7 +24,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 from absl import flags
 
-from jetrl.config.fields import ConfigError, FlagError, Kind, from_dict, is_config, kinds, replace
+from jetrl.config.fields import ConfigError, FlagError, Kind, kinds
+from jetrl.config.tree import from_dict, is_config, replace
 
 CONFIG_FLAG = "config"
 

@@ -1,12 +1,11 @@
 """The jitted rollout sampler."""
 
 from jetrl.sampling.categorical import sample_categorical
+from jetrl.sampling.config import TEMPERATURE_RANGE, SamplingConfig
 from jetrl.sampling.sampler import (
   STOP_LENGTH,
   STOP_TOKEN,
   Rollout,
-  TEMPERATURE_RANGE,
-  SamplingConfig,
   pad_prompts,
   sample,
 )

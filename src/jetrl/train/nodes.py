@@ -25,7 +25,7 @@ from jetrl.data import Task
 from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
 from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
 from jetrl.data.user_reward import check_spec_form
-from jetrl.sampling.sampler import temperature_field
+from jetrl.sampling.config import temperature_field
 
 
 @dataclasses.dataclass(frozen=True)
