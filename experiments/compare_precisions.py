@@ -23,18 +23,9 @@ from jetrl.train.cli import main
 from jetrl.train.skips import SkippedUpdatesError
 from jetrl.study import StudyConfig, run_study, set_by_study
 
+# This script's flags from before the study had its warm start as a node; the others it had
+# are the fields' own former names (`field(..., former=...)`).
 RENAMED = {
-  "task": "task.name",
-  "difficulty": "task.difficulty",
-  "model": "model.name",
-  "n_layers": "model.n_layers",
-  "group_size": "sampling.n",
-  "temperature": "sampling.temperature",
-  "lr": "optimizer.lr",
-  "loss": "update.loss",
-  "is_cap": "update.is_cap",
-  "eval_every": "eval.every",
-  "eval_size": "eval.size",
   "sft_steps": "sft.steps",
   "sft_batch_size": "sft.batch_size",
   "sft_lr": "sft.optimizer.lr",

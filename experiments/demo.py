@@ -40,18 +40,9 @@ from jetrl.train.skips import SkippedUpdatesError
 
 # Set by the demo: the RL half starts from the warm start.
 EXCLUDE = ("init_from",)
-# The demo's flags before it took the configuration's.
-RENAMED = {
-  "task": "task.name",
-  "difficulty": "task.difficulty",
-  "length": "task.length",
-  "max_new_tokens": "sampling.max_new_tokens",
-  "sft_steps": "sft.steps",
-  "rl_steps": "steps",
-  "lr": "optimizer.lr",
-  "temperature": "sampling.temperature",
-  "eval_size": "eval.size",
-}
+# The demo's own flags from before it took the configuration's (the others it had are the
+# fields' former names, `field(..., former=...)`).
+RENAMED = {"sft_steps": "sft.steps", "rl_steps": "steps"}
 
 
 @dataclasses.dataclass(frozen=True)

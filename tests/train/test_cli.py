@@ -14,6 +14,7 @@ from absl import flags
 from conftest import quiet, parse_flags
 from jetrl.config import FlagError
 from jetrl.config.flags import config_from_flags, define_flags
+from jetrl.study import StudyConfig
 from jetrl.train import SFTConfig, TrainConfig, run
 from jetrl.config import former_names, resumable_paths
 from jetrl.train.cli import usage
@@ -48,7 +49,7 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
   assert parse(["--sampling.top_k=none"]).sampling.top_k is None
   assert parse(["--sampling.top_k=40"]).sampling.top_k == 40
   # Tuples: comma-separated, each element checked.
-  from jetrl.study import StudyConfig, set_by_study
+  from jetrl.study import set_by_study
 
   fv = flags.FlagValues()
   grid = set_by_study(StudyConfig())
@@ -259,6 +260,10 @@ def test_help_lists_every_flag_grouped_by_config():
   renamed = former_names(TrainConfig)
   assert set(renamed.values()) <= names
   assert renamed == OLD_TRAIN_FLAGS
+  # The study holds the same nodes twice (its runs' and, under sft, its warm start's): an old
+  # top-level name stays the top-level field's.
+  study = former_names(StudyConfig)
+  assert study["model"] == "model.name" and study["lr"] == "optimizer.lr"
 
 
 # The flags of experiments/train.py before the configuration had nodes, and their new names.

@@ -472,8 +472,8 @@ def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
   "change, message",
   [
     (
-      {"sampling.temperature": 1e-30},
-      r"--sampling.temperature: must be in \[0.01, 100\], got 1e-30 \(the run L1/fp8_rollout/seed0\)",
+      {"sampling.temperature": 0.0},
+      r"--sampling.temperature: must be > 0 for RL sampling, got 0 \(the run L1/fp8_rollout/seed0\)",
     ),
     (
       {"sampling.n": 1},
@@ -527,6 +527,6 @@ def test_compare_precisions_exits_1_with_a_runs_error_and_2_with_a_runs_bad_flag
   res = _python(script, f"--report_dir={tmp_path / 's'}", "--sampling.temperature=1e-30")
   assert res.returncode == 2, res.stderr[-2000:]
   assert res.stderr.strip().startswith(
-    "compare_precisions.py: error: --sampling.temperature: must be in [0.01, 100], got 1e-30"
+    "compare_precisions.py: error: --sampling.temperature: must be 0 or in [0.01, 100], got 1e-30"
   )
   assert not (tmp_path / "s").exists()

@@ -60,14 +60,18 @@ def resumable_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
 
 def former_names(cls: type, prefix: str = "") -> dict[str, str]:
   """{old flag name: the field's path} for every field of a config class that names its former
-  flags (`field(..., former=...)`)."""
+  flags (`field(..., former=...)`). Those were flags of the top level, so where a node class
+  sits at several depths (an RL run's `model` and its study's `sft.model`) the shallowest
+  field keeps the name."""
   out = {}
   for f in dataclasses.fields(cls):
     path = f"{prefix}{f.name}"
+    found = {old: path for old in f.metadata.get("former", ())}
     if kinds(cls)[f.name].is_node:
-      out.update(former_names(kinds(cls)[f.name].base, path + "."))
-    for old in f.metadata.get("former", ()):
-      out[old] = path
+      found.update(former_names(kinds(cls)[f.name].base, path + "."))
+    for old, new in found.items():
+      if old not in out or new.count(".") < out[old].count("."):
+        out[old] = new
   return out
 
 
