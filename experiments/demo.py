@@ -27,6 +27,7 @@ from typing import Optional
 from jetrl.config import FlagError, check_fields, field, node
 from jetrl.config.flags import load_config_file
 from jetrl.rl import OptimizerConfig
+from jetrl.sampling import GenerationConfig
 from jetrl.train import (
   SFTConfig,
   TrainConfig,
@@ -94,7 +95,7 @@ def sft_config(cfg: DemoConfig) -> SFTConfig:
     steps=cfg.sft.steps,
     batch_size=cfg.sft.batch_size,
     optimizer=cfg.sft.optimizer,
-    max_new_tokens=cfg.sampling.max_new_tokens,
+    sampling=GenerationConfig(max_new_tokens=cfg.sampling.max_new_tokens),
     seed=cfg.seed,
     mesh=cfg.mesh,
     model=cfg.model,

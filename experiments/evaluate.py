@@ -4,7 +4,7 @@ accuracy of --eval.samples completions per problem drawn at --eval.temperature.
   # SmolLM2 before RL, on 200 GSM8K test problems, chat prompts, under the jet recipe
   python experiments/evaluate.py --model.name=$HOME/.cache/jetrl/models/SmolLM2-135M-Instruct \
       --task.name=gsm8k --task.data_path=data/gsm8k --task.prompt_format=chat \
-      --eval.size=200 --eval.batch=200 --max_new_tokens=128
+      --eval.size=200 --eval.batch=200 --sampling.max_new_tokens=128
   # the same after: the params of an RL run's newest checkpoint (or an exported folder)
   python experiments/evaluate.py ... --init_from=runs/gsm8k
 

@@ -113,13 +113,14 @@ def tiny_train_config():
 @pytest.fixture(scope="session")
 def tiny_sft_config():
   """`make(workdir, **changes)`: a 4-step SFT run of 4 problems a step on 1-digit addition."""
+  from jetrl.sampling import GenerationConfig
   from jetrl.train import EvalConfig, SFTConfig
 
   nodes = _tiny_nodes()
   base = SFTConfig(
     steps=4,
     batch_size=4,
-    max_new_tokens=nodes["sampling"].max_new_tokens,
+    sampling=GenerationConfig(max_new_tokens=nodes["sampling"].max_new_tokens),
     model=nodes["model"],
     task=nodes["task"],
     eval=EvalConfig(every=None, size=4),

@@ -58,7 +58,7 @@ RL = COMMON + [
 ]
 SFT = COMMON + [
   "--batch_size=4",
-  "--max_new_tokens=24",
+  "--sampling.max_new_tokens=24",
   "--mesh=data:2",
   # A schedule that does not depend on --steps, so the 2-process run may extend the 1-process one.
   "--optimizer.schedule=constant",

@@ -142,6 +142,28 @@ def test_an_old_config_with_top_k_0_reads_as_none(tmp_path):
   ]
 
 
+def test_an_old_sft_config_with_a_top_level_budget_reads_as_sampling_max_new_tokens():
+  """SFT's generation budget was the top-level `max_new_tokens` before it became
+  `sampling.max_new_tokens`, as in RL: a stored tree that has it (a checkpoint's config, a
+  config file) reads it there, so an old SFT run resumes and a changed budget is named."""
+  from jetrl.config import from_dict
+  from jetrl.train.resume import incompatible_fields
+
+  old = SFTConfig().to_dict()
+  del old["sampling"]
+  old["max_new_tokens"] = 48
+  assert from_dict(SFTConfig, old).sampling.max_new_tokens == 48
+  assert incompatible_fields(old, SFTConfig().replace(sampling={"max_new_tokens": 48})) == []
+  assert incompatible_fields(old, SFTConfig()) == [
+    "--sampling.max_new_tokens: checkpoint has 48, this run has 64"
+  ]
+  # Stored beside the new path, the old key is not read for it: it is reported.
+  both = dict(SFTConfig().to_dict(), max_new_tokens=48)
+  assert incompatible_fields(both, SFTConfig()) == [
+    "--max_new_tokens: the checkpoint has this field (48), this version has no such field"
+  ]
+
+
 @pytest.mark.parametrize(
   "flag, value, message",
   [
@@ -185,14 +207,12 @@ def test_a_huge_evaluation_is_refused_at_start_up(tmp_path, tiny_train_config, t
     r"needs at least .* GiB \(evaluation KV cache",
   ):
     run(rl, log=quiet)
+  # The same flags in every run: the budget is --sampling.max_new_tokens in SFT and eval too.
   sft = tiny_sft_config(tmp_path / "sft", eval=huge)
-  with pytest.raises(
-    FlagError, match=r"^--eval.batch / --eval.samples / --max_new_tokens: one evaluation call"
-  ):
+  same = r"^--eval.batch / --eval.samples / --sampling.max_new_tokens: one evaluation call"
+  with pytest.raises(FlagError, match=same):
     run_sft(sft, log=quiet)
-  with pytest.raises(
-    FlagError, match=r"^--eval.batch / --eval.samples / --max_new_tokens: one evaluation call"
-  ):
+  with pytest.raises(FlagError, match=same):
     run_eval(EvalRunConfig(model=rl.model, task=rl.task, eval=rl.eval), log=quiet)
   for name in ("rl", "sft"):
     assert not [f for f in os.listdir(tmp_path / name) if f.endswith(".jsonl")]
@@ -369,7 +389,7 @@ def test_a_failing_reward_function_ends_the_command_in_one_line(tmp_path, root):
       f"--task.reward={tmp_path / 'bad.py'}:short",
       "--steps=1",
       "--batch_size=2",
-      "--max_new_tokens=24",
+      "--sampling.max_new_tokens=24",
     ],
   }
   procs = {  # both at once: most of their time is compiling, on one core each

@@ -11,7 +11,7 @@ from absl import flags
 from jetrl.config import ConfigError
 from jetrl.config.flags import config_from_flags, define_flags, flag_specs, load_config_file
 from jetrl.rl import OptimizerConfig
-from jetrl.sampling import SamplingConfig
+from jetrl.sampling import GenerationConfig, SamplingConfig
 from jetrl.train import CheckpointConfig, EvalConfig, SFTConfig, TaskConfig, TrainConfig
 
 
@@ -40,7 +40,7 @@ def test_defaults_are_make_demos_runs(demo, root):
   assert demo.sft_config(cfg) == SFTConfig(
     task=task,
     steps=150,
-    max_new_tokens=64,
+    sampling=GenerationConfig(max_new_tokens=64),
     eval=EvalConfig(every=None, size=256),
     seed=0,
     workdir="runs/demo/sft",
@@ -98,7 +98,7 @@ def test_flags_set_the_rl_run_and_what_the_warm_start_shares(demo):
   assert sft.optimizer == OptimizerConfig(
     lr=2e-3, schedule="cosine", warmup_steps=20, end_lr_ratio=0.05
   )  # the SFT schedule, its lr changed
-  assert (sft.max_new_tokens, sft.task.length, sft.model.n_layers) == (48, 2, 1)
+  assert (sft.sampling.max_new_tokens, sft.task.length, sft.model.n_layers) == (48, 2, 1)
   assert (sft.eval.size, sft.eval.every) == (32, None)  # evaluated at its end only
   assert sft.recipe == "bf16" and sft.task.name == "addition"
 

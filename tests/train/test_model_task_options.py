@@ -22,7 +22,7 @@ from jetrl.config import FlagError
 from jetrl.data import Problem, Task, char_tokenizer, register_task, unregister_task
 from jetrl.models import forward, get_config, init_params
 from jetrl.precision import get_recipe
-from jetrl.sampling import SamplingConfig, sample
+from jetrl.sampling import GenerationConfig, SamplingConfig, sample
 from jetrl.train import (
   EvalConfig,
   ModelSpec,
@@ -269,7 +269,7 @@ def test_a_registered_task_scored_by_a_reward_file(reward_run, registered):
     EvalRunConfig(
       recipe=cfg.recipe,
       init_from=cfg.workdir,
-      max_new_tokens=cfg.sampling.max_new_tokens,
+      sampling=GenerationConfig(max_new_tokens=cfg.sampling.max_new_tokens),
       model=cfg.model,
       task=cfg.task,
       eval=cfg.eval,

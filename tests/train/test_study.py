@@ -153,7 +153,7 @@ def test_arms_budget_and_combination_configs(tiny_study_config):
   assert train_config(mixed, 2, Arm("jet"), 0).init_from.endswith("sft/mix1_2")
   warm = sft_config(mixed, 2)
   assert (warm.mix_lengths, warm.task.length) == ((1, 2), 1)
-  assert warm.max_new_tokens == max_new_tokens_for(cfg, 2) > max_new_tokens_for(cfg, 1)
+  assert warm.sampling.max_new_tokens == max_new_tokens_for(cfg, 2) > max_new_tokens_for(cfg, 1)
   with pytest.raises(ConfigError, match="mix: trains on every length"):
     cfg.replace(sft={"mix": True, "length": 1})
 
@@ -179,7 +179,7 @@ def test_a_combinations_error_names_the_field_of_the_study_that_set_it(tiny_stud
   assert named(run, "", "update.is_method update.loss") == "correction update.loss"
   # A warm start's field is under --sft.; the model, task and evaluation are the study's own.
   assert (
-    named(warm, "sft.", "optimizer.lr steps max_new_tokens mix_lengths task.length")
+    named(warm, "sft.", "optimizer.lr steps sampling.max_new_tokens mix_lengths task.length")
     == "sft.optimizer.lr sft.steps token_margin lengths lengths"
   )
   assert named(warm, "sft.", "task.difficulty eval.size") == "task.difficulty eval.size"
@@ -462,7 +462,7 @@ def test_cli_rejects_unknown_recipe_and_lists_its_flags(tmp_path, root):
     "init_from",
     "checkpoint.every",
     "sft.workdir",
-    "sft.max_new_tokens",
+    "sft.sampling.max_new_tokens",
     "sft.mix_lengths",
   }
   assert not {n for n in names if n.startswith(("sft.task.", "sft.model.", "sft.eval."))}

@@ -42,7 +42,7 @@ def test_warm_start_options_are_checked(tiny_sft_config):
 
 
 def test_mixed_lengths_take_turns_and_share_one_width(tiny_sft_config):
-  cfg = tiny_sft_config("w", mix_lengths=(1, 3), max_new_tokens=64)
+  cfg = tiny_sft_config("w", mix_lengths=(1, 3), sampling={"max_new_tokens": 64})
   tok = pieces.make_tokenizer(cfg.model, cfg.task)
   task, width = pieces.load_task(cfg.task, seed=cfg.seed, tok=tok)
   tasks, mixed_width = mixed_tasks(cfg, task, width, tok, None)
@@ -53,4 +53,4 @@ def test_mixed_lengths_take_turns_and_share_one_width(tiny_sft_config):
   assert mixed_tasks(cfg.replace(mix_lengths=()), task, width, tok, None) == ([task], width)
   # Length 3's gold solutions (three scratchpad lines and the answer) do not fit 24 tokens.
   with pytest.raises(FlagError, match="max_new_tokens: at --mix_lengths 3: a gold solution has"):
-    mixed_tasks(cfg.replace(max_new_tokens=24), task, width, tok, None)
+    mixed_tasks(cfg.replace(sampling={"max_new_tokens": 24}), task, width, tok, None)

@@ -118,9 +118,25 @@ def _current_value(md: Mapping, value: Any) -> Any:
 
 def upgrade(cls: type, data: Mapping) -> dict:
   """A stored tree (nested mappings, as a config file or a checkpoint's config holds it) of a
-  `cls`, with every legacy value (`field(legacy=...)`) replaced by what it meant; keys that are
-  not fields of `cls` are kept as they are (for the caller to report)."""
+  `cls`, with every legacy value (`field(legacy=...)`) replaced by what it meant and every
+  field stored under a name it had before (`field(..., former=...)`: SFT's top-level
+  `max_new_tokens`, now `sampling.max_new_tokens`) moved to its path, unless that path is
+  stored too; other keys that are not fields of `cls` are kept as they are (for the caller to
+  report)."""
   fields = {f.name: f for f in dataclasses.fields(cls)}
+  moved = former_names(cls)
+  data = dict(data)
+  for key in [k for k in data if k not in fields and k in moved]:
+    *nodes, leaf = moved[key].split(".")
+    target = data
+    for name in nodes:
+      if not isinstance(target.get(name, {}), Mapping):
+        break
+      target[name] = dict(target.get(name, {}))
+      target = target[name]
+    else:
+      if leaf not in target:
+        target[leaf] = data.pop(key)
   out = {}
   for key, value in data.items():
     f = fields.get(key)

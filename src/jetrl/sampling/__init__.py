@@ -1,7 +1,7 @@
 """The jitted rollout sampler."""
 
 from jetrl.sampling.categorical import sample_categorical
-from jetrl.sampling.config import TEMPERATURE_RANGE, SamplingConfig
+from jetrl.sampling.config import TEMPERATURE_RANGE, GenerationConfig, SamplingConfig
 from jetrl.sampling.sampler import (
   STOP_LENGTH,
   STOP_TOKEN,
@@ -14,6 +14,7 @@ __all__ = [
   "STOP_LENGTH",
   "STOP_TOKEN",
   "Rollout",
+  "GenerationConfig",
   "SamplingConfig",
   "TEMPERATURE_RANGE",
   "pad_prompts",

@@ -20,14 +20,28 @@ def temperature_field(default: float, help: str, **facts):
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
+class GenerationConfig:
+  """The generation budget alone: the `sampling` node of a run that samples only to evaluate
+  (SFT, `experiments/evaluate.py`), so that the budget is `--sampling.max_new_tokens` in
+  every run."""
+
+  max_new_tokens: int = field(
+    128,
+    "Generation budget: new tokens per sample (SFT: a longer gold solution is an error).",
+    lo=1,
+    former=("max_new_tokens",),
+  )
+
+  def __post_init__(self):
+    check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig(GenerationConfig):
   """How to sample. Static under jit (frozen, hashable). The run's `sampling` config: its
   flags are `--sampling.<field>`; the run fills in the last three from the tokenizer and the
   task."""
 
-  max_new_tokens: int = field(
-    128, "Generation budget: tokens per sample.", lo=1, former=("max_new_tokens",)
-  )
   temperature: float = temperature_field(
     1.0,
     "Softmax temperature: 0 (greedy) or in [0.01, 100] (a smaller one overflows the logits' "

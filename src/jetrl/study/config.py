@@ -296,7 +296,10 @@ def sft_settings(cfg: StudyConfig, length: int) -> Settings:
       "sft.length" if cfg.sft.length is not None else "lengths",
       {"task.length": sft_length(cfg, length)},
     ),
-    ("token_margin", {"max_new_tokens": max(max_new_tokens_for(cfg, L) for L in budget_at)}),
+    (
+      "token_margin",
+      {"sampling.max_new_tokens": max(max_new_tokens_for(cfg, L) for L in budget_at)},
+    ),
     ("lengths", {"mix_lengths": tuple(int(L) for L in cfg.lengths) if cfg.sft.mix else ()}),
     ("eval", {"eval": dataclasses.replace(cfg.eval, every=None, also_bf16=False)}),
   )

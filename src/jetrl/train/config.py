@@ -46,7 +46,7 @@ from jetrl.precision import RECIPES, Recipe, get_recipe
 from jetrl.precision.formats import FORMATS
 from jetrl.rl.optimizer import OptimizerConfig
 from jetrl.rl.update_config import UpdateConfig
-from jetrl.sampling import SamplingConfig
+from jetrl.sampling import GenerationConfig, SamplingConfig
 from jetrl.train import validation
 from jetrl.train.nodes import (
   CheckpointConfig,
@@ -268,9 +268,6 @@ class SFTConfig(WorkdirRun):
   recipe: str = recipe_field("bf16", "Precision recipe of the SFT step.")
   steps: int = field(300, "Optimizer steps.", lo=1, resumable=True)
   batch_size: int = field(32, "Problems per step.", lo=1)
-  max_new_tokens: int = field(
-    64, "Generation budget of the greedy evaluation; a longer gold solution is an error.", lo=1
-  )
   answer_noise: float = field(
     0.0,
     "Fraction of the gold solutions whose final answer is misreported (its last digit replaced "
@@ -289,6 +286,10 @@ class SFTConfig(WorkdirRun):
   model: ModelSpec = node(ModelSpec, "The model.")
   task: TaskConfig = node(TaskConfig, "The task whose gold solutions are the targets.")
   optimizer: OptimizerConfig = node(SFT_OPTIMIZER, "AdamW and its learning-rate schedule.")
+  sampling: GenerationConfig = node(
+    GenerationConfig(max_new_tokens=64),
+    "The greedy evaluation's generation budget; a longer gold solution is an error.",
+  )
   eval: EvalConfig = node(
     EvalConfig(every=None),
     "Greedy evaluation on held-out problems (always at the end).",

@@ -22,7 +22,8 @@ from typing import Optional
 import jax
 
 from jetrl.config import field, node
-from jetrl.train import pieces, evaluation, validation
+from jetrl.sampling import GenerationConfig
+from jetrl.train import evaluation, pieces, validation
 from jetrl.train.checkpoint import load_params_from
 from jetrl.train.config import RunConfig, recipe_field, seed_field
 from jetrl.train.memory import check_eval_memory, eval_bytes
@@ -39,11 +40,11 @@ class EvalRunConfig(RunConfig):
     "Evaluate the params of the newest checkpoint of this run's workdir, or of this Hugging "
     "Face folder (none: --model.name's own weights).",
   )
-  max_new_tokens: int = field(128, "Generation budget per problem.", lo=1)
   seed: int = seed_field("The task's seed (a random preset's init too).")
   out: Optional[str] = field(None, "Also write the result as JSON to this file.")
   model: ModelSpec = node(ModelSpec, "The model.")
   task: TaskConfig = node(TaskConfig, "The task, its prompt format and reward.")
+  sampling: GenerationConfig = node(GenerationConfig, "The generation budget per problem.")
   eval: EvalConfig = node(EvalConfig(every=None), "How many held-out problems, how many a call.")
 
   def check_paths(self) -> None:
@@ -73,18 +74,18 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     )
     problems = loaded.batch("test", 0, cfg.eval.size)
     width = pieces.prompt_width([encode(p.prompt) for p in problems])
-    mcfg = pieces.model_config(cfg.model, tok, width + cfg.max_new_tokens)
+    mcfg = pieces.model_config(cfg.model, tok, width + cfg.sampling.max_new_tokens)
     recipe = cfg.precision_recipe
     check_eval_memory(
       eval_bytes(
         mcfg,
         rows=cfg.eval.rows,
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=cfg.sampling.max_new_tokens,
         resident=mcfg.n_params * 4,
         prompt_width=width,
         recipe=recipe,
       ),
-      "--eval.batch / --eval.samples / --max_new_tokens",
+      "--eval.batch / --eval.samples / --sampling.max_new_tokens",
     )
     params = pieces.make_params(cfg.model, mcfg, cfg.seed)
     if cfg.init_from:
@@ -92,13 +93,13 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     log(
       f"jetrl eval: model={cfg.model.name}{' from ' + cfg.init_from if cfg.init_from else ''} "
       f"task={cfg.task.name} ({cfg.task.prompt_format} prompts) recipe={cfg.recipe} "
-      f"{cfg.eval.size} problems x {cfg.max_new_tokens} new tokens on "
+      f"{cfg.eval.size} problems x {cfg.sampling.max_new_tokens} new tokens on "
       f"{jax.devices()[0].platform}"
     )
     t0 = time.time()
     run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg)
     res = evaluation.evaluate(
-      params, run_pieces, recipe.rollout, cfg.eval, max_new_tokens=cfg.max_new_tokens
+      params, run_pieces, recipe.rollout, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
     )
   finally:
     if reward is not None:

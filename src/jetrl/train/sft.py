@@ -48,9 +48,9 @@ def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
   too_long = [len(s) for s in sols if len(s) > t_max]
   if too_long:
     raise FlagError(
-      "max_new_tokens",
+      "sampling.max_new_tokens",
       f"a gold solution has {max(too_long)} tokens, more than "
-      f"the budget {t_max}; raise --max_new_tokens",
+      f"the budget {t_max}; raise --sampling.max_new_tokens",
     )
   ids = pieces.token_ids(tok)
   ptok, pmask = pad_prompts(
@@ -71,7 +71,7 @@ def _solution_batch(tok, problems, width: int, t_max: int, encode=None):
 def mixed_tasks(cfg: SFTConfig, task, width: int, tok, encode):
   """(the tasks that the steps take problems from in turn, the prompt width they need): the
   task itself, or one per `cfg.mix_lengths`. Each one's first batch is built once here, so a
-  gold solution longer than --max_new_tokens is an error before the first step."""
+  gold solution longer than --sampling.max_new_tokens is an error before the first step."""
   if not cfg.mix_lengths:
     return [task], width
   tasks = []
@@ -83,9 +83,13 @@ def mixed_tasks(cfg: SFTConfig, task, width: int, tok, encode):
     width = max(width, w)
   for t in tasks:
     try:
-      _solution_batch(tok, t.batch("train", 0, cfg.batch_size), width, cfg.max_new_tokens, encode)
+      _solution_batch(
+        tok, t.batch("train", 0, cfg.batch_size), width, cfg.sampling.max_new_tokens, encode
+      )
     except FlagError as e:
-      raise FlagError("max_new_tokens", f"at --mix_lengths {t.length}: {e.detail}") from None
+      raise FlagError(
+        "sampling.max_new_tokens", f"at --mix_lengths {t.length}: {e.detail}"
+      ) from None
   return tasks, width
 
 
@@ -154,27 +158,27 @@ def _pieces(cfg: SFTConfig, log, given, reward):
   recipe = cfg.precision_recipe
   tok, encode, task, width = driver.tokenizer_and_task(cfg, given, reward)
   train_tasks, width = mixed_tasks(cfg, task, width, tok, encode)
-  mcfg = pieces.model_config(cfg.model, tok, width + cfg.max_new_tokens)
+  mcfg = pieces.model_config(cfg.model, tok, width + cfg.sampling.max_new_tokens)
   check_step_memory(
     step_bytes(
       mcfg,
       rows=min(cfg.eval.size, 64),
-      seq_len=width + cfg.max_new_tokens,
+      seq_len=width + cfg.sampling.max_new_tokens,
       micro_rows=cfg.batch_size,
       recipe=recipe,
     ),
-    "--batch_size / --max_new_tokens",
+    "--batch_size / --sampling.max_new_tokens",
     processes=jax.process_count(),
   )
   check_eval_memory(
     eval_bytes(
       mcfg,
       rows=cfg.eval.rows,
-      max_new_tokens=cfg.max_new_tokens,
+      max_new_tokens=cfg.sampling.max_new_tokens,
       resident=mcfg.n_params * (4 + 8),
       recipe=recipe,
     ),
-    "--eval.batch / --eval.samples / --max_new_tokens",
+    "--eval.batch / --eval.samples / --sampling.max_new_tokens",
   )
   layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--batch_size": cfg.batch_size}, log
@@ -209,7 +213,7 @@ class SFTStep:
     problems = self.train_tasks[i % len(self.train_tasks)].batch("train", first, cfg.batch_size)
     if cfg.answer_noise:
       problems = misreported(problems, p.task, cfg, first)
-    batch = _solution_batch(p.tok, problems, p.width, cfg.max_new_tokens, p.encode)
+    batch = _solution_batch(p.tok, problems, p.width, cfg.sampling.max_new_tokens, p.encode)
     if p.layout is not None:  # every process builds the same batch and places its rows
       batch = p.layout.shard_batch(batch)
     return batch
@@ -238,7 +242,7 @@ class SFTStep:
 def _evaluate(cfg: SFTConfig, p: pieces.Pieces, loop: LoopState) -> dict:
   params = p.rollout_params(loop.state["params"])
   return evaluation.evaluate(
-    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.max_new_tokens
+    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
   )
 
 
