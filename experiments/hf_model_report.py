@@ -39,7 +39,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared fields
 
-from _fields import PRESET_ONLY, gsm8k_field, json_out_field, smollm2_model  # noqa: E402
+from _fields import (  # noqa: E402
+  PRESET_ONLY,
+  check_model_inputs,
+  gsm8k_field,
+  json_out_field,
+  smollm2_model,
+)
 from jetrl import models as M  # noqa: E402
 from jetrl.config import check_fields, field  # noqa: E402
 from jetrl.data.prompts import chat_prompt_ids, user_message  # noqa: E402
@@ -116,6 +122,7 @@ def _gguf_reference(folder, ids_list):
 
 
 def run(c: ReportConfig) -> None:
+  check_model_inputs(c.model, c.gsm8k, ("torch", "transformers"))
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
 

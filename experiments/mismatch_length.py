@@ -42,7 +42,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared helpers
 
-from _fields import PRESET_ONLY, gsm8k_field, recipes_field, smollm2_model  # noqa: E402
+from _fields import (  # noqa: E402
+  PRESET_ONLY,
+  check_model_inputs,
+  gsm8k_field,
+  recipes_field,
+  smollm2_model,
+)
 from _mismatch_common import rollout_batch, train_logprobs  # noqa: E402
 from jetrl import models as M  # noqa: E402
 from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node  # noqa: E402
@@ -227,6 +233,7 @@ def plot(results: list[dict], lengths: list[int], path: str) -> None:
 
 
 def run(cfg: LengthConfig) -> None:
+  check_model_inputs(cfg.model, cfg.gsm8k)
   lengths = sorted(cfg.lengths)
   folder = cfg.model.name
   tok = M.load_model_tokenizer(folder)

@@ -218,3 +218,22 @@ CHATML_TEMPLATE = (
   "{% endfor %}"
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def tiny_llama_config(vocab_size: int, **overrides):
+  """A `transformers.LlamaConfig` of a random 2-layer Llama (d_model 64, 4 heads, 2 kv heads,
+  untied embeddings) for tests against transformers; `overrides` change any field."""
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  fields = dict(
+    vocab_size=vocab_size,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+  )
+  return transformers.LlamaConfig(**{**fields, **overrides})

@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import tiny_llama_config
 
 from jetrl.data import char_tokenizer
 
@@ -34,19 +35,7 @@ def model_folder(path):
 
   tok = char_tokenizer()
   torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(
-    vocab_size=tok.vocab_size,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-  )
+  cfg = tiny_llama_config(tok.vocab_size, eos_token_id=2, pad_token_id=0)
   transformers.LlamaForCausalLM(cfg).save_pretrained(path)
   tok.save(path)
   # The chat instruction has characters outside the alphabet: read them as the pad id.

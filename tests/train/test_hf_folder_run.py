@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import quiet, one_torch_thread
+from conftest import one_torch_thread, quiet, tiny_llama_config
 from jetrl.data import Problem, Task, get_task
 from jetrl.models import forward
 from jetrl.train import evaluation, rl_step, run, run_sft, sft
@@ -74,17 +74,11 @@ def write_model(path, vocab_size, seed):
   """A random 2-layer Llama in float32 whose samples end on either eos id, often early: the
   lm_head rows of <|endoftext|> and <|im_end|> are scaled by -2 and 3."""
   torch.manual_seed(seed)
-  config = transformers.LlamaConfig(
-    vocab_size=vocab_size,
-    hidden_size=64,
+  config = tiny_llama_config(
+    vocab_size,
     intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     max_position_embeddings=256,
     rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    bos_token_id=1,
     eos_token_id=IM_END,
     pad_token_id=PAD,
   )
