@@ -26,8 +26,9 @@ def evaluate(
   split: str = "test",
   seed: int = 0,
 ) -> dict:
-  """Accuracy on the first `eval_cfg.size` problems of a held-out split, `eval_cfg.batch`
-  problems per sampler call: greedy (temperature 0), or the mean over `eval_cfg.samples`
+  """Accuracy (by the task's own checker, `Task.checker`, whatever reward trains the policy),
+  mean reward and mean length on the first `eval_cfg.size` problems of a held-out split,
+  `eval_cfg.batch` problems per sampler call: greedy (temperature 0), or the mean over `eval_cfg.samples`
   completions per problem drawn at `eval_cfg.temperature` from a fixed key (`seed`), so that
   two policies evaluated alike see the same random numbers. Prompts are `encode(text)`
   (default: plain); samples stop on every stop id of the tokenizer.
@@ -45,7 +46,7 @@ def evaluate(
   size, batch, temperature = eval_cfg.size, eval_cfg.batch, eval_cfg.temperature
   problems = task.batch(split, 0, size)
   ids = token_ids(tok)
-  correct, lengths = [], []
+  scores, correct, lengths = [], [], []
   for i in range(0, size, batch):
     chunk = problems[i : i + batch]
     prompts = [encode(p.prompt) for p in chunk]
@@ -59,11 +60,12 @@ def evaluate(
     )
     key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
     out = sample(params, mcfg, prompts, key, sc, precision, layout=layout)
-    rewards, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
-    correct += list(rewards)
+    rewards, right, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
+    scores += list(rewards)
+    correct += list(right)
     lengths += list(lens)
   return {
-    "eval_accuracy": float(np.mean(np.asarray(correct) >= 1.0)),
-    "eval_reward": float(np.mean(correct)),
+    "eval_accuracy": float(np.mean(correct)),
+    "eval_reward": float(np.mean(scores)),
     "eval_length": float(np.mean(lengths)),
   }

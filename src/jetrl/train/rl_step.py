@@ -71,7 +71,7 @@ class RLStep:
 
     # Rewards where the completions are (each process scores its rows), gathered; the
     # advantages are then computed identically on every process from the gathered rewards.
-    rewards, lengths, stop_reason = scoring.score_rollout(
+    rewards, correct, lengths, stop_reason = scoring.score_rollout(
       self.pieces.task, self.pieces.tok, problems, out, n
     )
     shaped = jnp.asarray(rewards)  # this process's own device: the same values everywhere
@@ -118,7 +118,7 @@ class RLStep:
 
     record = dict(
       reward_mean=float(shaped.mean()),
-      accuracy=float((rewards >= 1.0).mean()),
+      accuracy=float(correct.mean()),
       response_length=float(lengths.mean()),
       truncated_frac=float((stop_reason == STOP_LENGTH).mean()),
       groups_dropped=float(n_dropped),
