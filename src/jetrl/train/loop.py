@@ -35,6 +35,7 @@ from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig
 from jetrl.train.hooks import Hook, LoopState, SamplesHook
+from jetrl.train.learning_signal import SignalHook
 from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.plots import write_plots
 from jetrl.train.rl_step import RLStep, console_fields
@@ -190,7 +191,10 @@ def _hooks(
     tree=lambda loop: _state_tree(loop.state),
     meta=lambda loop: {"data_pos": loop.data_pos, "seed": cfg.seed},
     draw=lambda workdir: write_plots(workdir, eval_label=cfg.eval.label),
-    extra=(SamplesHook(out.writer("samples", tensorboard=False)),),
+    extra=(
+      SamplesHook(out.writer("samples", tensorboard=False)),
+      SignalHook(log, cfg.sampling.max_new_tokens),
+    ),
   )
   return driver.make_hooks(cfg, out, ckpt, start, log, spec, user)
 

@@ -122,6 +122,7 @@ class RLStep:
       response_length=float(lengths.mean()),
       truncated_frac=float((stop_reason == STOP_LENGTH).mean()),
       groups_dropped=float(n_dropped),
+      flat_groups=float(np.mean(np.all(np.asarray(adv).reshape(-1, n) == 0, axis=1))),
       **m,
       **{
         "time/rollout": t_roll,
@@ -170,11 +171,14 @@ class RLStep:
 
 
 def console_fields(record: dict) -> tuple[dict, str]:
-  """The console line of an RL step: key metrics, and the step's time split."""
+  """The console line of an RL step: key metrics (`trunc`: the share of samples that hit the
+  generation budget), and the step's time split."""
   fields = {
     "reward": record["reward_mean"],
     "acc": record["accuracy"],
     "len": record["response_length"],
+    "trunc": record["truncated_frac"],
+    "grad_norm": float(names.read(record, names.GRAD_NORM)),
     "|dlogp|": float(names.read(record, names.AGREE_ABS_DIFF_MEAN)),
   }
   return fields, f"{record['time/rollout']:.1f}s rollout {record['time/update']:.1f}s update"
