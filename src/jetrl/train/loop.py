@@ -164,18 +164,19 @@ def _step(rl_step: RLStep, start: int, log, i: int, loop: LoopState) -> None:
   loop.skipped = int(loop.record["skipped_updates"])
 
 
-def _evaluate(cfg: TrainConfig, p: pieces.Pieces, loop: LoopState) -> dict:
+def _evaluate(cfg: TrainConfig, p: pieces.Pieces, loop: LoopState, log=None) -> dict:
   """Evaluation in the recipe's rollout precision (and, with --eval.also_bf16, the same
-  params in the bf16 rollout's, as `*_bf16`)."""
+  params in the bf16 rollout's, as `*_bf16`); `log` gets its progress."""
   params = p.rollout_params(loop.state.params)
 
-  score = lambda precision: evaluation.evaluate(
-    params, p, precision, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
+  score = lambda precision, log: evaluation.evaluate(
+    params, p, precision, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens, log=log
   )
-  res = score(p.recipe.rollout)
+  res = score(p.recipe.rollout, log)
   if cfg.eval.also_bf16:
     bf16 = get_recipe("bf16").rollout  # the common scale every recipe is also scored on
-    ref = res if p.recipe.rollout == bf16 else score(bf16)
+    bf16_log = None if log is None else (lambda line: log(f"{line} (bf16 rollout)"))
+    ref = res if p.recipe.rollout == bf16 else score(bf16, bf16_log)
     res.update({f"{k}_bf16": v for k, v in ref.items()})
   return res
 
@@ -184,7 +185,7 @@ def _hooks(
   cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()
 ) -> driver.Hooks:
   spec = driver.HookSpec(
-    evaluate=functools.partial(_evaluate, cfg, p),
+    evaluate=functools.partial(_evaluate, cfg, p, log=log),
     console=console_fields,
     skip_hint=SKIP_HINT,
     updates_per_step=cfg.update.ppo_epochs * cfg.update.minibatches,

@@ -55,6 +55,8 @@ class RLStep:
       rollout_params, t_reshard = parallel.switch_layout(
         state.params, self.pieces.layout, self.pieces.sample_layout, log
       )
+    if log is not None:  # the process's first step
+      log("compiling the sampler (first step only)...")
     t0 = time.time()
     out = sample(
       rollout_params,
@@ -98,6 +100,8 @@ class RLStep:
       samples = self._samples(step + 1, problems, out, rewards)
     t_reward = time.time() - t0 - t_roll
 
+    if log is not None:
+      log("compiling the update (first step only)...")
     t1 = time.time()
     if self.pieces.layout is not None:
       batch = self.pieces.layout.shard_batch(batch)

@@ -235,16 +235,16 @@ class SFTStep:
     }
 
 
-def _evaluate(cfg: SFTConfig, p: pieces.Pieces, loop: LoopState) -> dict:
+def _evaluate(cfg: SFTConfig, p: pieces.Pieces, loop: LoopState, log=None) -> dict:
   params = p.rollout_params(loop.state["params"])
   return evaluation.evaluate(
-    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.max_new_tokens
+    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.max_new_tokens, log=log
   )
 
 
 def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()) -> driver.Hooks:
   spec = driver.HookSpec(
-    evaluate=functools.partial(_evaluate, cfg, p),
+    evaluate=functools.partial(_evaluate, cfg, p, log=log),
     console=lambda r: ({"loss": float(r["loss"])}, None),
     skip_hint=SKIP_HINT,
     updates_per_step=1,
