@@ -148,18 +148,27 @@ def demo(cfg: DemoConfig) -> None:
   set_aside(cfg)
   t0 = time.time()
   print(f"== 1/2 supervised warm start: {sft.steps} steps on {sft.task.name} gold solutions")
-  run_sft(sft)
+  warm = run_sft(sft)
   print(f"== 2/2 GRPO under recipe {rl.recipe!r}: {rl.steps} steps")
   summary = run(rl)
-  before, after = summary["eval_before"], summary["eval_after"]
   print()
-  print(
-    f"held-out greedy accuracy ({rl.eval.size} problems): before RL {before:.3f}, "
-    f"after RL {after:.3f} ({100 * (after - before):+.1f} points)"
-  )
-  print(f"metrics: {os.path.join(rl.workdir, 'metrics.jsonl')}")
-  print("plots:   " + "\n         ".join(summary.get("plots", [])))
+  print(report(rl, warm, summary))
   print(f"total {time.time() - t0:.0f}s")
+
+
+def report(rl: TrainConfig, warm: dict, summary: dict) -> str:
+  """The demo's closing lines: accuracy before and after RL, the metrics, every plot (the
+  warm start's first)."""
+  before, after = summary["eval_before"], summary["eval_after"]
+  plots = warm.get("plots", []) + summary.get("plots", [])
+  return "\n".join(
+    [
+      f"held-out greedy accuracy ({rl.eval.size} problems): before RL {before:.3f}, "
+      f"after RL {after:.3f} ({100 * (after - before):+.1f} points)",
+      f"metrics: {os.path.join(rl.workdir, 'metrics.jsonl')}",
+      "plots:   " + "\n         ".join(plots),
+    ]
+  )
 
 
 if __name__ == "__main__":

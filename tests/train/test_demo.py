@@ -150,3 +150,15 @@ def test_a_rerun_moves_the_earlier_demo_aside_and_says_so(demo, tmp_path):
   assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "previous"]
   for half in ("sft", "rl"):
     assert (tmp_path / dest / half / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_the_closing_lines_list_the_warm_starts_plot_too(demo):
+  rl = demo.rl_config(parse(demo, ["--workdir=w"]))
+  warm = {"plots": ["w/sft/plots/sft.png"]}
+  summary = {"eval_before": 0.5, "eval_after": 0.625, "plots": ["w/rl/plots/reward.png"]}
+  assert demo.report(rl, warm, summary).splitlines() == [
+    "held-out greedy accuracy (256 problems): before RL 0.500, after RL 0.625 (+12.5 points)",
+    "metrics: w/rl/metrics.jsonl",
+    "plots:   w/sft/plots/sft.png",
+    "         w/rl/plots/reward.png",
+  ]
