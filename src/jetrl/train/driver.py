@@ -150,10 +150,13 @@ class Outputs:
       self.tb.close()
 
 
-def open_outputs(cfg, kind: RunKind) -> Outputs:
-  """The run's files, its configuration written as `<prefix>config.json`."""
+def open_outputs(cfg, kind: RunKind, start: int = 0) -> Outputs:
+  """The run's files, its configuration written as `<prefix>config.json`; a run resumed after
+  step `start` has TensorBoard purge what the run before it wrote past that step."""
   primary = parallel.is_primary()
-  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard and primary else None
+  tb = None
+  if cfg.logging.tensorboard and primary:
+    tb = TensorBoard(cfg.workdir, purge_step=start + 1 if start else None)
   out = Outputs(cfg.workdir, kind, primary, tb)
   out.write_json("config.json", cfg.to_dict())
   return out

@@ -214,7 +214,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None, *, user=()) -> dict:
   p = _pieces(cfg, log, given, reward)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, start, data_pos = _restore(cfg, ckpt, _initial_state(cfg, p, log), log)
-  out = driver.open_outputs(cfg, driver.RL)
+  out = driver.open_outputs(cfg, driver.RL, start)
   log(_banner(cfg, p))
   rl_step = _rl_step(cfg, p)
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)

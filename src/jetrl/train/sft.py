@@ -263,7 +263,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   start = 0 if meta is None else int(meta["step"])
   if meta is not None:
     log(f"resumed SFT at step {start}")
-  out = driver.open_outputs(cfg, driver.SFT)
+  out = driver.open_outputs(cfg, driver.SFT, start)
   log(
     f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
     f"{cfg.model.name} ({p.mcfg.n_layers} layers) "
