@@ -255,12 +255,14 @@ def finish(out: Outputs, hooks: Hooks, summary: dict) -> dict:
 
 def run_guarded(cfg, task, log, body):
   """What a run (RL or SFT) does around its body: the config of a given Task object, paths
-  checked, several processes started, the workdir locked, the user reward loaded; then
+  checked, several processes started (the run's lines said by process 0 alone, the others'
+  warnings and errors too: `parallel.primary_log`), the workdir locked, the user reward loaded; then
   `body(cfg, log, task, reward)`, and the reward worker and the lock released however it ends."""
   if task is not None:
     cfg = given_task_config(cfg, task)
   cfg.check_paths()
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
+  log = parallel.primary_log(log)  # the others say only their warnings and errors
   lock = take_workdir(cfg.workdir, log)
   reward = None
   try:
