@@ -378,6 +378,7 @@ def test_sft_checkpoints_periodically_and_resumes_exactly(
   with pytest.warns(RuntimeWarning, match="torn"):
     run_sft(sft.replace(workdir=str(tmp_path / "b")), log=logs.append)
   assert "resumed SFT at step 2" in logs
+  assert logs.count("compiling the SFT step (first step only)...") == 1  # before step 3
   assert read(tmp_path / "b" / "sft_metrics.jsonl") == read(tmp_path / "a" / "sft_metrics.jsonl")
   states = []
   for d in ("a", "b"):

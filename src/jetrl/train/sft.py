@@ -199,9 +199,12 @@ def _initial_state(cfg: SFTConfig, p: pieces.Pieces):
 class SFTStep:
   """One SFT step on the gold solutions of step i's problems; counts the skipped updates."""
 
-  def __init__(self, cfg: SFTConfig, p: pieces.Pieces, train_tasks, step_fn, skipped: int):
+  def __init__(
+    self, cfg: SFTConfig, p: pieces.Pieces, train_tasks, step_fn, skipped: int, log=None, start=0
+  ):
     self.cfg, self.p, self.train_tasks, self.step_fn = cfg, p, train_tasks, step_fn
     self.skipped = skipped  # skipped updates so far (the optimizer state's count at the start)
+    self.log, self.start = log, start  # the process's first step (start + 1) compiles
 
   def batch(self, i: int):
     cfg, p = self.cfg, self.p
@@ -215,6 +218,8 @@ class SFTStep:
     return batch
 
   def __call__(self, i: int, loop: LoopState) -> None:
+    if self.log is not None and i == self.start:
+      self.log("compiling the SFT step (first step only)...")
     params, opt_state, loss, gnorm, ok, lr = self.step_fn(
       loop.state["params"],
       loop.state["opt_state"],
@@ -271,7 +276,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   )
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state)
-  step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped))
+  step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped), log, start)
   driver.run_steps(cfg, out, hooks, loop, start, step)
   return _finish(cfg, p, out, hooks, loop, log)
 
