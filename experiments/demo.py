@@ -13,14 +13,14 @@ the seed, the mesh, the generation budget (--sampling.max_new_tokens) and the ev
 (--eval.*, at its end only) with the RL half: with the defaults it is
 experiments/configs/addition_sft.py. Both halves are the library calls of experiments/sft.py
 and experiments/train.py, written to <workdir>/sft and <workdir>/rl (the RL run starts from
-the warm start); --workdir is cleared first unless --keep.
+the warm start). An earlier demo's <workdir>/sft and <workdir>/rl are moved to
+<workdir>/previous/<time>/ first (never deleted, and said so), unless --keep resumes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 from typing import Optional
 
@@ -38,6 +38,7 @@ from jetrl.train.checkpoint import CheckpointError
 from jetrl.train.cli import main
 from jetrl.train.config import SFT_OPTIMIZER
 from jetrl.train.skips import SkippedUpdatesError
+from jetrl.train.workdir import move_aside
 
 # Set by the demo: the RL half starts from the warm start.
 EXCLUDE = ("init_from",)
@@ -67,7 +68,11 @@ class DemoConfig(TrainConfig):
     "runs/demo",
     "Output directory of both halves: <workdir>/sft (the warm start), <workdir>/rl (the RL run).",
   )
-  keep: bool = field(False, "Keep (resume) an existing --workdir instead of clearing it.")
+  keep: bool = field(
+    False,
+    "Resume the runs an existing --workdir holds instead of moving them to "
+    "<workdir>/previous/<time>/.",
+  )
   sft: DemoWarmStart = node(
     DemoWarmStart,
     "The supervised warm start (it shares --model.*, --task.*, --seed, --mesh, "
@@ -111,26 +116,51 @@ def rl_config(cfg: DemoConfig) -> TrainConfig:
   return TrainConfig(**fields)
 
 
+HALVES = ("sft", "rl")
+
+
+def set_aside(cfg: DemoConfig, log=print) -> Optional[str]:
+  """Unless --keep: an earlier demo's halves under --workdir moved to a new
+  <workdir>/previous/<time>/ (its path, logged), nothing else touched; None when there are
+  none."""
+  if cfg.keep or not any(os.path.lexists(os.path.join(cfg.workdir, h)) for h in HALVES):
+    return None
+  dest = move_aside(cfg.workdir, HALVES)
+  log(
+    f"an earlier demo run in {cfg.workdir} was moved to {dest} (not deleted; --keep resumes "
+    "it instead)"
+  )
+  return dest
+
+
 def demo(cfg: DemoConfig) -> None:
   if not cfg.workdir:
     raise FlagError("workdir", "is required (the warm start and the RL run go under it)")
-  sft, rl = sft_config(cfg), rl_config(cfg)  # both checked before anything is deleted
-  if os.path.isdir(cfg.workdir) and not cfg.keep:
-    shutil.rmtree(cfg.workdir)
+  sft, rl = sft_config(cfg), rl_config(cfg)  # both checked before anything is moved
+  set_aside(cfg)
   t0 = time.time()
   print(f"== 1/2 supervised warm start: {sft.steps} steps on {sft.task.name} gold solutions")
-  run_sft(sft)
+  warm = run_sft(sft)
   print(f"== 2/2 GRPO under recipe {rl.recipe!r}: {rl.steps} steps")
   summary = run(rl)
-  before, after = summary["eval_before"], summary["eval_after"]
   print()
-  print(
-    f"held-out greedy accuracy ({rl.eval.size} problems): before RL {before:.3f}, "
-    f"after RL {after:.3f} ({100 * (after - before):+.1f} points)"
-  )
-  print(f"metrics: {os.path.join(rl.workdir, 'metrics.jsonl')}")
-  print("plots:   " + "\n         ".join(summary.get("plots", [])))
+  print(report(rl, warm, summary))
   print(f"total {time.time() - t0:.0f}s")
+
+
+def report(rl: TrainConfig, warm: dict, summary: dict) -> str:
+  """The demo's closing lines: accuracy before and after RL, the metrics, every plot (the
+  warm start's first)."""
+  before, after = summary["eval_before"], summary["eval_after"]
+  plots = warm.get("plots", []) + summary.get("plots", [])
+  return "\n".join(
+    [
+      f"held-out greedy accuracy ({rl.eval.size} problems): before RL {before:.3f}, "
+      f"after RL {after:.3f} ({100 * (after - before):+.1f} points)",
+      f"metrics: {os.path.join(rl.workdir, 'metrics.jsonl')}",
+      "plots:   " + "\n         ".join(plots),
+    ]
+  )
 
 
 if __name__ == "__main__":

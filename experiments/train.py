@@ -19,6 +19,7 @@ experiments/export_hf.py writes a checkpoint as a Hugging Face folder; experimen
 evaluates a model or a run's checkpoint on held-out problems.
 """
 
+from jetrl import parallel
 from jetrl.data import RewardError
 from jetrl.train import TrainConfig, run
 from jetrl.train.checkpoint import CheckpointError
@@ -28,10 +29,11 @@ from jetrl.train.skips import SkippedUpdatesError
 
 def train(cfg: TrainConfig) -> None:
   summary = run(cfg)
-  print(
-    f"done: held-out {cfg.eval.label} {summary['eval_before']} -> {summary['eval_after']}; "
-    f"plots: {', '.join(summary.get('plots', []))}"
-  )
+  if parallel.is_primary():  # said once in a run of several processes
+    print(
+      f"done: held-out {cfg.eval.label} {summary['eval_before']} -> {summary['eval_after']}; "
+      f"plots: {', '.join(summary.get('plots', []))}"
+    )
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def test_child_environment():
   assert env["JAX_COORDINATOR_ADDRESS"] == env["JAX_COORDINATOR_BIND_ADDRESS"] == "127.0.0.1:123"
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=3"
   assert env["JAX_PLATFORMS"] == "cpu" and env["JETRL_HEARTBEAT_TIMEOUT"] == "7"
+  assert env["JETRL_LAUNCHED"] == "1"
   one = launch.child_env(
     base, process_id=0, processes=1, coordinator="h:1", local_devices=None, heartbeat=None
   )
@@ -79,6 +80,8 @@ CHILD = textwrap.dedent(
   i = int(os.environ["JAX_PROCESS_ID"])
   print(f"hello from {i} of {os.environ['JAX_NUM_PROCESSES']} "
         f"at {os.environ.get('JAX_COORDINATOR_ADDRESS')}", flush=True)
+  print(f"[Gloo] Rank {i} is connected to 2 peer ranks. Expected number of connected peer "
+        "ranks is : 2", flush=True)
   mode = sys.argv[1]
   if mode == "fail" and i == 1:
     time.sleep(0.3)
@@ -101,6 +104,11 @@ def test_every_process_runs_with_its_id_and_prefixed_output(tmp_path):
   assert all("of 3 at 127.0.0.1:" in line for line in lines)
   assert open(tmp_path / "process_2.log").read().startswith("hello from 2 of 3")
   assert "3 of 3 processes started" in proc.stderr
+  # gloo's connection lines go to the log files only, unless asked for.
+  assert "[Gloo]" not in proc.stdout
+  assert "[Gloo] Rank 2 is connected to 2 peer ranks" in open(tmp_path / "process_2.log").read()
+  shown = _launch("--processes=2", "--gloo_lines", "--", "-c", CHILD, "ok")
+  assert shown.returncode == 0 and "[p1] [Gloo] Rank 1 is connected" in shown.stdout
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,10 @@ same command with each I on its host. Under Slurm, Open MPI or on a TPU pod slic
 is needed: JAX reads the cluster's own variables (docs/scaling.md).
 
 Every line a child prints is printed here prefixed with `[pI] ` (and, with --log_dir, also
-written to <log_dir>/process_I.log). When a child fails (a non-zero exit, or killed by a
+written to <log_dir>/process_I.log), but for gloo's "[Gloo] Rank I is connected to ..." lines,
+which only the log files get unless --gloo_lines. The children know they were launched
+(JETRL_LAUNCHED=1): jetrl's runs then leave the prefix of the other processes' lines to the
+launcher. When a child fails (a non-zero exit, or killed by a
 signal), the others are stopped (SIGTERM, then SIGKILL after --grace seconds, with everything
 they started) and the launcher exits with that child's code (128 + the signal number for a
 signal), naming it. A SIGINT or SIGTERM to the launcher is passed on the same way.
@@ -38,6 +41,8 @@ from typing import Optional, Sequence
 PROG = "python -m jetrl.launch"
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 _PDEATHSIG = 1  # prctl(PR_SET_PDEATHSIG, ...)
+LAUNCHED_VAR = "JETRL_LAUNCHED"  # in each child's environment
+GLOO_LINE = re.compile(rb"^\[Gloo\] Rank \d+ is connected to ")
 
 
 class LaunchError(ValueError):
@@ -78,6 +83,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   )
   parser.add_argument(
     "--log_dir", default=None, help="Also write each process's output to LOG_DIR/process_I.log."
+  )
+  parser.add_argument(
+    "--gloo_lines",
+    action="store_true",
+    help="Also print gloo's '[Gloo] Rank I is connected to ...' lines (default: log files only).",
   )
   parser.add_argument(
     "--grace",
@@ -155,6 +165,7 @@ def child_env(
   if heartbeat is not None:
     env["JETRL_HEARTBEAT_TIMEOUT"] = str(heartbeat)
   env["PYTHONUNBUFFERED"] = "1"
+  env[LAUNCHED_VAR] = "1"
   return env
 
 
@@ -201,8 +212,17 @@ def exit_code(code: int) -> int:
 class Launch:
   """The children of one launch, their output, and stopping them."""
 
-  def __init__(self, ids: Sequence[int], processes: int, command: Sequence[str], env_of, log_dir):
+  def __init__(
+    self,
+    ids: Sequence[int],
+    processes: int,
+    command: Sequence[str],
+    env_of,
+    log_dir,
+    gloo_lines: bool = False,
+  ):
     self.ids, self.processes, self.command = list(ids), processes, list(command)
+    self.gloo_lines = gloo_lines
     self.procs: dict[int, subprocess.Popen] = {}
     self.out_lock = threading.Lock()
     self.threads: list[threading.Thread] = []
@@ -238,8 +258,9 @@ class Launch:
       if not line.endswith(b"\n"):
         line += b"\n"
       with self.out_lock:
-        sys.stdout.buffer.write(prefix + line)
-        sys.stdout.buffer.flush()
+        if self.gloo_lines or not GLOO_LINE.match(line):
+          sys.stdout.buffer.write(prefix + line)
+          sys.stdout.buffer.flush()
         if i in self.logs:
           self.logs[i].write(line)
           self.logs[i].flush()
@@ -313,7 +334,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
 
   try:
-    launch = Launch(ids, args.processes, command, env_of, args.log_dir)
+    launch = Launch(ids, args.processes, command, env_of, args.log_dir, args.gloo_lines)
   except LaunchError as e:
     print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
     return 2

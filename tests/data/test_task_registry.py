@@ -189,6 +189,9 @@ def test_with_reward_keeps_the_problems():
   assert task.problem("train", 5) == base.problem("train", 5)
   assert task.reward(None, ["abc", ""], ["1", "2"]) == [0.3, 0.0]
   assert task.max_completion_chars == base.max_completion_chars
+  # Correctness stays the task's own: its checker is the base task, wrapped twice too.
+  assert base.checker is base and task.checker is base
+  assert jetrl.data.WithReward(task, lambda p, c, a: [0.0] * len(c)).checker is base
   bad = jetrl.data.WithReward(base, lambda p, c, a: [1.0])
   with pytest.raises(ValueError, match="returned 1 values for 2 completions"):
     bad.reward(None, ["a", "b"], ["1", "2"])

@@ -238,6 +238,11 @@ def test_one_record_per_step_written_by_the_primary_only(runs):
   out = runs["resumed"].stdout
   assert re.search(r"^\[p0\] \[#+\.*\] step 4/4", out, re.M), out[-3000:]
   assert not re.search(r"^\[p1\] \[#", out, re.M)  # progress lines from process 0 only
+  # The run's header, evaluations and last line too; gloo's connection lines are not shown.
+  for said in ("jetrl RL:", "eval @ step 4:", "done: held-out"):
+    assert re.search(rf"^\[p0\] .*{re.escape(said)}", out, re.M), (said, out[-3000:])
+    assert not re.search(rf"^\[p1\] .*{re.escape(said)}", out, re.M), (said, out[-3000:])
+  assert "[Gloo]" not in out
   assert "jax.distributed: process 1 of 2" in out
 
 

@@ -17,7 +17,7 @@ from jetrl.config.flags import config_from_flags, define_flags
 from jetrl.study import StudyConfig
 from jetrl.train import SFTConfig, TrainConfig, run
 from jetrl.config import former_names, resumable_paths
-from jetrl.train.cli import usage
+from jetrl.train.cli import parse_argv, usage
 
 
 parse = parse_flags
@@ -257,6 +257,33 @@ def test_config_files_python_json_yaml_with_flags_on_top(tmp_path, root):
     parse([f"--config={tmp_path / 'wrong.py'}"])
 
 
+def test_flags_that_do_not_parse_and_config_keys_that_are_no_field(tmp_path):
+  fv = flags.FlagValues()
+  names = ["config", *define_flags(TrainConfig(), fv)]
+  for arg, message in (
+    ("--optimizer.lrr=1", r"^--optimizer.lrr: no such flag; did you mean --optimizer.lr\? "),
+    ("--samplingn=2", r"^--samplingn: no such flag; did you mean --sampling.n\? "),
+    ("--zzz=2", r"^--zzz: no such flag; \S+ --help lists them$"),  # nothing close
+    ("--optimizer.lr=abc", r"^--optimizer.lr: expected a number, got 'abc'$"),
+    ("--sampling.n=x", r"^--sampling.n: expected an integer, got 'x'$"),
+    ("--overwrite=maybe", r"^--overwrite: expected true or false, got 'maybe'$"),
+    ("--nooverwrite=1", r"^--nooverwrite=1 does not take an argument$"),
+  ):
+    with pytest.raises(FlagError, match=message):
+      parse_argv(["train.py", arg], fv, names)
+  assert parse_argv(["train.py", "--sampling.n=4", "rest"], fv, names) == ["train.py", "rest"]
+  # A config file's key typo: the closest field, and only the fields one sets (the sampler's
+  # internal pad and stop ids are not offered).
+  (tmp_path / "c.json").write_text('{"sampling": {"temprature": 0.5}}')
+  with pytest.raises(FlagError) as e:
+    parse_flags([f"--config={tmp_path / 'c.json'}"])
+  assert str(e.value).startswith(
+    f"--config: {tmp_path / 'c.json'}: sampling.temprature: no such field; did you mean "
+    "'temperature'? SamplingConfig has ['max_new_tokens', 'n', "
+  )
+  assert "pad_id" not in str(e.value) and "stop_ids" not in str(e.value)
+
+
 def test_help_lists_every_flag_grouped_by_config():
   text = usage(TrainConfig(), "doc line")
   for group in (
@@ -345,6 +372,12 @@ def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
   assert out.returncode == 2
   assert "error: --recipe: 'fp8' is not accepted" in out.stderr, out.stderr[-2000:]
   assert "Traceback" not in out.stderr and not (tmp_path / "metrics.jsonl").exists()
+  out = train(f"--workdir={tmp_path}", "--optimizer.lrr=1e-3")  # absl's parse: the same style
+  assert out.returncode == 2 and "FATAL" not in out.stderr, out.stderr[-2000:]
+  assert out.stderr.strip() == (
+    "train.py: error: --optimizer.lrr: no such flag; did you mean --optimizer.lr? train.py "
+    "--help lists them"
+  )
   out = train(f"--workdir={tmp_path}", "--lr=1e-3")
   assert out.returncode == 2
   assert "--lr is now --optimizer.lr" in out.stderr, out.stderr[-2000:]

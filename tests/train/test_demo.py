@@ -130,3 +130,35 @@ def test_an_old_flag_names_its_new_one_and_nothing_is_written(root, tmp_path):
   )
   assert out.returncode == 2 and "--rl_steps is now --steps" in out.stderr, out.stderr[-2000:]
   assert "Traceback" not in out.stderr and not (tmp_path / "demo").exists()
+
+
+def test_a_rerun_moves_the_earlier_demo_aside_and_says_so(demo, tmp_path):
+  work = tmp_path / "demo"
+  lines = []
+  cfg = parse(demo, [f"--workdir={work}"])
+  assert demo.set_aside(cfg, lines.append) is None  # nothing there yet
+  for half in ("sft", "rl"):
+    (work / half).mkdir(parents=True)
+    (work / half / "metrics.jsonl").write_text('{"step": 1}\n')
+  (work / "notes.txt").write_text("mine")
+  assert demo.set_aside(parse(demo, [f"--workdir={work}", "--keep"]), lines.append) is None
+  assert lines == [] and (work / "rl" / "metrics.jsonl").exists()
+  dest = demo.set_aside(cfg, lines.append)
+  assert lines == [
+    f"an earlier demo run in {work} was moved to {dest} (not deleted; --keep resumes it instead)"
+  ]
+  assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "previous"]
+  for half in ("sft", "rl"):
+    assert (tmp_path / dest / half / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_the_closing_lines_list_the_warm_starts_plot_too(demo):
+  rl = demo.rl_config(parse(demo, ["--workdir=w"]))
+  warm = {"plots": ["w/sft/plots/sft.png"]}
+  summary = {"eval_before": 0.5, "eval_after": 0.625, "plots": ["w/rl/plots/reward.png"]}
+  assert demo.report(rl, warm, summary).splitlines() == [
+    "held-out greedy accuracy (256 problems): before RL 0.500, after RL 0.625 (+12.5 points)",
+    "metrics: w/rl/metrics.jsonl",
+    "plots:   w/sft/plots/sft.png",
+    "         w/rl/plots/reward.png",
+  ]

@@ -173,10 +173,13 @@ def test_eval_hook_writes_logs_and_keeps_the_last_result():
   assert seen == [2.0, 3.0]  # evaluated after steps 2 and 3 (the last)
   assert [(s, r["eval_accuracy"]) for s, r in writer.rows] == [(2, 0.25), (3, 0.5)]
   assert hook.last == {"eval_accuracy": 0.5, "eval_accuracy_bf16": 0.5}
-  assert lines[0].startswith(
+  # The first evaluation says it compiles first.
+  assert lines[0] == "  eval @ step 2: compiling the evaluation (first evaluation only)..."
+  assert lines[1].startswith(
     "  eval @ step 2: accuracy at temperature 0.7 (x4) 0.250 (bf16 rollout: 0.500) on 16 "
     "held-out problems ("
   )
+  assert len(lines) == 3 and "compiling" not in lines[2]
   hook(0, loop)  # the loop's own evaluation before the first step
   assert writer.rows[-1][0] == 0
 
@@ -300,3 +303,31 @@ def test_run_hooks_checks_due_for_each_hook():
   for step in range(1, 5):
     run_hooks([a, b], step, step == 4, LoopState(state=None))
   assert a.steps == [2, 4] and b.steps == []
+
+
+def test_a_long_evaluation_says_how_far_it_is(monkeypatch):
+  from types import SimpleNamespace
+
+  import numpy as np
+
+  from jetrl.data import char_tokenizer, get_task
+  from jetrl.precision import get_recipe
+  from jetrl.train import EvalConfig, evaluation, pieces
+
+  tok, task = char_tokenizer(), get_task("addition", difficulty=1, length=1)
+  rows = iter([([0.25, 0.25, 0.25, 0.25], [1, 0, 1, 1]), ([0.25, 0.25], [0, 0])])
+
+  def score(task, tok, chunk, out, n):  # the sampler's rows, scored by hand
+    rewards, correct = next(rows)
+    assert len(chunk) == len(rewards) and n == 1
+    return np.asarray(rewards), np.asarray(correct, bool), np.full(len(chunk), 3), None
+
+  monkeypatch.setattr(evaluation, "sample", lambda *a, **k: SimpleNamespace())
+  monkeypatch.setattr(evaluation, "score_rollout", score)
+  p = pieces.Pieces(get_recipe("fp32"), tok, lambda text: tok.encode(text), task, 0, None)
+  lines = []
+  res = evaluation.evaluate(
+    None, p, None, EvalConfig(size=6, batch=4), max_new_tokens=8, log=lines.append
+  )
+  assert res == {"eval_accuracy": 0.5, "eval_reward": 0.25, "eval_length": 3.0}
+  assert [line.split(" (")[0] for line in lines] == ["  eval: 4/6 problems", "  eval: 6/6 problems"]

@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
 )
 REWARD_FILE = """
 def score(prompts, completions, answers):
-  return [0.75 if a.startswith("echo") else 0.0 for a in answers]
+  return [0.25] * len(completions)
 """
 
 
@@ -75,6 +75,14 @@ class Echo(Task):
 
   def reward(self, prompts, completions, answers):
     return [0.5] * len(completions)
+
+
+class EchoBelow3(Echo):
+  """Echo whose own reward (its checker) marks the problems `say 0` .. `say 2` correct and the
+  others wrong, whatever the completion."""
+
+  def reward(self, prompts, completions, answers):
+    return [1.0 if int(a.split()[1]) < 3 else 0.0 for a in answers]
 
 
 def read(path):
@@ -236,7 +244,7 @@ def test_rollouts_and_greedy_evaluation_stop_on_every_eos_id(tmp_path):
 
 @pytest.fixture(scope="module")
 def registered():
-  name = register_task(Echo("echo-registered"))
+  name = register_task(EchoBelow3("echo-registered"))
   yield name
   unregister_task(name)
 
@@ -249,17 +257,32 @@ def reward_run(tmp_path_factory, tiny_train_config, registered):
   cfg = tiny_train_config(
     root / "run", task={"name": registered, "reward": f"{root}/reward.py:score"}
   )
-  summary = run(cfg, log=quiet)
-  return cfg, summary
+  lines = []
+  summary = run(cfg, log=lines.append)
+  return cfg, summary, lines
 
 
 def test_a_registered_task_scored_by_a_reward_file(reward_run, registered):
-  cfg, summary = reward_run
-  # The file's reward gives 0.75 to the registered task's answers ("echo N"), 0 to any other.
-  assert [r["reward_mean"] for r in read(os.path.join(cfg.workdir, "metrics.jsonl"))] == [0.75] * 2
+  cfg, summary, lines = reward_run
+  # The file's reward is 0.25 for everything; accuracy is the task's checker's: problems 0, 1
+  # at step 1 (both below 3), 2, 3 at step 2 (one of two), 0 .. 3 held out (three of four).
+  records = read(os.path.join(cfg.workdir, "metrics.jsonl"))
+  assert [(r["reward_mean"], r["accuracy"]) for r in records] == [(0.25, 1.0), (0.25, 0.5)]
+  # Equal rewards in every group: no learning signal, said at each step.
+  assert [r["flat_groups"] for r in records] == [1.0, 1.0]
+  for step in (1, 2):
+    assert (
+      f"warning: step {step} has no learning signal: every group's rewards are equal (reward "
+      "mean 0.25), so every advantage is 0"
+    ) in lines
+  # What compiles is said before it does, once.
+  for what in ("the sampler (first step", "the update (first step", "the evaluation (first eval"):
+    assert sum(what in line for line in lines) == 1, what
+  console = [line for line in lines if " step 2/2 " in line]
+  assert len(console) == 1 and " trunc " in console[0] and " grad_norm " in console[0]
   evals = read(os.path.join(cfg.workdir, "eval.jsonl"))
-  assert [(e["eval_reward"], e["eval_accuracy"]) for e in evals] == [(0.75, 0.0)] * 2
-  assert summary["eval_after"] == 0.0
+  assert [(e["eval_reward"], e["eval_accuracy"]) for e in evals] == [(0.25, 0.75)] * 2
+  assert summary["eval_after"] == 0.75
   saved = json.loads(open(os.path.join(cfg.workdir, "config.json")).read())
   assert saved["task"]["name"] == registered and saved["task"]["reward"] == cfg.task.reward
   # experiments/evaluate.py on the run's checkpoint gives the run's last evaluation.
@@ -307,7 +330,7 @@ def test_export_loads_in_transformers_with_equal_logits(reward_run, tmp_path):
   from jetrl.train.checkpoint import load_params_from, read_params
   from jetrl.train.export import ExportConfig, export_run
 
-  cfg, _ = reward_run
+  cfg = reward_run[0]
   out = export_run(ExportConfig(workdir=cfg.workdir, out=str(tmp_path / "hf")), log=quiet)
   params, meta = read_params(cfg.workdir, log=quiet)
   assert meta["step"] == 2

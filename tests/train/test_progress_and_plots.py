@@ -4,6 +4,7 @@ off the data, use linear axes for a few bins and keep a compiling step from domi
 import io
 import json
 
+import matplotlib.image as plt_image
 import pytest
 
 from jetrl.train import plots
@@ -89,6 +90,18 @@ def test_run_plots(tmp_path, monkeypatch):
     legend = ax.get_legend()
     if legend is not None:  # anchored right of the axes, outside the data
       assert legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1 - 1, name
+  for name, fig in figures.items():  # 10 x 5 inches at 100 dpi
+    assert tuple(fig.get_size_inches()) >= (10.0, 5.0) and fig.dpi >= 100, name
+  height, width = plt_image.imread(tmp_path / "plots" / "reward.png").shape[:2]
+  assert width >= 1000 and height >= 450
+  # Train reward and accuracy are equal here and still two lines, told apart in the legend.
+  reward_ax = figures["reward.png"].axes[0]
+  train = {line.get_label(): line for line in reward_ax.get_lines()}
+  a, b = train["train reward"], train["train accuracy"]
+  assert (a.get_color(), a.get_linestyle()) != (b.get_color(), b.get_linestyle())
+  assert list(a.get_ydata()) == list(b.get_ydata())
+  legend = [t.get_text() for t in reward_ax.get_legend().get_texts()]
+  assert legend == ["train reward", "train accuracy", "held-out greedy accuracy"]
   position = figures["agreement_by_position.png"].axes[0]
   assert position.get_xscale() == "linear" and position.get_yscale() == "linear"
   assert [t.get_text() for t in position.get_xticklabels()] == ["0-15", "16-31", "32+"]

@@ -360,7 +360,8 @@ def test_sft_checkpoints_periodically_and_resumes_exactly(
   from jetrl.train.checkpoint import Checkpointer, load_params_from
 
   sft = tiny_sft_config(tmp_path / "a", checkpoint={"every": 2}, logging={"every": 1})
-  run_sft(sft, log=quiet)
+  summary = run_sft(sft, log=quiet)
+  assert summary["plots"] == [str(tmp_path / "a" / "plots" / "sft.png")]
   assert sorted(os.listdir(tmp_path / "a" / "checkpoints")) == ["2", "4"]
   lrs = [r["learning_rate"] for r in read(tmp_path / "a" / "sft_metrics.jsonl")]
   # Warmup over the 4 steps the run has (the schedule's warmup is cut to the run's length).
@@ -377,6 +378,7 @@ def test_sft_checkpoints_periodically_and_resumes_exactly(
   with pytest.warns(RuntimeWarning, match="torn"):
     run_sft(sft.replace(workdir=str(tmp_path / "b")), log=logs.append)
   assert "resumed SFT at step 2" in logs
+  assert logs.count("compiling the SFT step (first step only)...") == 1  # before step 3
   assert read(tmp_path / "b" / "sft_metrics.jsonl") == read(tmp_path / "a" / "sft_metrics.jsonl")
   states = []
   for d in ("a", "b"):

@@ -227,3 +227,57 @@ def test_a_run_killed_during_its_first_save_is_moved_aside(tmp_path):
   _earlier_run(tmp_path, 30, 10, 11)
   with pytest.raises(FlagError, match="first checkpoint was due at step 10"):
     start_fresh(str(tmp_path), ("metrics.jsonl",), (), summary_file="summary.json", **kw)
+
+
+def tensorboard_points(directory) -> dict:
+  """{tag: [(step, value), ...]} as TensorBoard shows the event files of `directory`: the
+  files read in name order, a session start at step S dropping every point read before it at
+  step S and past (TensorBoard's handling of a restarted writer)."""
+  import struct
+
+  from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+  points = {}
+  for name in sorted(os.listdir(directory)):
+    data = (directory / name).read_bytes()
+    at = 0
+    while at < len(data):
+      (n,) = struct.unpack("<Q", data[at : at + 8])
+      event = Event.FromString(data[at + 12 : at + 12 + n])
+      at += 12 + n + 4
+      if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+        points = {t: [p for p in ps if p[0] < event.step] for t, ps in points.items()}
+      for v in event.summary.value:
+        points.setdefault(v.tag, []).append((event.step, round(v.simple_value, 6)))
+  return points
+
+
+def test_a_resumed_run_shows_one_tensorboard_point_per_step(tmp_path, tiny_train_config):
+  from jetrl.train import driver
+  from jetrl.train.writers import TensorBoard
+
+  # The interrupted run wrote steps 1..4; its last checkpoint was step 2.
+  tb = TensorBoard(str(tmp_path))
+  writer = MetricWriter(str(tmp_path), "metrics", tb)
+  for step in (1, 2, 3, 4):
+    writer.write(step, {"loss": float(step)})
+  tb.close()
+  # The resumed run (no second gone by: the file names must not collide) redoes 3 and 4.
+  out = driver.open_outputs(
+    tiny_train_config(tmp_path, logging={"tensorboard": True}), driver.RL, start=2
+  )
+  assert out.tb.purge_step == 3
+  writer = out.writer("metrics")
+  writer.truncate_after(2)
+  for step in (3, 4, 5):
+    writer.write(step, {"loss": 10.0 * step})
+  out.close()
+  assert len(os.listdir(tmp_path / "tb")) == 2
+  assert tensorboard_points(tmp_path / "tb") == {
+    "loss": [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
+  }
+  assert [r["loss"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2, 30, 40, 50]
+  # A fresh start purges nothing.
+  assert driver.open_outputs(tiny_train_config(tmp_path), driver.RL).tb is None
+  fresh = driver.open_outputs(tiny_train_config(tmp_path, logging={"tensorboard": True}), driver.RL)
+  assert fresh.tb.purge_step is None

@@ -85,10 +85,13 @@ class _ValueParser(flags.ArgumentParser):
       if low in ("false", "f", "0", "no"):
         return False
       raise ValueError(f"expected true or false, got {text!r}")
-    if base is int:
-      return int(text, 0) if text.strip().lower().startswith(("0x", "0o", "0b")) else int(text)
-    if base is float:
-      return float(text)
+    try:
+      if base is int:
+        return int(text, 0) if text.strip().lower().startswith(("0x", "0o", "0b")) else int(text)
+      if base is float:
+        return float(text)
+    except ValueError:
+      raise ValueError(f"expected {'an integer' if base is int else 'a number'}, got {text!r}")
     return text
 
   def parse(self, argument):

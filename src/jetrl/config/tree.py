@@ -6,8 +6,9 @@ upgraded), and the facts its fields declare about the whole run (`resumable_path
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jetrl.config.fields import ConfigError, kinds
 
@@ -75,6 +76,30 @@ def former_names(cls: type, prefix: str = "") -> dict[str, str]:
   return out
 
 
+def settable(cls: type) -> list[str]:
+  """The names of the fields of a config class a user sets (the internal ones, `field(...,
+  flag=False)`, such as the sampler's pad id, left out), sorted."""
+  return sorted(f.name for f in dataclasses.fields(cls) if f.metadata.get("flag", True))
+
+
+def closest(name: str, names: Sequence[str], n: int = 3) -> list[str]:
+  """The dotted `names` most like `name` (a typo's likely meaning): those of its own node
+  whose last part is close to its last part, else (a node misspelt) close as a whole."""
+  node, _, leaf = name.rpartition(".")
+  same = {c.rpartition(".")[2]: c for c in names if c.rpartition(".")[0] == node}
+  found = [same[m] for m in difflib.get_close_matches(leaf, list(same), n=n)]
+  return found or difflib.get_close_matches(name, list(names), n=n, cutoff=0.8)
+
+
+def no_such_field(cls: type, key: str) -> str:
+  """What is said of `key`, not a field of `cls`: the settable names closest to it, and all
+  of them."""
+  names = settable(cls)
+  close = closest(key, names)
+  hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+  return f"no such field; {hint}{cls.__name__} has {names}"
+
+
 def _build(make: Callable[[], Any], path: str, error: type) -> Any:
   try:
     return make()
@@ -92,8 +117,7 @@ def replace(
   for path, value in changes.items():
     head, _, rest = path.partition(".")
     if head not in names:
-      where = f"{prefix}{head}"
-      raise error(where, f"no such field; {type(config).__name__} has {sorted(names)}")
+      raise error(f"{prefix}{head}", no_such_field(type(config), head))
     if rest:
       nested.setdefault(head, {})[rest] = value
     else:
@@ -171,5 +195,5 @@ def from_dict(
       changes[key] = tuple(value) if isinstance(value, list) else value
   unknown = sorted(set(changes) - set(kinds(cls)))
   if unknown:
-    raise error(f"{prefix}{unknown[0]}", f"no such field; {cls.__name__} has {sorted(kinds(cls))}")
+    raise error(f"{prefix}{unknown[0]}", no_such_field(cls, unknown[0]))
   return _build(lambda: dataclasses.replace(base, **changes), prefix.rstrip("."), error)

@@ -72,6 +72,9 @@ class Task(abc.ABC):
   name: the registry name.
   problem(split, index): the problem at that position; deterministic in (seed, split, index).
   reward(prompts, completions, answers): one float per completion.
+  checker: the task whose `reward` says whether a completion is correct (accuracy is the
+    share of its values >= 1): the task itself, or, scored by another reward (`WithReward`),
+    the wrapped task's checker.
   max_completion_chars: a hint for the longest gold completion at these settings (None when
     unknown).
   num_problems(split): the number of distinct problems (None: unbounded, generated).
@@ -87,6 +90,10 @@ class Task(abc.ABC):
   def reward(
     self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
   ) -> list[float]: ...
+
+  @property
+  def checker(self) -> "Task":
+    return self
 
   @property
   def max_completion_chars(self) -> int | None:
@@ -117,7 +124,9 @@ class WithReward(Task):
   one float per completion (a TRL-shaped function, e.g. a `jetrl.data.UserReward`).
 
   Everything but the reward is the wrapped task's (problems, splits, seed, sizes), so a run
-  over GSM8K's problems can be scored by the user's own function.
+  over GSM8K's problems can be scored by the user's own function; whether a completion is
+  correct is still the wrapped task's to say (`checker`), so accuracy means the same whatever
+  reward trains the policy.
   """
 
   def __init__(self, task: Task, reward, *, name: str | None = None):
@@ -146,6 +155,10 @@ class WithReward(Task):
         f"{len(completions)} completions"
       )
     return values
+
+  @property
+  def checker(self) -> Task:
+    return self.task.checker
 
   @property
   def max_completion_chars(self) -> int | None:

@@ -10,6 +10,7 @@ from jetrl.parallel.hosts import (
   multi_process_env,
   on_primary,
   owned_rows,
+  primary_log,
   rows_to_host,
 )
 from jetrl.parallel.mesh import (
@@ -58,6 +59,7 @@ __all__ = [
   "barrier",
   "all_true",
   "on_primary",
+  "primary_log",
   "owned_rows",
   "rows_to_host",
   "gather_rows",

@@ -145,6 +145,22 @@ def maybe_initialize_distributed(log: Callable[[str], None] = print) -> bool:
   return True
 
 
+def primary_log(log: Callable[[str], None]) -> Callable[[str], None]:
+  """`log` as a run's process 0 uses it; on the other processes of a multi-process run, only
+  the lines of warnings and errors, prefixed by the process index (`[pI] `, unless
+  `jetrl.launch`, which prefixes every line, started it): a run's header, evaluations and
+  progress are said once."""
+  if not jax.distributed.is_initialized() or jax.process_count() == 1 or is_primary():
+    return log
+  prefix = "" if os.environ.get("JETRL_LAUNCHED") == "1" else f"[p{jax.process_index()}] "
+
+  def others(line: str) -> None:
+    if line.lstrip().lower().startswith(("warning", "error")):
+      log(prefix + line)
+
+  return others
+
+
 def is_primary() -> bool:
   """True in the process that writes the run's files (process 0)."""
   return jax.process_index() == 0

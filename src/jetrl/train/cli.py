@@ -10,9 +10,10 @@ config from them and calls `run_fn(config)`.
   each with its default; `--helpfull` is absl's listing of every flag of every library.
 * Other libraries' INFO logs (Orbax, JAX) are off unless `--verbosity` (absl's `-v`) is
   given: `--verbosity=0` brings them back.
-* A bad flag value, a bad config file, and what a run refuses at start-up (a workdir in use,
-  a checkpoint written with other settings, a step that cannot fit in memory) print
-  `error: --flag: message` and exit with code 2; a run stopped by non-finite updates, with
+* A flag that does not exist or whose value does not parse, a bad flag value, a bad config
+  file (a key that is no field: the closest field names), and what a run refuses at start-up
+  (a workdir in use, a checkpoint written with other settings, a step that cannot fit in
+  memory) print `error: --flag: message` and exit with code 2; a run stopped by non-finite updates, with
   no intact checkpoint, or by a `--task.reward` function that cannot be used (a result of the
   wrong length, failures batch after batch: `jetrl.data.RewardError`) prints its message and
   exits with code 1. No traceback.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -34,8 +36,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
-from jetrl.config import ConfigError, former_names
-from jetrl.config.flags import config_from_flags, define_flags, grouped_help
+from jetrl.config import ConfigError, FlagError, former_names
+from jetrl.config.flags import CONFIG_FLAG, config_from_flags, define_flags, grouped_help
+from jetrl.config.tree import closest
 
 FLAGS = flags.FLAGS
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "-helpshort", "-?")
@@ -90,6 +93,34 @@ def check_renamed(argv: Sequence[str], renamed: Mapping[str, str]) -> None:
       )
 
 
+def parse_argv(argv: Sequence[str], flag_values, names: Sequence[str]) -> list[str]:
+  """`flag_values(argv)` (absl's parse), its errors as FlagErrors in this module's style: an
+  unknown flag with the closest of `names` (the program's flags), a value that does not parse
+  with what was expected."""
+  try:
+    return flag_values(list(argv))
+  except flags.UnrecognizedFlagError as e:
+    close = closest(e.flagname, names)
+    hint = f"did you mean {' or '.join('--' + c for c in close)}? " if close else ""
+    raise FlagError(e.flagname, f"no such flag; {hint}{program()} --help lists them") from None
+  except flags.Error as e:
+    text = str(e)
+    found = re.match(r"flag --([^=\s]+)=", text)
+    if found is None:
+      raise FlagError(None, text) from None
+    name = found.group(1)
+    for arg in argv[1:]:
+      key, sep, value = arg.lstrip("-").partition("=")
+      if sep and key == name and text.startswith(f"flag --{name}={value}: "):
+        text = text[len(f"flag --{name}={value}: ") :]
+        if isinstance(flag_values[name], flags.BooleanFlag):
+          text = f"expected true or false, got {value!r}"
+        break
+    raise FlagError(name, text) from None
+  except ValueError as e:  # absl's own: '--noflag=3 does not take an argument'
+    raise FlagError(None, str(e)) from None
+
+
 def main(
   default: Any,
   run_fn: Callable[[Any], None],
@@ -105,7 +136,7 @@ def main(
     tree's fields name (`field(..., former=...)`).
   errors: exception types a run raises for a failed run (not a usage error): their message is
   printed and the exit code is 1."""
-  define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
+  names = define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
   if any(a in HELP_ARGS for a in sys.argv[1:]):
     print(usage(default, doc, exclude))
     sys.exit(0)
@@ -128,7 +159,13 @@ def main(
         raise
       exit_now()
 
-  app.run(_main)
+  def _parse(argv):
+    try:
+      return parse_argv(argv, FLAGS, [CONFIG_FLAG, *names])
+    except FlagError as e:
+      fail(str(e))
+
+  app.run(_main, flags_parser=_parse)
 
 
 def several_processes() -> bool:

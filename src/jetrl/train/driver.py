@@ -150,10 +150,13 @@ class Outputs:
       self.tb.close()
 
 
-def open_outputs(cfg, kind: RunKind) -> Outputs:
-  """The run's files, its configuration written as `<prefix>config.json`."""
+def open_outputs(cfg, kind: RunKind, start: int = 0) -> Outputs:
+  """The run's files, its configuration written as `<prefix>config.json`; a run resumed after
+  step `start` has TensorBoard purge what the run before it wrote past that step."""
   primary = parallel.is_primary()
-  tb = TensorBoard(cfg.workdir) if cfg.logging.tensorboard and primary else None
+  tb = None
+  if cfg.logging.tensorboard and primary:
+    tb = TensorBoard(cfg.workdir, purge_step=start + 1 if start else None)
   out = Outputs(cfg.workdir, kind, primary, tb)
   out.write_json("config.json", cfg.to_dict())
   return out
@@ -252,12 +255,14 @@ def finish(out: Outputs, hooks: Hooks, summary: dict) -> dict:
 
 def run_guarded(cfg, task, log, body):
   """What a run (RL or SFT) does around its body: the config of a given Task object, paths
-  checked, several processes started, the workdir locked, the user reward loaded; then
+  checked, several processes started (the run's lines said by process 0 alone, the others'
+  warnings and errors too: `parallel.primary_log`), the workdir locked, the user reward loaded; then
   `body(cfg, log, task, reward)`, and the reward worker and the lock released however it ends."""
   if task is not None:
     cfg = given_task_config(cfg, task)
   cfg.check_paths()
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
+  log = parallel.primary_log(log)  # the others say only their warnings and errors
   lock = take_workdir(cfg.workdir, log)
   reward = None
   try:

@@ -98,8 +98,14 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     )
     t0 = time.time()
     run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg)
+    log("compiling the sampler (first batch only)...")
     res = evaluation.evaluate(
-      params, run_pieces, recipe.rollout, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
+      params,
+      run_pieces,
+      recipe.rollout,
+      cfg.eval,
+      max_new_tokens=cfg.sampling.max_new_tokens,
+      log=log,
     )
   finally:
     if reward is not None:

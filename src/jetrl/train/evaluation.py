@@ -4,7 +4,8 @@ params, sampled as the run's rollouts are (its stop ids, its precision)."""
 
 from __future__ import annotations
 
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 import jax
 import numpy as np
@@ -25,12 +26,15 @@ def evaluate(
   max_new_tokens: int,
   split: str = "test",
   seed: int = 0,
+  log: Optional[Callable[[str], None]] = None,
 ) -> dict:
-  """Accuracy on the first `eval_cfg.size` problems of a held-out split, `eval_cfg.batch`
-  problems per sampler call: greedy (temperature 0), or the mean over `eval_cfg.samples`
+  """Accuracy (by the task's own checker, `Task.checker`, whatever reward trains the policy),
+  mean reward and mean length on the first `eval_cfg.size` problems of a held-out split,
+  `eval_cfg.batch` problems per sampler call: greedy (temperature 0), or the mean over `eval_cfg.samples`
   completions per problem drawn at `eval_cfg.temperature` from a fixed key (`seed`), so that
   two policies evaluated alike see the same random numbers. Prompts are `encode(text)`
-  (default: plain); samples stop on every stop id of the tokenizer.
+  (default: plain); samples stop on every stop id of the tokenizer. With `log` and more than
+  one batch, a line after each batch says how far it is ("eval: 64/256 problems").
 
   `pieces` gives the model config, the task, the tokenizer, the prompt encoder and the
   sampling layout; on a mesh (params placed on that layout) prompt rows are split over its
@@ -45,7 +49,8 @@ def evaluate(
   size, batch, temperature = eval_cfg.size, eval_cfg.batch, eval_cfg.temperature
   problems = task.batch(split, 0, size)
   ids = token_ids(tok)
-  correct, lengths = [], []
+  scores, correct, lengths = [], [], []
+  t0 = time.time()
   for i in range(0, size, batch):
     chunk = problems[i : i + batch]
     prompts = [encode(p.prompt) for p in chunk]
@@ -59,11 +64,14 @@ def evaluate(
     )
     key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
     out = sample(params, mcfg, prompts, key, sc, precision, layout=layout)
-    rewards, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
-    correct += list(rewards)
+    rewards, right, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
+    scores += list(rewards)
+    correct += list(right)
     lengths += list(lens)
+    if log is not None and size > batch:
+      log(f"  eval: {min(i + batch, size)}/{size} problems ({time.time() - t0:.0f}s)")
   return {
-    "eval_accuracy": float(np.mean(np.asarray(correct) >= 1.0)),
-    "eval_reward": float(np.mean(correct)),
+    "eval_accuracy": float(np.mean(correct)),
+    "eval_reward": float(np.mean(scores)),
     "eval_length": float(np.mean(lengths)),
   }

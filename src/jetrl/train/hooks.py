@@ -120,6 +120,8 @@ class EvalHook(Hook):
 
   def __call__(self, step, loop):
     t0 = time.time()
+    if self.last is None:
+      self.log(f"  eval @ step {step}: compiling the evaluation (first evaluation only)...")
     self.last = self.evaluate(loop)
     self.writer.write(step, self.last)
     bf16 = self.last.get("eval_accuracy_bf16")

@@ -35,6 +35,7 @@ from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer, load_params_from
 from jetrl.train.config import TrainConfig
 from jetrl.train.hooks import Hook, LoopState, SamplesHook
+from jetrl.train.learning_signal import SignalHook
 from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes, step_bytes
 from jetrl.train.plots import write_plots
 from jetrl.train.rl_step import RLStep, console_fields
@@ -163,18 +164,19 @@ def _step(rl_step: RLStep, start: int, log, i: int, loop: LoopState) -> None:
   loop.skipped = int(loop.record["skipped_updates"])
 
 
-def _evaluate(cfg: TrainConfig, p: pieces.Pieces, loop: LoopState) -> dict:
+def _evaluate(cfg: TrainConfig, p: pieces.Pieces, loop: LoopState, log=None) -> dict:
   """Evaluation in the recipe's rollout precision (and, with --eval.also_bf16, the same
-  params in the bf16 rollout's, as `*_bf16`)."""
+  params in the bf16 rollout's, as `*_bf16`); `log` gets its progress."""
   params = p.rollout_params(loop.state.params)
 
-  score = lambda precision: evaluation.evaluate(
-    params, p, precision, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
+  score = lambda precision, log: evaluation.evaluate(
+    params, p, precision, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens, log=log
   )
-  res = score(p.recipe.rollout)
+  res = score(p.recipe.rollout, log)
   if cfg.eval.also_bf16:
     bf16 = get_recipe("bf16").rollout  # the common scale every recipe is also scored on
-    ref = res if p.recipe.rollout == bf16 else score(bf16)
+    bf16_log = None if log is None else (lambda line: log(f"{line} (bf16 rollout)"))
+    ref = res if p.recipe.rollout == bf16 else score(bf16, bf16_log)
     res.update({f"{k}_bf16": v for k, v in ref.items()})
   return res
 
@@ -183,14 +185,17 @@ def _hooks(
   cfg: TrainConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()
 ) -> driver.Hooks:
   spec = driver.HookSpec(
-    evaluate=functools.partial(_evaluate, cfg, p),
+    evaluate=functools.partial(_evaluate, cfg, p, log=log),
     console=console_fields,
     skip_hint=SKIP_HINT,
     updates_per_step=cfg.update.ppo_epochs * cfg.update.minibatches,
     tree=lambda loop: _state_tree(loop.state),
     meta=lambda loop: {"data_pos": loop.data_pos, "seed": cfg.seed},
     draw=lambda workdir: write_plots(workdir, eval_label=cfg.eval.label),
-    extra=(SamplesHook(out.writer("samples", tensorboard=False)),),
+    extra=(
+      SamplesHook(out.writer("samples", tensorboard=False)),
+      SignalHook(log, cfg.sampling.max_new_tokens),
+    ),
   )
   return driver.make_hooks(cfg, out, ckpt, start, log, spec, user)
 
@@ -209,7 +214,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None, *, user=()) -> dict:
   p = _pieces(cfg, log, given, reward)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, start, data_pos = _restore(cfg, ckpt, _initial_state(cfg, p, log), log)
-  out = driver.open_outputs(cfg, driver.RL)
+  out = driver.open_outputs(cfg, driver.RL, start)
   log(_banner(cfg, p))
   rl_step = _rl_step(cfg, p)
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)

@@ -1,7 +1,9 @@
 """PNG plots of a run's metric records: reward / accuracy, rollout-vs-training agreement, the
 agreement by token position, time per step, and the SFT loss.
 
-Every plot labels both axes and keeps its legend outside the data (right of the axes). A log
+Every plot is FIGSIZE inches at DPI (1000 x 500 pixels and more), labels both axes, draws each
+series in its own colour and line style (train reward and train accuracy stay two lines when
+their values are equal) and keeps its legend outside the data (right of the axes). A log
 axis is used only where values span orders of magnitude; a handful of position bins is drawn
 as categories on linear axes. The first step a process runs compiles the sampler and the
 update (`time/compiled` in its record): time.png hatches that bar, and when it would dwarf the
@@ -22,6 +24,8 @@ from jetrl.train.nodes import EvalConfig
 
 # A compiling step this many times the median step is clipped in time.png.
 CLIP_FACTOR = 3.0
+FIGSIZE = (10.0, 5.0)  # inches
+DPI = 100
 
 
 def _series(records, key):
@@ -63,7 +67,7 @@ def save(fig, path: str) -> str:
   tmp = f"{path}.tmp-{os.getpid()}"  # renamed over `path`: a link there is replaced, not followed
   if os.path.lexists(tmp):
     os.unlink(tmp)
-  fig.savefig(tmp, dpi=90, bbox_inches="tight", format=os.path.splitext(path)[1][1:] or "png")
+  fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format=os.path.splitext(path)[1][1:] or "png")
   plt.close(fig)
   os.replace(tmp, path)
   return path
@@ -95,18 +99,26 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
   out_dir = os.path.join(workdir, "plots")
   paths = []
 
-  fig, ax = plt.subplots(figsize=(6.5, 3.5))
-  for key, label in (("reward_mean", "train reward"), ("accuracy", "train accuracy")):
-    ax.plot(*_series(recs, key), label=label)
+  fig, ax = plt.subplots(figsize=FIGSIZE)
+  drawn = [0.0, 1.0]
+  for key, label, style in (
+    ("reward_mean", "train reward", dict(color="tab:blue", linestyle="-", linewidth=2.0)),
+    ("accuracy", "train accuracy", dict(color="tab:orange", linestyle="--", marker="s", ms=3)),
+  ):
+    x, y = _series(recs, key)
+    ax.plot(x, y, label=label, **style)
+    drawn += [v for v in y if np.isfinite(v)]
   if evals:
     label = eval_label if eval_label is not None else run_eval_label(workdir)
-    ax.plot(*_series(evals, "eval_accuracy"), "o-", label=f"held-out {label}")
-  ax.set_xlabel("RL step"), ax.set_ylabel("reward / accuracy"), ax.set_ylim(-0.02, 1.02)
+    ax.plot(*_series(evals, "eval_accuracy"), "o-", color="tab:green", label=f"held-out {label}")
+  # Accuracy is in [0, 1]; a shaped or user reward may leave it.
+  ax.set_ylim(min(drawn) - 0.02, max(drawn) + 0.02)
+  ax.set_xlabel("RL step"), ax.set_ylabel("reward / accuracy")
   ax.grid(alpha=0.3), ax.set_title("Reward and accuracy")
   legend_outside(ax)
   paths.append(save(fig, os.path.join(out_dir, "reward.png")))
 
-  fig, ax = plt.subplots(figsize=(6.5, 3.5))
+  fig, ax = plt.subplots(figsize=FIGSIZE)
   drawn = []
   for key, label in (
     (names.agree(names.ABS_DIFF_MEAN), "mean |Δ log p|"),
@@ -133,7 +145,7 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
     edges = bins[-1].get(names.AGREE_PREFIX + "bin_edges") or list(range(len(prof)))
     keep = counts.sum(0) > 0
     labels = np.asarray(bin_labels(edges[: len(prof)]))
-    fig, ax = plt.subplots(figsize=(1.5 + 0.9 * max(int(keep.sum()), 2), 3.5))
+    fig, ax = plt.subplots(figsize=(max(FIGSIZE[0], 1.5 + 0.9 * int(keep.sum())), FIGSIZE[1]))
     ax.bar(np.arange(int(keep.sum())), prof[keep], color="tab:blue")
     ax.set_xticks(np.arange(int(keep.sum())), labels[keep])
     if use_log_scale(prof[keep]):
@@ -155,7 +167,7 @@ def _time_plot(plt, recs: list[dict], path: str) -> str:
   total = sum(y for _, y in parts)
   compiled = np.asarray([bool(r.get("time/compiled", 0.0)) for r in recs])
   steady = total[~compiled]
-  fig, ax = plt.subplots(figsize=(6.5, 3.5))
+  fig, ax = plt.subplots(figsize=FIGSIZE)
   bottom = np.zeros(len(recs))
   for label, y in parts:
     ax.bar(steps, y, bottom=bottom, label=label)
@@ -192,7 +204,7 @@ def write_sft_plots(workdir: str) -> list[str]:
   """The SFT loss and learning rate from `<workdir>/sft_metrics.jsonl`."""
   plt = _pyplot()
   recs = read_jsonl(os.path.join(workdir, "sft_metrics.jsonl"))
-  fig, ax = plt.subplots(figsize=(6.5, 3.5))
+  fig, ax = plt.subplots(figsize=FIGSIZE)
   ax.plot(*_series(recs, "loss"), "o-", label="loss", color="tab:blue")
   ax.set_xlabel("SFT step"), ax.set_ylabel("loss (nats per token)"), ax.grid(alpha=0.3)
   if use_log_scale(_series(recs, "loss")[1]):

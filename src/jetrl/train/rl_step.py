@@ -55,6 +55,8 @@ class RLStep:
       rollout_params, t_reshard = parallel.switch_layout(
         state.params, self.pieces.layout, self.pieces.sample_layout, log
       )
+    if log is not None:  # the process's first step
+      log("compiling the sampler (first step only)...")
     t0 = time.time()
     out = sample(
       rollout_params,
@@ -71,7 +73,7 @@ class RLStep:
 
     # Rewards where the completions are (each process scores its rows), gathered; the
     # advantages are then computed identically on every process from the gathered rewards.
-    rewards, lengths, stop_reason = scoring.score_rollout(
+    rewards, correct, lengths, stop_reason = scoring.score_rollout(
       self.pieces.task, self.pieces.tok, problems, out, n
     )
     shaped = jnp.asarray(rewards)  # this process's own device: the same values everywhere
@@ -98,6 +100,8 @@ class RLStep:
       samples = self._samples(step + 1, problems, out, rewards)
     t_reward = time.time() - t0 - t_roll
 
+    if log is not None:
+      log("compiling the update (first step only)...")
     t1 = time.time()
     if self.pieces.layout is not None:
       batch = self.pieces.layout.shard_batch(batch)
@@ -118,10 +122,11 @@ class RLStep:
 
     record = dict(
       reward_mean=float(shaped.mean()),
-      accuracy=float((rewards >= 1.0).mean()),
+      accuracy=float(correct.mean()),
       response_length=float(lengths.mean()),
       truncated_frac=float((stop_reason == STOP_LENGTH).mean()),
       groups_dropped=float(n_dropped),
+      flat_groups=float(np.mean(np.all(np.asarray(adv).reshape(-1, n) == 0, axis=1))),
       **m,
       **{
         "time/rollout": t_roll,
@@ -170,11 +175,14 @@ class RLStep:
 
 
 def console_fields(record: dict) -> tuple[dict, str]:
-  """The console line of an RL step: key metrics, and the step's time split."""
+  """The console line of an RL step: key metrics (`trunc`: the share of samples that hit the
+  generation budget), and the step's time split."""
   fields = {
     "reward": record["reward_mean"],
     "acc": record["accuracy"],
     "len": record["response_length"],
+    "trunc": record["truncated_frac"],
+    "grad_norm": float(names.read(record, names.GRAD_NORM)),
     "|dlogp|": float(names.read(record, names.AGREE_ABS_DIFF_MEAN)),
   }
   return fields, f"{record['time/rollout']:.1f}s rollout {record['time/update']:.1f}s update"

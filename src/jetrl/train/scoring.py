@@ -1,6 +1,8 @@
 """Scoring a rollout: its completions decoded on the host and given to the task's reward, the
-values checked finite in float32 (the precision the advantages are computed in), and, with
-several processes, each process scoring the rows it holds."""
+values checked finite in float32 (the precision the advantages are computed in), whether each
+is correct by the task's own checker (`Task.checker`: the task's reward even when another
+reward trains the policy), and, with several processes, each process scoring the rows it
+holds."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ def _decode(tok, ids) -> str:
 
 
 def score_rows(task, tok, problems, tokens, lengths):
-  """(texts, rewards) of completion rows: `problems[i]` is row i's problem, `tokens` [R, T]
-  and `lengths` [R] its sampled ids (numpy); a trailing stop id is not part of the text."""
+  """(texts, rewards, correct) of completion rows: `problems[i]` is row i's problem, `tokens`
+  [R, T] and `lengths` [R] its sampled ids (numpy); a trailing stop id is not part of the
+  text. `correct` (bool) is the task's checker's reward >= 1, the checker called only when it
+  is not the task that gave the rewards."""
   toks, lens = np.asarray(tokens), np.asarray(lengths)
   stop = set(stop_token_ids(tok) or (int(tok.eos_token_id),))
   texts = []
@@ -26,7 +30,11 @@ def score_rows(task, tok, problems, tokens, lengths):
     texts.append(_decode(tok, row[:-1] if n and int(row[-1]) in stop else row))
   prompts = [p.prompt for p in problems]
   answers = [p.answer for p in problems]
-  return texts, checked_rewards(task, task.reward(prompts, texts, answers))
+  rewards = checked_rewards(task, task.reward(prompts, texts, answers))
+  checker = getattr(task, "checker", task)
+  if checker is task:
+    return texts, rewards, rewards >= 1.0
+  return texts, rewards, checked_rewards(checker, checker.reward(prompts, texts, answers)) >= 1.0
 
 
 def checked_rewards(task, values) -> np.ndarray:
@@ -46,20 +54,21 @@ def checked_rewards(task, values) -> np.ndarray:
 
 
 def completions_and_rewards(task, tok, problems, rollout, group: int):
-  """Decode a rollout's completions (on the host) and score them; rows are prompt-major."""
+  """(texts, rewards) of a rollout's completions, decoded on the host; rows are prompt-major."""
   return score_rows(
     task, tok, [p for p in problems for _ in range(group)], rollout.tokens, rollout.lengths
-  )
+  )[:2]
 
 
 def score_rollout(task, tok, problems, rollout, group: int):
-  """(rewards, lengths, stop reasons) of every row of a rollout, as numpy, on every process.
+  """(rewards, correct, lengths, stop reasons) of every row of a rollout, as numpy, on every
+  process (`correct`: bool, by the task's checker; `score_rows`).
 
   Each process decodes and scores the rows it holds (`jetrl.parallel.owned_rows`; all of them
   with one process) and the rewards are gathered: reward functions run where the completions
   are, and no process reads another's shards. Rows are prompt-major (`group` per problem)."""
   rows = parallel.owned_rows(rollout.tokens)
-  texts_rewards = score_rows(
+  _, rewards, correct = score_rows(
     task,
     tok,
     [problems[int(r) // group] for r in rows],
@@ -67,6 +76,6 @@ def score_rollout(task, tok, problems, rollout, group: int):
     parallel.rows_to_host(rollout.lengths, rows),
   )
   n = rollout.tokens.shape[0]
-  rewards = parallel.gather_rows(texts_rewards[1], rows, n)
+  both = parallel.gather_rows(np.stack([rewards, correct.astype(np.float32)], 1), rows, n)
   lengths, stop = parallel.to_host((rollout.lengths, rollout.stop_reason))
-  return rewards, np.asarray(lengths), np.asarray(stop)
+  return both[:, 0], both[:, 1] > 0.5, np.asarray(lengths), np.asarray(stop)

@@ -203,9 +203,12 @@ def _initial_state(cfg: SFTConfig, p: pieces.Pieces):
 class SFTStep:
   """One SFT step on the gold solutions of step i's problems; counts the skipped updates."""
 
-  def __init__(self, cfg: SFTConfig, p: pieces.Pieces, train_tasks, step_fn, skipped: int):
+  def __init__(
+    self, cfg: SFTConfig, p: pieces.Pieces, train_tasks, step_fn, skipped: int, log=None, start=0
+  ):
     self.cfg, self.p, self.train_tasks, self.step_fn = cfg, p, train_tasks, step_fn
     self.skipped = skipped  # skipped updates so far (the optimizer state's count at the start)
+    self.log, self.start = log, start  # the process's first step (start + 1) compiles
 
   def batch(self, i: int):
     cfg, p = self.cfg, self.p
@@ -219,6 +222,8 @@ class SFTStep:
     return batch
 
   def __call__(self, i: int, loop: LoopState) -> None:
+    if self.log is not None and i == self.start:
+      self.log("compiling the SFT step (first step only)...")
     params, opt_state, loss, gnorm, ok, lr = self.step_fn(
       loop.state["params"],
       loop.state["opt_state"],
@@ -239,16 +244,16 @@ class SFTStep:
     }
 
 
-def _evaluate(cfg: SFTConfig, p: pieces.Pieces, loop: LoopState) -> dict:
+def _evaluate(cfg: SFTConfig, p: pieces.Pieces, loop: LoopState, log=None) -> dict:
   params = p.rollout_params(loop.state["params"])
   return evaluation.evaluate(
-    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens
+    params, p, p.recipe.rollout, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens, log=log
   )
 
 
 def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log, user=()) -> driver.Hooks:
   spec = driver.HookSpec(
-    evaluate=functools.partial(_evaluate, cfg, p),
+    evaluate=functools.partial(_evaluate, cfg, p, log=log),
     console=lambda r: ({"loss": float(r["loss"])}, None),
     skip_hint=SKIP_HINT,
     updates_per_step=1,
@@ -267,7 +272,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   start = 0 if meta is None else int(meta["step"])
   if meta is not None:
     log(f"resumed SFT at step {start}")
-  out = driver.open_outputs(cfg, driver.SFT)
+  out = driver.open_outputs(cfg, driver.SFT, start)
   log(
     f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
     f"{cfg.model.name} ({p.mcfg.n_layers} layers) "
@@ -275,7 +280,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   )
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state)
-  step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped))
+  step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped), log, start)
   driver.run_steps(cfg, out, hooks, loop, start, step)
   return _finish(cfg, p, out, hooks, loop, log)
 

@@ -38,17 +38,27 @@ def _clean(d: dict) -> dict:
 
 class TensorBoard:
   """One TensorBoard event writer for a run (under <workdir>/tb), shared by its metric
-  writers; created on first use."""
+  writers; created on first use, as a new event file.
 
-  def __init__(self, workdir: str):
+  purge_step: a resumed run's first step (the restored checkpoint's + 1). The file then starts
+  with a session start at that step, which makes TensorBoard drop the earlier files' events at
+  that step and past (those the interrupted run wrote after its checkpoint, which this run
+  writes again), so every step shows one point. Event files are named so that a later writer's
+  sorts after an earlier one's (TensorBoard reads them in name order) and never replaces it,
+  even within one second."""
+
+  def __init__(self, workdir: str, purge_step: Optional[int] = None):
     self.directory = os.path.join(workdir, "tb")
+    self.purge_step = purge_step
     self._writer = None
 
   def scalars(self, step: int, values: dict[str, float]) -> None:
     if self._writer is None:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
 
-      self._writer = SummaryWriter(self.directory)
+      self._writer = SummaryWriter(
+        self.directory, purge_step=self.purge_step, filename_suffix=f".{time.time_ns():020d}"
+      )
     for tag, v in values.items():
       self._writer.add_scalar(tag, v, step)
     self._writer.flush()
