@@ -110,3 +110,14 @@ def test_notebook_executes(name, tmp_path, jax_cache_dir, monkeypatch):
     if o.get("output_type") == "error"
   ]
   assert not errors
+  # The quickstart's three figures are shown (a run's own plots must not take pyplot off the
+  # notebook's inline backend: they once did, and every figure came out blank).
+  if name == "quickstart.ipynb":
+    images = [
+      o
+      for c in nb.cells
+      if c.cell_type == "code"
+      for o in c.outputs
+      if "image/png" in o.get("data", {})
+    ]
+    assert len(images) >= 3, f"{len(images)} figures shown, expected 3"

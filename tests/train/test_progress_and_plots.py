@@ -135,3 +135,25 @@ def test_reward_plot_names_the_evaluation_temperature(tmp_path, monkeypatch):
   # The label a run passes wins.
   legend = _reward_legend(tmp_path, monkeypatch, eval_label="accuracy at temperature 1 (x2)")
   assert legend == ["train reward", "train accuracy", "held-out accuracy at temperature 1 (x2)"]
+
+
+def test_plots_leave_pyplot_as_they_found_it(tmp_path):
+  """A run's plots are drawn off pyplot: its backend (a notebook's inline one) and its open
+  figures are what they were, so the notebook's own `plt.show()` still draws (switching pyplot
+  to Agg once made every later figure of the quickstart blank)."""
+  import matplotlib
+  import matplotlib.pyplot as pyplot
+
+  before = matplotlib.get_backend()
+  pyplot.switch_backend("svg")  # any backend but Agg
+  try:
+    mine = pyplot.figure()
+    ax = plots.off_screen().subplots(figsize=plots.FIGSIZE)[1]
+    ax.plot([0, 1], [1, 0])
+    path = plots.save(ax.figure, str(tmp_path / "p.png"))
+    assert plt_image.imread(path).ndim == 3  # an RGB(A) PNG
+    assert matplotlib.get_backend() == "svg"
+    assert pyplot.get_fignums() == [mine.number]
+  finally:
+    pyplot.close("all")
+    pyplot.switch_backend(before)

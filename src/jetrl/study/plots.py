@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jetrl.train.plots import bin_labels, use_log_scale
+from jetrl.train.plots import bin_labels, off_screen, use_log_scale
 
 
 def _smooth(y, k=5):
@@ -28,11 +28,7 @@ def _seed_mean(rs, key, xkey):
 
 
 def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
-  import matplotlib  # pylint: disable=import-outside-toplevel
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+  plt = off_screen()
   all_labels = [arm.label for arm in cfg.arms]
   labels = [r for r in all_labels if any(x["recipe"] == r for x in rows)]
   colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(all_labels)}

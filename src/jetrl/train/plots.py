@@ -34,13 +34,29 @@ def _series(records, key):
   return np.asarray(xs), np.asarray(ys, dtype=float)
 
 
-def _pyplot():
-  import matplotlib  # pylint: disable=import-outside-toplevel
+class _OffScreen:
+  """The two pyplot calls the plots make (`subplots`, `close`) and its colormaps, without
+  pyplot: each figure is drawn on its own Agg canvas, so a notebook's pyplot backend and its
+  open figures are never touched (switching pyplot to Agg once made every later `plt.show()`
+  in the quickstart draw nothing)."""
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  def __init__(self):
+    import matplotlib.cm  # pylint: disable=import-outside-toplevel
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
 
-  return plt
+    self.cm, self._figure = matplotlib.cm, Figure
+
+  def subplots(self, *args, figsize=None, **kwargs):
+    fig = self._figure(figsize=figsize)
+    return fig, fig.subplots(*args, **kwargs)
+
+  def close(self, fig) -> None:
+    pass  # nothing holds it: pyplot never saw it
+
+
+def off_screen() -> _OffScreen:
+  """Figures off pyplot (`_OffScreen`): what every plot of a run or a study draws on."""
+  return _OffScreen()
 
 
 def legend_outside(ax, **kw) -> None:
@@ -62,7 +78,7 @@ def bin_labels(edges: Sequence[int]) -> list[str]:
 
 
 def save(fig, path: str) -> str:
-  plt = _pyplot()
+  plt = off_screen()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.tmp-{os.getpid()}"  # renamed over `path`: a link there is replaced, not followed
   if os.path.lexists(tmp):
@@ -89,7 +105,7 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
 
   eval_label: what the evaluation measured, for reward.png's legend (`EvalConfig.label`;
     None: read from the run's config.json)."""
-  plt = _pyplot()
+  plt = off_screen()
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise ValueError(f"no metrics.jsonl in {workdir}: nothing to plot")
@@ -202,7 +218,7 @@ def _time_plot(plt, recs: list[dict], path: str) -> str:
 
 def write_sft_plots(workdir: str) -> list[str]:
   """The SFT loss and learning rate from `<workdir>/sft_metrics.jsonl`."""
-  plt = _pyplot()
+  plt = off_screen()
   recs = read_jsonl(os.path.join(workdir, "sft_metrics.jsonl"))
   fig, ax = plt.subplots(figsize=FIGSIZE)
   ax.plot(*_series(recs, "loss"), "o-", label="loss", color="tab:blue")
