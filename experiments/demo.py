@@ -53,6 +53,13 @@ class DemoWarmStart:
 
   steps: int = field(150, "Supervised warm-start steps.", lo=1)
   batch_size: int = field(32, "Problems per SFT step.", lo=1)
+  answer_noise: float = field(
+    0.0,
+    "Fraction of the gold solutions whose final answer is misreported (SFTConfig.answer_noise): "
+    "a warm start that works a problem out but reports it unreliably, which RL learns to fix.",
+    lo=0.0,
+    hi=1.0,
+  )
   optimizer: OptimizerConfig = node(SFT_OPTIMIZER, "The warm start's optimizer.")
 
   def __post_init__(self):
@@ -89,7 +96,12 @@ def get_config() -> DemoConfig:
   sft = load_config_file(os.path.join(CONFIGS, "addition_sft.py"), SFTConfig())
   shared = {f.name: getattr(rl, f.name) for f in dataclasses.fields(TrainConfig)}
   shared.pop("workdir")  # the demo's own: both halves under it
-  warm = DemoWarmStart(steps=sft.steps, batch_size=sft.batch_size, optimizer=sft.optimizer)
+  warm = DemoWarmStart(
+    steps=sft.steps,
+    batch_size=sft.batch_size,
+    answer_noise=sft.answer_noise,
+    optimizer=sft.optimizer,
+  )
   return DemoConfig(**shared, sft=warm)
 
 
@@ -99,6 +111,7 @@ def sft_config(cfg: DemoConfig) -> SFTConfig:
     workdir=os.path.join(cfg.workdir, "sft"),
     steps=cfg.sft.steps,
     batch_size=cfg.sft.batch_size,
+    answer_noise=cfg.sft.answer_noise,
     optimizer=cfg.sft.optimizer,
     sampling=GenerationConfig(max_new_tokens=cfg.sampling.max_new_tokens),
     seed=cfg.seed,
