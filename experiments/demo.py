@@ -153,7 +153,7 @@ def demo(cfg: DemoConfig) -> None:
   set_aside(cfg)
   t0 = time.time()
   print(f"== 1/2 supervised warm start: {sft.steps} steps on {sft.task.name} gold solutions")
-  warm = run_sft(sft)
+  warm = dict(run_sft(sft), recipe=sft.recipe)
   print(f"== 2/2 GRPO under recipe {rl.recipe!r}: {rl.steps} steps")
   summary = run(rl)
   print()
@@ -166,10 +166,17 @@ def report(rl: TrainConfig, warm: dict, summary: dict) -> str:
   warm start's first)."""
   before, after = summary["eval_before"], summary["eval_after"]
   plots = warm.get("plots", []) + summary.get("plots", [])
+  why = []
+  if "eval_accuracy" in warm and warm.get("recipe") not in (None, rl.recipe):
+    why = [
+      f"(the warm start's own {warm['eval_accuracy']:.3f} is the same weights sampled under "
+      f"{warm['recipe']}'s rollout precision; before RL is under {rl.recipe}'s)"
+    ]
   return "\n".join(
     [
       f"held-out greedy accuracy ({rl.eval.size} problems): before RL {before:.3f}, "
       f"after RL {after:.3f} ({100 * (after - before):+.1f} points)",
+      *why,
       f"metrics: {os.path.join(rl.workdir, 'metrics.jsonl')}",
       "plots:   " + "\n         ".join(plots),
     ]

@@ -1,5 +1,6 @@
-"""The RL half of `make demo`: 100 GRPO steps under the unified FP8 flow (`jet`) on 3-digit
-addition, from the warm start of addition_sft.py.
+"""The RL half of `make demo`: 30 GRPO steps under the unified FP8 flow (`jet`) on 3-digit
+addition, from the warm start of addition_sft.py (the precision study's setting: temperature
+0.5, lr 5e-5, 16 prompts x 8 samples).
 
   python experiments/train.py --config=experiments/configs/addition_jet.py \
       --workdir=runs/jet --init_from=runs/sft
@@ -16,11 +17,11 @@ from jetrl.train import CheckpointConfig, EvalConfig, TaskConfig, TrainConfig
 def get_config() -> TrainConfig:
   return TrainConfig(
     recipe="jet",
-    steps=100,
+    steps=30,
     prompts_per_step=16,
     task=TaskConfig(name="addition", difficulty=1, length=3),
-    sampling=SamplingConfig(max_new_tokens=64, temperature=0.7, n=8),
-    optimizer=OptimizerConfig(lr=3e-5, warmup_steps=5),
-    eval=EvalConfig(every=25, size=256),
-    checkpoint=CheckpointConfig(every=50),
+    sampling=SamplingConfig(max_new_tokens=64, temperature=0.5, n=8),
+    optimizer=OptimizerConfig(lr=5e-5),
+    eval=EvalConfig(every=10, size=256),
+    checkpoint=CheckpointConfig(every=10),
   )

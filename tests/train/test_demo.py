@@ -36,10 +36,11 @@ def parse(demo, argv):
 def test_defaults_are_make_demos_runs(demo, root):
   cfg = parse(demo, [])
   task = TaskConfig(name="addition", difficulty=1, length=3)
-  # The two runs as `make demo` ran them before its flags were the configuration's.
+  # The two runs of `make demo`: the answer-noise warm start, then the study's RL setting.
   assert demo.sft_config(cfg) == SFTConfig(
     task=task,
-    steps=150,
+    steps=200,
+    answer_noise=0.5,
     sampling=GenerationConfig(max_new_tokens=64),
     eval=EvalConfig(every=None, size=256),
     seed=0,
@@ -49,12 +50,12 @@ def test_defaults_are_make_demos_runs(demo, root):
     task=task,
     recipe="jet",
     init_from="runs/demo/sft",
-    steps=100,
+    steps=30,
     seed=0,
-    sampling=SamplingConfig(max_new_tokens=64, temperature=0.7, n=8),
-    optimizer=OptimizerConfig(lr=3e-5, warmup_steps=5),
-    eval=EvalConfig(every=25, size=256),
-    checkpoint=CheckpointConfig(every=50),
+    sampling=SamplingConfig(max_new_tokens=64, temperature=0.5, n=8),
+    optimizer=OptimizerConfig(lr=5e-5),
+    eval=EvalConfig(every=10, size=256),
+    checkpoint=CheckpointConfig(every=10),
     workdir="runs/demo/rl",
   )
   assert cfg.keep is False
@@ -91,10 +92,11 @@ def test_flags_set_the_rl_run_and_what_the_warm_start_shares(demo):
   rl, sft = demo.rl_config(cfg), demo.sft_config(cfg)
   assert (rl.workdir, rl.init_from) == ("/tmp/d/rl", "/tmp/d/sft")
   assert (rl.steps, rl.recipe, rl.seed, rl.optimizer.lr) == (80, "bf16", 3, 1e-4)
-  assert rl.optimizer.warmup_steps == 5  # not given: the demo's
+  assert rl.optimizer.warmup_steps == 0 and rl.optimizer.schedule == "constant"  # the demo's
   assert (rl.sampling.temperature, rl.sampling.max_new_tokens, rl.sampling.n) == (0.9, 48, 8)
   assert (rl.eval.size, rl.eval.every, rl.task.length, rl.model.n_layers) == (32, 20, 2, 1)
   assert (sft.workdir, sft.steps, sft.batch_size, sft.seed) == ("/tmp/d/sft", 20, 8, 3)
+  assert sft.answer_noise == 0.5  # not given: the demo's
   assert sft.optimizer == OptimizerConfig(
     lr=2e-3, schedule="cosine", warmup_steps=20, end_lr_ratio=0.05
   )  # the SFT schedule, its lr changed
@@ -162,3 +164,9 @@ def test_the_closing_lines_list_the_warm_starts_plot_too(demo):
     "plots:   w/sft/plots/sft.png",
     "         w/rl/plots/reward.png",
   ]
+  # The warm start's own evaluation is the same weights under its recipe's rollout precision.
+  warm = dict(warm, eval_accuracy=0.4375, recipe="bf16")
+  assert demo.report(rl, warm, summary).splitlines()[1] == (
+    "(the warm start's own 0.438 is the same weights sampled under bf16's rollout precision; "
+    "before RL is under jet's)"
+  )
