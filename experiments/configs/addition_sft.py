@@ -1,7 +1,7 @@
 """The warm start of `make demo`: 200 SFT steps on 3-digit addition's gold solutions, half of
 whose final answers are misreported (the scratchpad stays right): a model that works the
 problem out and then reports it correctly about half of the time, which RL learns to fix
-(docs/precision_study.md, "the warm start").
+(docs/precision_study.md, "Finding a regime where bf16 learns").
 
 python experiments/sft.py --config=experiments/configs/addition_sft.py --workdir=runs/sft
 """

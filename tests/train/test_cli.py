@@ -229,12 +229,13 @@ def test_config_files_python_json_yaml_with_flags_on_top(tmp_path, root):
   assert (cfg.recipe, cfg.steps, cfg.optimizer.lr, cfg.sampling.temperature) == (
     "bf16",
     7,
-    3e-5,
-    0.7,
+    5e-5,
+    0.5,
   )
   assert cfg.task.length == 3 and cfg.eval.size == 256
   sft = parse([f"--config={root / 'experiments' / 'configs' / 'addition_sft.py'}"], SFTConfig())
-  assert sft.steps == 150 and sft.task.length == 3 and sft.optimizer.lr == 1e-3
+  assert sft.steps == 200 and sft.task.length == 3 and sft.optimizer.lr == 1e-3
+  assert sft.answer_noise == 0.5
   # A run's config.json is a config file: the same run again, flags on top.
   (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
   again = parse([f"--config={tmp_path / 'config.json'}", "--sampling.n=4"])
