@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.sampling.categorical import BLOCK, sample_categorical
+from jetrl.precision import target as _target
+from jetrl.sampling import categorical
+from jetrl.sampling.categorical import BLOCK, sample_categorical, sample_gumbel
 
 DRAWS = 40_000
 
@@ -17,11 +19,11 @@ def _softmax64(logits):
   return p / p.sum()
 
 
-@pytest.fixture(scope="module")
-def draw():
-  fn = jax.jit(
-    lambda key, logits: sample_categorical(key, jnp.broadcast_to(logits, (DRAWS,) + logits.shape))
-  )
+@pytest.fixture(scope="module", params=[sample_categorical, sample_gumbel])
+def draw(request):
+  """Each sampler: the inverse-CDF draw (CPU, TPU) and Gumbel-max (a GPU's)."""
+  sampler = request.param
+  fn = jax.jit(lambda key, logits: sampler(key, jnp.broadcast_to(logits, (DRAWS,) + logits.shape)))
   return lambda logits, seed=0: np.asarray(fn(jax.random.PRNGKey(seed), jnp.asarray(logits)))
 
 
@@ -94,3 +96,17 @@ def test_rounding_at_the_top_never_picks_padding():
   cum = jnp.cumsum(mass, axis=-1)
   np.testing.assert_array_equal(_pick(cum, mass, jnp.ones((2, 1))), [2, 3])
   np.testing.assert_array_equal(_pick(cum, mass, jnp.zeros((2, 1))), [0, 1])
+
+
+def test_the_draw_follows_the_compile_target():
+  logits = jnp.zeros((2, 300))
+  key = jax.random.PRNGKey(0)
+  # A new function each time: a traced function's jaxpr is cached, the target is not its input.
+  here = str(jax.make_jaxpr(lambda k, x: categorical.draw(k, x))(key, logits))
+  assert "cumsum" in here  # the inverse-CDF draw's running sums
+  _target.push(_target.CompileTarget("gpu", "9.0"))
+  try:
+    on_gpu = str(jax.make_jaxpr(lambda k, x: categorical.draw(k, x))(key, logits))
+  finally:
+    _target.pop()
+  assert "argmax" in on_gpu and "cumsum" not in on_gpu

@@ -29,6 +29,12 @@ from jetrl.aot.targets import Target
 
 CALIBRATION = Path(__file__).parent / "calibration.json"
 
+# The share of the peak that a Pallas (Triton) kernel's matmuls reach: the flash-attention
+# kernels' (jetrl.aot.kernels.FLASH_MATMULS). NOT fitted (no recorded run timed one): an
+# assumption, about what Triton's flash attention reaches on Hopper (0.3 of the bf16 peak,
+# against cuBLAS's fitted gemm_eff_bf16 0.81).
+PALLAS_GEMM_EFF = 0.3
+
 
 @dataclasses.dataclass(frozen=True)
 class CostParams:
@@ -66,6 +72,8 @@ def work_seconds(k: Kernel, target: Target, p: CostParams) -> float:
     fp8 = k.fp8 and target.peak_fp8_tflops is not None
     if fp8:
       peak, eff = target.peak_fp8_tflops, p.gemm_eff_fp8
+    elif k.kind == "pallas":
+      peak, eff = target.peak_bf16_tflops, PALLAS_GEMM_EFF
     elif k.gemm_dtype == "f32":
       peak, eff = target.peak_f32_tflops, p.gemm_eff_bf16
     else:

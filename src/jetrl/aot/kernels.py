@@ -150,6 +150,26 @@ def _custom_gemm_flops(ins: Instr, table: dict[str, Instr], target: str) -> floa
   return 2.0 * math.prod(res) * k
 
 
+# Matmuls of [T, D] x [D, T] size per (row, head) that JAX's Pallas flash-attention kernels
+# (jax.experimental.pallas.ops.gpu.attention) run, by kernel name: the forward QK^T and PV;
+# the backward recomputes QK^T in its dK/dV loop and in its dQ loop, and computes dV, dP
+# (twice: once per loop), dK and dQ. Causal: each loop stops at the diagonal, half the tiles.
+FLASH_MATMULS = {"mha_forward": 2, "mha_backward": 7}
+
+
+def _pallas_flops(ins: Instr, table: dict[str, Instr]) -> float:
+  """FLOPs of a Pallas flash-attention call (its custom call carries no dot to count): 2 per
+  multiply-add of FLASH_MATMULS[name] matmuls over q's [B, T, H, D], halved (causal)."""
+  m = re.search(r'name = \\?"(mha_forward|mha_backward)\\?"', ins.attrs)
+  if not m or not ins.operands or ins.operands[0] not in table:
+    return 0.0
+  q = shapes(table[ins.operands[0]].type)
+  if not q or len(q[0][1]) != 4:
+    return 0.0
+  b, t, h, d = q[0][1]
+  return FLASH_MATMULS[m.group(1)] * 2.0 * b * h * t * t * d * 0.5
+
+
 def _gemm_dtype(operands: list, table: dict) -> str:
   """ "f8" if either operand is FP8, "f32" if both are 32-bit floats, else "bf16"."""
   dts = [shapes(table[o].type)[0][0] for o in operands[:2] if o in table and shapes(table[o].type)]
@@ -303,6 +323,8 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
           gemm = _gemm_dtype(ins.operands, table)
         elif "triton" in target:
           kind = "pallas"
+          flops = _pallas_flops(ins, table)
+          gemm = _gemm_dtype(ins.operands, table) if flops else ""
         elif "cudnn" in target:
           kind = "cudnn"
         else:

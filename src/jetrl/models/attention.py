@@ -19,6 +19,7 @@ from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import apply_rope, project, rms_norm
 from jetrl.precision import Precision, is_batch_invariant
+from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision
 
 MASK_VALUE = -1e30
@@ -71,6 +72,8 @@ def attend(
   chex.assert_shape(allowed, (b, t, s))
   if exact:
     return exact_ops.attend(q, k, v, allowed, cd, reference=attend)
+  if t == 1 and _target.platform() == "gpu":
+    return attend_one(q, k, v, allowed, cd)
   g = h // hkv
   qg = q.reshape(b, t, hkv, g, dh)
   prec = dot_precision(cd)
@@ -90,6 +93,89 @@ def attend(
     "bkgts,bksd->bkgtd", probs, v.astype(cd), precision=prec, preferred_element_type=jnp.float32
   )
   return jnp.transpose(out.astype(cd), (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
+
+
+def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd) -> jax.Array:
+  """`attend` for one query per row (a decode step), written as reductions instead of dots.
+
+  The same arithmetic as `attend` (q.k and p.v products of compute-dtype values summed in
+  float32, the float32 softmax, its probabilities rounded to cd), summed in another order.
+  On a GPU the two dots of a decode step are tiny batched GEMMs ([G, Dh] x [Dh, S] per row
+  and kv head), each a cuBLAS call that ends the step's CUDA graph, with the masked softmax
+  between them in three more kernels; as reductions XLA fuses the scores, the softmax and
+  the p.v sum into three kernels inside the graph (docs/benchmarks.md, "Compiled programs").
+  On a CPU the dots are faster, so `attend` takes this form only when compiling for a GPU.
+  """
+  b, t, h, dh = q.shape
+  hkv, s = k.shape[1], k.shape[2]
+  chex.assert_equal(t, 1)
+  chex.assert_shape(allowed, (b, 1, s))
+  g = h // hkv
+  f32 = jnp.float32
+  qg = q.reshape(b, hkv, g, 1, dh).astype(cd).astype(f32)
+  scores = jnp.sum(qg * k.astype(cd).astype(f32)[:, :, None], axis=-1)  # [B, Hkv, G, S]
+  scores = scores * f32(dh**-0.5)
+  scores = jnp.where(allowed[:, None, :, :], scores, f32(MASK_VALUE))
+  probs = jax.nn.softmax(scores, axis=-1).astype(cd).astype(f32)
+  out = jnp.sum(probs[..., None] * v.astype(cd).astype(f32)[:, :, None], axis=-2)  # [B,Hkv,G,Dh]
+  return out.astype(cd).reshape(b, 1, h * dh)
+
+
+# A training forward of at least this many tokens a row attends with the Pallas
+# flash-attention kernel when compiled for a GPU (`use_flash`); its tiles are this long.
+FLASH_BLOCK = 128
+
+
+def use_flash(precision: Optional[Precision], t: int, head_dim: int) -> bool:
+  """Whether a forward over T tokens a row attends with `attend_flash`: compiling for a GPU,
+  not the batch-invariant forward (its exact sums are its own), T at least FLASH_BLOCK and
+  a power-of-two head size (the kernel's tiles)."""
+  return (
+    _target.platform() == "gpu"
+    and not is_batch_invariant(precision)
+    and t >= FLASH_BLOCK
+    and head_dim & (head_dim - 1) == 0
+  )
+
+
+def attend_flash(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  attention_mask: Optional[jax.Array],
+  cd,
+  *,
+  interpret=False,
+) -> jax.Array:
+  """Causal GQA self-attention of a whole sequence with JAX's Pallas flash-attention kernel
+  (`jax.experimental.pallas.ops.gpu.attention.mha`, forward and backward).
+
+  q [B, T, H, Dh], k, v [B, T, Hkv, Dh] (the projections' layout, before `heads_first`);
+  attention_mask [B, T] (1 for a real token) or None. Returns [B, T, H * Dh] in cd.
+
+  `attend` materialises the [B, H, T, T] scores, their softmax and, in the backward, their
+  gradients: on a GPU most of the update's non-GEMM traffic (docs/benchmarks.md, "Compiled
+  programs"). The kernel keeps each block of scores on chip. Padding is a segment (segment 0,
+  real tokens 1), so a real query sees exactly the real keys at or before it, as under
+  `causal_mask`; a pad query sees the pads before it instead of nothing (its output is
+  ignored either way). Softmax in float32, online; kv heads are repeated to the query heads
+  (the kernel takes one kv head per query head) and their gradients summed back by JAX. T is
+  padded at the end to whole tiles: causal, no real query sees those keys.
+  """
+  from jax.experimental.pallas.ops.gpu import attention as _flash  # noqa: PLC0415
+
+  b, t, h, dh = q.shape
+  g = h // k.shape[2]
+  tp = -(-t // FLASH_BLOCK) * FLASH_BLOCK
+  pad = lambda a: a if tp == t else jnp.pad(a, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
+  q, k, v = (pad(a.astype(cd)) for a in (q, k, v))
+  if g > 1:
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+  seg = None
+  if attention_mask is not None:
+    seg = jnp.pad(attention_mask.astype(jnp.int32), ((0, 0), (0, tp - t)))
+  out = _flash.mha(q, k, v, seg, sm_scale=float(dh**-0.5), causal=True, interpret=interpret)
+  return out[:, :t].reshape(b, t, h * dh)
 
 
 def write_grids(

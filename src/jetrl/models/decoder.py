@@ -44,12 +44,17 @@ def _mlp_residual(x, layer, config: ModelConfig, precision, cd):
   return x + swiglu(h, layer, precision, cd)
 
 
-def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed):
+def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed, flash_mask=None):
+  """One layer; `flash_mask` = (attention_mask,) when the forward attends with
+  `attn.attend_flash` (`attn.use_flash`), else None."""
   exact = is_batch_invariant(precision)
   h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
   q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
-  k, v = attn.heads_first(k), attn.heads_first(v)
-  x = x + attn.output(attn.attend(q, k, v, allowed, cd, exact), layer, precision, cd)
+  if flash_mask is not None:
+    out = attn.attend_flash(q, k, v, flash_mask[0], cd)
+  else:
+    out = attn.attend(q, attn.heads_first(k), attn.heads_first(v), allowed, cd, exact)
+  x = x + attn.output(out, layer, precision, cd)
   return _mlp_residual(x, layer, config, precision, cd)
 
 
@@ -79,10 +84,11 @@ def hidden_states(
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   cos, sin = rope_tables(config, positions, cd)
-  allowed = attn.causal_mask(attention_mask, b, t)
+  flash = (attention_mask,) if attn.use_flash(precision, t, config.head_dim) else None
+  allowed = None if flash else attn.causal_mask(attention_mask, b, t)
 
   def body(x, layer):
-    return _layer(x, layer, config, precision, cd, cos, sin, allowed), None
+    return _layer(x, layer, config, precision, cd, cos, sin, allowed, flash), None
 
   if remat:
     body = jax.checkpoint(body)

@@ -27,7 +27,7 @@ from jetrl.precision import gemm_pallas as _gp
 from jetrl.precision import quant_kernel as _qk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, format_dtype
-from jetrl.precision.quantize import dequantize, quantize
+from jetrl.precision.quantize import dequantize, quantize, quantize_rows_t
 from jetrl.precision.weights import QuantizedWeight, weight_blocks
 
 
@@ -60,6 +60,28 @@ def fake_quant(x: jax.Array, g, role: str, fmt: str) -> jax.Array:
 
 def _quant(x, g, role: str, fmt: str):
   return quantize(x, _groups(g, x.shape, role), format_dtype(fmt), g.pow2_scale)
+
+
+# Up to this many rows (a decode step's), the cuBLASLt backend quantizes an activation in one
+# Pallas kernel (`quant_kernel.quantize_rows_t`) on a GPU: XLA takes three kernels for it, and
+# at these sizes a step's time is its kernel count (docs/benchmarks.md, "Compiled programs").
+ONE_PASS_MAX_ROWS = 256
+
+
+def _quant_rows_t(x, g, fmt: str):
+  """x's 1xB groups with their scales transposed, as cuBLASLt's `gemm_t` reads them: the
+  same FP8 values and scales from XLA's fusions or, at decode sizes on a GPU, one kernel."""
+  m, k = x.shape
+  if (
+    _target.platform() == "gpu"
+    and m <= ONE_PASS_MAX_ROWS
+    and _qk.row_block(m)
+    and k % _qk.B == 0
+    and g.block == _qk.B
+    and not g.pow2_scale
+  ):
+    return _qk.quantize_rows_t(x, format_dtype(fmt))
+  return quantize_rows_t(x, g.block, format_dtype(fmt), g.pow2_scale)
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,8 +143,8 @@ def fprop(x2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     if _fused(g):
       xq, xs_t = _rows_cols(x2, g.fmt, rows=True)
       return _cublaslt.gemm_t(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
-    xq, xs = _quant(x2, g, "row", g.fmt)
-    return _cublaslt.gemm(xq, xs, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
+    xq, xs_t = _quant_rows_t(x2, g, g.fmt)
+    return _cublaslt.gemm_t(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
   return _gp.fprop(x2, q_t, s_t, g, out_dtype, interpret=name == "pallas_interpret")
 
 
@@ -143,8 +165,8 @@ def dgrad(dy2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     if _fused(g):
       dq, ds_t = _rows_cols(dy2, g.grad_fmt, rows=True)
       return _cublaslt.gemm_t(dq, ds_t, q, s, b_blocks=True, out_dtype=out_dtype)
-    dq, ds = _quant(dy2, g, "row", g.grad_fmt)
-    return _cublaslt.gemm(dq, ds, q, s, b_blocks=True, out_dtype=out_dtype)
+    dq, ds_t = _quant_rows_t(dy2, g, g.grad_fmt)
+    return _cublaslt.gemm_t(dq, ds_t, q, s, b_blocks=True, out_dtype=out_dtype)
   q_t, s_t = w.nk()
   return _gp.dgrad(dy2, q_t, s_t, g, out_dtype, interpret=name == "pallas_interpret")
 
@@ -167,7 +189,7 @@ def wgrad(x2: jax.Array, dy2: jax.Array, g, out_dtype) -> jax.Array:
       xq, xs_t = _rows_cols(x2, g.fmt, rows=False)
       dq, ds_t = _rows_cols(dy2, g.grad_fmt, rows=False)
       return _cublaslt.gemm_t(xq, xs_t, dq, ds_t, b_blocks=False, out_dtype=out_dtype)
-    xq, xs = _quant(x2.T, g, "row", g.fmt)
-    dq, ds = _quant(dy2.T, g, "row", g.grad_fmt)
-    return _cublaslt.gemm(xq, xs, dq, ds, b_blocks=False, out_dtype=out_dtype)
+    xq, xs_t = _quant_rows_t(x2.T, g, g.fmt)
+    dq, ds_t = _quant_rows_t(dy2.T, g, g.grad_fmt)
+    return _cublaslt.gemm_t(xq, xs_t, dq, ds_t, b_blocks=False, out_dtype=out_dtype)
   return _gp.wgrad(x2, dy2, g, out_dtype, interpret=name == "pallas_interpret")

@@ -139,3 +139,50 @@ def quantize_rows_cols(
     q, s = outs.pop(0), outs.pop(0)
     result.append((q[:k, :m], s[:, :k]))
   return tuple(result)
+
+
+def row_block(m: int) -> int:
+  """Rows a program of `quantize_rows_t` quantizes: the largest power of two up to B that
+  divides m (0 when that is below 8: such an m is left to XLA's fusions)."""
+  b = B
+  while b >= 8:
+    if m % b == 0:
+      return b
+    b //= 2
+  return 0
+
+
+def quantize_rows_t(x: jax.Array, dtype, *, interpret: bool = False):
+  """(q [M, K], s_t [K/128, M]) of a 2-D x: `quantize(x, (1, 128))` with its scales written
+  transposed (the layout cuBLASLt reads), in one kernel, for M a multiple of 8 and K of 128.
+
+  XLA quantizes such an activation in three kernels (the amax reduction, the scale with its
+  transpose, the scaled cast); this kernel reads x once and writes both, in programs of
+  `row_block(M)` rows x 128 columns, so a decode step's few rows are not padded to 128.
+  Bit-identical to `quantize` (the same `_kernel` as `quantize_rows_cols`)."""
+  if x.ndim != 2:
+    raise ValueError(f"quantize_rows_t: x must be 2-D, got shape {x.shape}")
+  m, k = x.shape
+  bm = row_block(m)
+  if not bm or k % B:
+    raise ValueError(
+      f"quantize_rows_t: needs rows a multiple of 8 and columns a multiple of {B}, got {x.shape}"
+    )
+  return pl.pallas_call(
+    functools.partial(
+      _kernel, rows=True, cols=False, fmax=fp8_max(dtype), dtype=dtype, interpret=interpret
+    ),
+    out_shape=(
+      jax.ShapeDtypeStruct((m, k), dtype),
+      jax.ShapeDtypeStruct((k // B, m), jnp.float32),
+    ),
+    grid=(m // bm, k // B),
+    in_specs=[pl.BlockSpec((bm, B), lambda i, j: (i, j))],
+    out_specs=(
+      pl.BlockSpec((bm, B), lambda i, j: (i, j)),
+      pl.BlockSpec((1, bm), lambda i, j: (j, i)),
+    ),
+    compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    interpret=interpret,
+    name="fp8_quantize_rows_t",
+  )(x)

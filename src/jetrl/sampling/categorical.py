@@ -18,6 +18,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.precision import target as _target
+
 BLOCK = 128
 
 
@@ -54,3 +56,22 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     jnp.cumsum(in_block, axis=-1), in_block, jax.random.uniform(k_token, (r, 1), jnp.float32)
   )
   return (block * BLOCK + token).astype(jnp.int32)
+
+
+def sample_gumbel(key: jax.Array, logits: jax.Array) -> jax.Array:
+  """One token id per row of `logits` [R, V] by Gumbel-max (`jax.random.categorical`):
+  argmax(logits + Gumbel noise), V random numbers a row drawn in the same kernel as the
+  argmax. The same distribution as `sample_categorical`, from another random stream."""
+  chex.assert_rank(logits, 2)
+  return jax.random.categorical(key, logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
+
+
+def draw(key: jax.Array, logits: jax.Array) -> jax.Array:
+  """The sampler's draw for the platform the program is compiled for. On a GPU, Gumbel-max:
+  one kernel over the logits where the inverse-CDF draw takes eight (its reductions and
+  running sums; docs/benchmarks.md, "Compiled programs"), and generating V random numbers
+  costs a GPU little. Elsewhere the inverse-CDF draw, which needs two random numbers a row
+  (on a CPU, generating V of them costs more than a small model's decode step)."""
+  if _target.platform() == "gpu":
+    return sample_gumbel(key, logits)
+  return sample_categorical(key, logits)

@@ -41,7 +41,7 @@ from jetrl.models import (
 from jetrl.models.exact_ops import token_logprobs_from_logits
 from jetrl.models.layers import activation_dtype
 from jetrl.precision import Precision, is_batch_invariant
-from jetrl.sampling.categorical import sample_categorical
+from jetrl.sampling.categorical import draw
 from jetrl.sampling.config import SamplingConfig
 
 STOP_TOKEN = 0
@@ -131,7 +131,7 @@ def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, exact: bo
     scaled = logits
   else:
     scaled = logits / config.temperature
-    tok = sample_categorical(key, _process_logits(logits, config))
+    tok = draw(key, _process_logits(logits, config))
   if exact:
     return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, config.temperature)
   logp = jax.nn.log_softmax(scaled, axis=-1)

@@ -1,0 +1,148 @@
+"""The decode step's attention as reductions (`attend_one`, taken when compiling for a GPU)
+against a float64 reference and against `attend`'s dots on the CPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jetrl.models import attention as attn
+from jetrl.precision import target as _target
+
+
+def _reference(q, k, v, allowed):
+  """float64 masked GQA attention of one query per row: q [B, 1, H, Dh], k / v [B, Hkv, S,
+  Dh], allowed [B, 1, S] -> [B, 1, H * Dh]."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  b, _, h, dh = q.shape
+  hkv = k.shape[1]
+  out = np.zeros((b, h, dh))
+  for i in range(b):
+    for head in range(h):
+      g = head // (h // hkv)
+      s = k[i, g] @ q[i, 0, head] / np.sqrt(dh)
+      s = np.where(np.asarray(allowed)[i, 0], s, -np.inf)
+      p = np.exp(s - s.max())
+      out[i, head] = (p / p.sum()) @ v[i, g]
+  return out.reshape(b, 1, h * dh)
+
+
+def _inputs(cd, b=3, h=6, hkv=2, s=40, dh=16, seed=0):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.normal(size=(b, 1, h, dh)), cd)
+  k = jnp.asarray(rng.normal(size=(b, hkv, s, dh)), cd)
+  v = jnp.asarray(rng.normal(size=(b, hkv, s, dh)), cd)
+  allowed = rng.random((b, 1, s)) < 0.7
+  allowed[:, :, 0] = True  # every row sees a slot
+  return q, k, v, jnp.asarray(allowed)
+
+
+@pytest.mark.parametrize("cd, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_attend_one_matches_float64(cd, tol):
+  q, k, v, allowed = _inputs(cd)
+  got = np.asarray(jax.jit(lambda *a: attn.attend_one(*a, cd))(q, k, v, allowed), np.float64)
+  np.testing.assert_allclose(got, _reference(q, k, v, allowed), atol=tol, rtol=tol)
+
+
+def test_attend_one_is_attend_up_to_summation_order():
+  """The same rounding points as `attend` (bf16 probabilities, float32 sums): on the CPU the
+  two agree to a few bf16 ulps of the output, far closer than either to a float32 run."""
+  cd = jnp.bfloat16
+  q, k, v, allowed = _inputs(cd, seed=1)
+  one = np.asarray(attn.attend_one(q, k, v, allowed, cd), np.float32)
+  dots = np.asarray(attn.attend(q, k, v, allowed, cd), np.float32)
+  ulp = np.abs(dots) * 2.0**-7 + 1e-6
+  assert np.max(np.abs(one - dots) / ulp) <= 2.0
+
+
+def test_attend_takes_the_reductions_only_when_compiling_for_a_gpu():
+  cd = jnp.bfloat16
+  q, k, v, allowed = _inputs(cd)
+  dots = lambda: str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd))(q, k, v, allowed))
+  assert "dot_general" in dots()  # the CPU: attend's two dots
+  _target.push(_target.CompileTarget("gpu", "9.0"))
+  try:
+    assert "dot_general" not in dots()
+    # A prefill (several queries a row) keeps the dots on a GPU too.
+    q2 = jnp.concatenate([q, q], axis=1)
+    a2 = jnp.concatenate([allowed, allowed], axis=1)
+    assert "dot_general" in str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd))(q2, k, v, a2))
+  finally:
+    _target.pop()
+
+
+def _self_attention_inputs(b=2, t=100, h=4, hkv=2, dh=16, seed=3):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.normal(size=(b, t, h, dh)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(b, t, hkv, dh)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(b, t, hkv, dh)), jnp.float32)
+  mask = np.ones((b, t), bool)
+  mask[1, :37] = False  # a left-padded row
+  return q, k, v, jnp.asarray(mask)
+
+
+def _dense(q, k, v, mask):
+  allowed = attn.causal_mask(mask, q.shape[0], q.shape[1])
+  return attn.attend(q, attn.heads_first(k), attn.heads_first(v), allowed, jnp.float32)
+
+
+def _flash(q, k, v, mask):
+  return attn.attend_flash(q, k, v, mask, jnp.float32, interpret=True)
+
+
+@pytest.fixture(scope="module")
+def flash_and_dense():
+  """Forward values and the gradients of a masked weighted sum, both ways (interpret mode:
+  the Pallas kernels run on the CPU)."""
+  q, k, v, mask = _self_attention_inputs()
+  w = jnp.asarray(np.random.default_rng(9).normal(size=(2, 100, 64)), jnp.float32)
+  w = w * mask[:, :, None]  # the loss sees real tokens only, as the update's does
+
+  def run(fn):
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v, mask) * w)
+    out = jax.jit(lambda q, k, v: fn(q, k, v, mask))(q, k, v)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    return np.asarray(out), [np.asarray(g) for g in grads]
+
+  return run(_flash), run(_dense), (q, k, v, mask)
+
+
+def test_flash_attention_matches_the_float64_reference(flash_and_dense):
+  (out, _), _, (q, k, v, mask) = flash_and_dense
+  m = np.asarray(mask)
+  for i in range(q.shape[0]):
+    for t in np.flatnonzero(m[i]):
+      allowed = (np.arange(q.shape[1]) <= t) & m[i]
+      ref = _reference(
+        q[i : i + 1, t : t + 1],
+        attn.heads_first(k)[i : i + 1],
+        attn.heads_first(v)[i : i + 1],
+        jnp.asarray(allowed)[None, None],
+      )
+      np.testing.assert_allclose(out[i, t], ref[0, 0], atol=2e-5, rtol=2e-5)
+
+
+def test_flash_attention_gradients_match_the_dense_attention(flash_and_dense):
+  """Forward on real tokens and the gradients of a loss over them: the Pallas kernels'
+  custom backward against JAX's autodiff of `attend` (float32, so only summation order
+  differs). Pad queries' outputs differ by design (the loss never sees them)."""
+  (out_f, grads_f), (out_d, grads_d), (_, _, _, mask) = flash_and_dense
+  m = np.asarray(mask)
+  np.testing.assert_allclose(out_f[m], out_d[m], atol=2e-5, rtol=2e-5)
+  for gf, gd, name in zip(grads_f, grads_d, "qkv"):
+    np.testing.assert_allclose(gf, gd, atol=5e-5, rtol=5e-5, err_msg=f"d{name}")
+  assert np.abs(grads_f[1]).max() > 0.01  # the kv heads' gradients, summed over their groups
+
+
+def test_use_flash_only_for_a_gpu_and_long_enough_rows():
+  from jetrl.precision import get_recipe
+
+  assert not attn.use_flash(None, 1024, 128)  # the CPU
+  _target.push(_target.CompileTarget("gpu", "9.0"))
+  try:
+    assert attn.use_flash(None, 1023, 128) and attn.use_flash(get_recipe("jet").train, 128, 64)
+    assert not attn.use_flash(None, 64, 128)  # short rows: XLA's dense attention
+    assert not attn.use_flash(None, 1024, 96)  # the kernel's tiles need a power of two
+    assert not attn.use_flash(get_recipe("jet_exact").train, 1024, 128)  # exact sums
+  finally:
+    _target.pop()
