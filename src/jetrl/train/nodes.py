@@ -262,9 +262,15 @@ class LoggingConfig:
     None, "Also redraw the plots every N steps (none: only at the end).", lo=1
   )
   samples_every: Optional[int] = field(
-    None,
-    "Write every sampled completion of every N-th RL step to <workdir>/samples.jsonl (prompt, "
+    10,
+    "Write sampled completions of every N-th RL step to <workdir>/samples.jsonl (prompt, "
     "tokens, text, reward; none: never).",
+    lo=1,
+  )
+  samples_rows: Optional[int] = field(
+    4,
+    "How many of the step's sampled rows --logging.samples_every writes: the first ones "
+    "(none: every row).",
     lo=1,
   )
 
