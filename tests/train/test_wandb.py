@@ -171,3 +171,19 @@ def test_a_missing_wandb_package_is_one_line_before_the_run_starts(
   assert message.startswith("--logging.wandb: needs the wandb package") and "\n" not in message
   assert "pip install wandb" in message and "jetrl[wandb]" in message
   assert not os.path.exists(cfg.workdir)  # refused before the workdir was taken
+
+
+def test_a_damaged_run_id_file_is_refused(tmp_path):
+  """<workdir>/wandb_id is read back on a resume; what it holds goes to wandb.init only if it
+  is a run id (lowercase letters and digits)."""
+  from jetrl.train.writers import WandB
+
+  sink = WandB(str(tmp_path), {}, mode="offline")
+  (tmp_path / "wandb_id").write_text("../../etc/x; rm -rf /\n")
+  with pytest.raises(ValueError, match="not a W&B run id"):
+    sink.run_id()
+  (tmp_path / "wandb_id").write_text("abc123\n")
+  assert sink.run_id() == "abc123"
+  (tmp_path / "wandb_id").unlink()
+  new = sink.run_id()
+  assert new.isalnum() and len(new) == 8 and (tmp_path / "wandb_id").read_text().strip() == new

@@ -91,6 +91,7 @@ class TensorBoard:
 # fields but its token ids.
 SAMPLE_COLUMNS = ("step", "row", "prompt", "completion", "answer", "reward", "length")
 WANDB_ID_FILE = "wandb_id"  # <workdir>/<prefix>wandb_id: the run's W&B id, kept for a resume
+_ID_CHARS = string.ascii_lowercase + string.digits
 
 
 def sample_rows(records: list[dict]) -> list[list]:
@@ -145,11 +146,16 @@ class WandB:
     """The workdir's W&B run id: the one kept there, else a new one, kept."""
     if os.path.lexists(self.id_path):
       refuse_link(self.id_path)
-      with open(self.id_path, encoding="utf-8") as f:
-        run_id = f.read().strip()
+      with open(self.id_path, encoding="utf-8", errors="replace") as f:
+        run_id = f.read(200).strip()
       if run_id:
+        if not (len(run_id) <= 64 and all(c in _ID_CHARS for c in run_id)):
+          raise ValueError(
+            f"{self.id_path}: not a W&B run id ({run_id[:40]!r}); it holds lowercase letters "
+            "and digits (delete the file to start a new W&B run)"
+          )
         return run_id
-    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    run_id = "".join(secrets.choice(_ID_CHARS) for _ in range(8))
     write_atomic(self.id_path, run_id + "\n")
     return run_id
 
