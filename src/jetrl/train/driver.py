@@ -35,7 +35,15 @@ from jetrl.train.hooks import (
 from jetrl.train.run_files import write_atomic
 from jetrl.train.skips import SkipTracker
 from jetrl.train.workdir import start_fresh, take_workdir
-from jetrl.train.writers import MetricWriter, Progress, TensorBoard
+from jetrl.train.writers import (
+  WANDB_ID_FILE,
+  MetricWriter,
+  Progress,
+  Sinks,
+  TensorBoard,
+  WandB,
+  import_wandb,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +60,21 @@ RL = RunKind(
   "rl",
   "",
   ("metrics.jsonl", "eval.jsonl", "samples.jsonl"),
-  ("summary.json", "config.json", resume.CHANGES_FILE, "tb", "plots"),
+  ("summary.json", "config.json", resume.CHANGES_FILE, "tb", "plots", WANDB_ID_FILE, "wandb"),
 )
 SFT = RunKind(
   "sft",
   "sft_",
   ("sft_metrics.jsonl", "sft_eval.jsonl"),
-  ("sft_summary.json", "sft_config.json", resume.CHANGES_FILE, "tb", "plots"),
+  (
+    "sft_summary.json",
+    "sft_config.json",
+    resume.CHANGES_FILE,
+    "tb",
+    "plots",
+    "sft_" + WANDB_ID_FILE,
+    "wandb",
+  ),
 )
 
 
@@ -124,19 +140,27 @@ def restore_or_start(cfg, kind: RunKind, ckpt, tree, log):
 
 @dataclasses.dataclass
 class Outputs:
-  """A run's files. Process 0 writes them; every process runs every step."""
+  """A run's files. Process 0 writes them; every process runs every step. `sinks`: where
+  metric writers mirror their scalars (TensorBoard, W&B, each if on), and the samples go."""
 
   workdir: str
   kind: RunKind
   primary: bool
   tb: Optional[TensorBoard]
+  wandb: Optional[WandB] = None
+
+  @property
+  def sinks(self) -> Sinks:
+    return Sinks(self.tb, self.wandb)
 
   def writer(self, name: str, *, tensorboard: bool = True, tag=None) -> MetricWriter:
-    """The writer of `<workdir>/<prefix><name>.jsonl`, mirrored to TensorBoard if asked."""
+    """The writer of `<workdir>/<prefix><name>.jsonl`, mirrored to TensorBoard and W&B if
+    asked."""
+    sinks = self.sinks
     return MetricWriter(
       self.workdir,
       self.kind.prefix + name,
-      self.tb if tensorboard else None,
+      sinks if tensorboard and sinks else None,
       tag or (lambda key: key),
       enabled=self.primary,
     )
@@ -146,18 +170,27 @@ class Outputs:
       write_atomic(os.path.join(self.workdir, self.kind.prefix + name), json.dumps(value, indent=1))
 
   def close(self) -> None:
-    if self.tb is not None:
-      self.tb.close()
+    self.sinks.close()
 
 
 def open_outputs(cfg, kind: RunKind, start: int = 0) -> Outputs:
   """The run's files, its configuration written as `<prefix>config.json`; a run resumed after
-  step `start` has TensorBoard purge what the run before it wrote past that step."""
+  step `start` has TensorBoard purge what the run before it wrote past that step, and
+  continues the workdir's W&B run (`WandB`)."""
   primary = parallel.is_primary()
-  tb = None
+  tb = wandb = None
   if cfg.logging.tensorboard and primary:
     tb = TensorBoard(cfg.workdir, purge_step=start + 1 if start else None)
-  out = Outputs(cfg.workdir, kind, primary, tb)
+  if cfg.logging.wandb and primary:
+    wandb = WandB(
+      cfg.workdir,
+      cfg.to_dict(),
+      project=cfg.logging.wandb_project,
+      name=cfg.logging.wandb_name,
+      mode=cfg.logging.wandb_mode,
+      id_file=kind.prefix + WANDB_ID_FILE,
+    )
+  out = Outputs(cfg.workdir, kind, primary, tb, wandb)
   out.write_json("config.json", cfg.to_dict())
   return out
 
@@ -234,7 +267,7 @@ def run_steps(
   step: Callable[[int, LoopState], None],
 ) -> None:
   """`step(i, loop)` for i = start .. cfg.steps - 1, each followed by the hooks due after step
-  i + 1; the hooks and the TensorBoard writer are closed however it ends."""
+  i + 1; the hooks and the TensorBoard and W&B writers are closed however it ends."""
   try:
     for i in range(start, cfg.steps):
       step(i, loop)
@@ -261,6 +294,8 @@ def run_guarded(cfg, task, log, body):
   if task is not None:
     cfg = given_task_config(cfg, task)
   cfg.check_paths()
+  if cfg.logging.wandb:
+    import_wandb()  # a missing package is an error before anything is built
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
   log = parallel.primary_log(log)  # the others say only their warnings and errors
   lock = take_workdir(cfg.workdir, log)

@@ -75,17 +75,20 @@ class MetricsHook(Hook):
 
 class SamplesHook(Hook):
   """Appends the step's sampled completions (records with their own "step") to `writer`
-  when the step produced them (`--logging.samples_every`)."""
+  when the step produced them (`--logging.samples_every`), and gives them to `sinks` (a
+  table in TensorBoard and W&B: `jetrl.train.writers.Sinks`) if given."""
 
   every = 1
   at_end = False
 
-  def __init__(self, writer: MetricWriter):
-    self.writer = writer
+  def __init__(self, writer: MetricWriter, sinks=None):
+    self.writer, self.sinks = writer, sinks
 
   def __call__(self, step, loop):
     if loop.samples:
       self.writer.write_many(loop.samples)
+      if self.sinks and self.writer.enabled:
+        self.sinks.samples(step, loop.samples)
 
 
 class SkipHook(Hook):

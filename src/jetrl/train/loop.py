@@ -193,7 +193,7 @@ def _hooks(
     meta=lambda loop: {"data_pos": loop.data_pos, "seed": cfg.seed},
     draw=lambda workdir: write_plots(workdir, eval_label=cfg.eval.label),
     extra=(
-      SamplesHook(out.writer("samples", tensorboard=False)),
+      SamplesHook(out.writer("samples", tensorboard=False), out.sinks),
       SignalHook(log, cfg.sampling.max_new_tokens),
     ),
   )

@@ -58,6 +58,7 @@ class ModelSpec:
 
 
 PROMPT_FORMATS = ("plain", "chat")
+WANDB_MODES = ("offline", "online")
 _TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 # Names of tasks a run was handed as objects (`run(cfg, task=...)`): accepted as task names
@@ -251,7 +252,8 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-  """Metric records (JSON lines, the source of truth), TensorBoard and PNG plots."""
+  """Metric records (JSON lines, the source of truth), TensorBoard, Weights & Biases, PNG plots
+  and sampled completions."""
 
   every: int = field(1, "Write a metrics record and a console line every N steps.", lo=1)
   tensorboard: bool = field(
@@ -262,10 +264,31 @@ class LoggingConfig:
     None, "Also redraw the plots every N steps (none: only at the end).", lo=1
   )
   samples_every: Optional[int] = field(
-    None,
-    "Write every sampled completion of every N-th RL step to <workdir>/samples.jsonl (prompt, "
-    "tokens, text, reward; none: never).",
+    10,
+    "Write sampled completions of every N-th RL step to <workdir>/samples.jsonl (prompt, "
+    "tokens, text, reward), and as a table to TensorBoard and Weights & Biases (none: never).",
     lo=1,
+  )
+  samples_rows: Optional[int] = field(
+    4,
+    "How many of the step's sampled rows --logging.samples_every writes: the first ones "
+    "(none: every row).",
+    lo=1,
+  )
+  wandb: bool = field(
+    False,
+    "Also log the metrics, the configuration and the samples to Weights & Biases (files under "
+    "<workdir>/wandb; needs the wandb package: pip install 'jetrl[wandb]').",
+  )
+  wandb_project: str = field("jetrl", "The Weights & Biases project of --logging.wandb.")
+  wandb_name: Optional[str] = field(
+    None, "The Weights & Biases run name (none: the workdir's base name)."
+  )
+  wandb_mode: str = field(
+    "offline",
+    "offline: write the run under <workdir>/wandb only, no network (upload it later with "
+    "`wandb sync <workdir>/wandb/offline-run-*`); online: stream it to the W&B server.",
+    choices=WANDB_MODES,
   )
 
   def __post_init__(self):

@@ -148,13 +148,17 @@ class RLStep:
     return parallel.put(x, self.pieces.layout.rows_sharding(x.shape[0], strict=True))
 
   def _samples(self, step: int, problems, out, rewards) -> list[dict]:
-    """The step's rows as records of samples.jsonl (`--logging.samples_every`): every
-    process gathers the tokens (a collective), the primary writes them."""
+    """The step's first `--logging.samples_rows` rows (none: all) as records of samples.jsonl
+    (`--logging.samples_every`): every process gathers the tokens (a collective), the primary
+    writes them."""
     n = self.cfg.sampling.n
     tokens, lengths = parallel.to_host((out.tokens, out.lengths))
     stop = set(pieces.token_ids(self.pieces.tok).stop)
+    rows = tokens.shape[0]
+    if self.cfg.logging.samples_rows is not None:
+      rows = min(rows, self.cfg.logging.samples_rows)
     records = []
-    for r in range(tokens.shape[0]):
+    for r in range(rows):
       length = int(lengths[r])
       ids = [int(t) for t in tokens[r, :length]]
       text = pieces.decode(self.pieces.tok, ids[:-1] if ids and ids[-1] in stop else ids)
