@@ -198,3 +198,57 @@ def test_compile_report_reads_a_hugging_face_folder(tmp_path):
   assert data["params"] == n
   r, _ = _report(tmp_path, "--target=h200", "--model=/nonexistent/folder", "--programs=update")
   assert r.returncode != 0 and "neither a preset" in r.stderr
+
+
+@need_cuda
+def test_flash_attention_compiles_with_its_matmuls_counted():
+  """A training forward's attention compiled for an H200 is JAX's Pallas flash kernels, no
+  dense [T, T] dots; their FLOPs come from q's shape (causal: half the tiles)."""
+  from jetrl.models import attention as attn
+
+  target = get_target("h200")
+  rep = one_device_sharding(devices(target))
+  b, t, h, hkv, d = 2, 256, 4, 2, 64
+  q = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16, sharding=rep)
+  kv = jax.ShapeDtypeStruct((b, t, hkv, d), jnp.bfloat16, sharding=rep)
+
+  def loss(q, k, v):
+    assert attn.use_flash(None, t, d)
+    return jnp.sum(attn.attend_flash(q, k, v, None, jnp.bfloat16).astype(jnp.float32))
+
+  f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  with compiling_for(target):
+    c = compile_program(Program("flash", f, (q, kv, kv), {}), target)
+  pallas = [k for k in c.launches.kernels if k.kind == "pallas" and k.flops]
+  per = 2.0 * b * h * t * t * d * 0.5  # one causal [T, D] x [D, T] matmul, 2 FLOPs a MAC
+  assert sorted(k.flops / per for k in pallas) == [2.0, 7.0]  # forward, backward
+  assert not any(k.kind == "cublas" for k in c.launches.kernels)
+
+
+@need_cuda
+def test_a_decode_step_linear_and_attention_compile_without_extra_kernels():
+  """At decode sizes on an H200: jet's linear is one quantization kernel and the FP8 GEMM
+  (XLA took three kernels to quantize), and one query's attention has no cuBLAS call."""
+  from jetrl.models import attention as attn
+  from jetrl.precision import get_recipe, linear
+
+  target = get_target("h200")
+  rep = one_device_sharding(devices(target))
+  x = jax.ShapeDtypeStruct((64, 1536), jnp.bfloat16, sharding=rep)
+  w = jax.ShapeDtypeStruct((1536, 1536), jnp.bfloat16, sharding=rep)
+  rollout = get_recipe("jet").rollout
+  with compiling_for(target):
+    c = compile_program(
+      Program("linear", jax.jit(lambda a, b: linear(a, b, rollout)), (x, w), {}), target
+    )
+  kinds = sorted(k.kind for k in c.launches.kernels)
+  # The weight's own quantization (once per rollout in the sampler) is in this program too.
+  assert kinds.count("pallas") == 1 and kinds.count("jetrl_fp8_ffi") == 1
+  q = jax.ShapeDtypeStruct((64, 1, 12, 128), jnp.bfloat16, sharding=rep)
+  kv = jax.ShapeDtypeStruct((64, 2, 512, 128), jnp.bfloat16, sharding=rep)
+  allowed = jax.ShapeDtypeStruct((64, 1, 512), jnp.bool_, sharding=rep)
+  f = jax.jit(lambda q, k, v, a: attn.attend(q, k, v, a, jnp.bfloat16))
+  with compiling_for(target):
+    c = compile_program(Program("attend", f, (q, kv, kv, allowed), {}), target)
+  assert not any(k.kind == "cublas" for k in c.launches.kernels)
+  assert len(c.launches.kernels) <= 4

@@ -59,7 +59,8 @@ def test_attend_takes_the_reductions_only_when_compiling_for_a_gpu():
   cd = jnp.bfloat16
   q, k, v, allowed = _inputs(cd)
   dots = lambda: str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd))(q, k, v, allowed))
-  assert "dot_general" in dots()  # the CPU: attend's two dots
+  if jax.default_backend() == "cpu":
+    assert "dot_general" in dots()  # the CPU: attend's two dots
   _target.push(_target.CompileTarget("gpu", "9.0"))
   try:
     assert "dot_general" not in dots()
@@ -137,7 +138,8 @@ def test_flash_attention_gradients_match_the_dense_attention(flash_and_dense):
 def test_use_flash_only_for_a_gpu_and_long_enough_rows():
   from jetrl.precision import get_recipe
 
-  assert not attn.use_flash(None, 1024, 128)  # the CPU
+  if jax.default_backend() == "cpu":
+    assert not attn.use_flash(None, 1024, 128)
   _target.push(_target.CompileTarget("gpu", "9.0"))
   try:
     assert attn.use_flash(None, 1023, 128) and attn.use_flash(get_recipe("jet").train, 128, 64)
