@@ -156,7 +156,7 @@ def test_the_model_with_and_without_the_kernels(monkeypatch):
 
   for tied in (False, True):
     cfg = dataclasses.replace(
-      M.get_config("tiny"), vocab_size=64, max_seq_len=32, tie_embeddings=tied
+      M.get_config("tiny"), vocab_size=64, max_seq_len=32, tie_embeddings=tied, n_layers=1
     )
     params = jax.tree_util.tree_map(
       lambda a: a * 3.0 if a.ndim >= 2 else a, M.init_params(cfg, jax.random.PRNGKey(1))
