@@ -7,6 +7,7 @@ RoPE angles) are taken in float32 and cast back.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -19,6 +20,7 @@ from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import Precision, linear
+from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, dtype_from_name
 
 
@@ -115,6 +117,8 @@ def lm_head(h: jax.Array, params, config: ModelConfig, cd, exact: bool = False) 
     w, dims = params["embed"], (((h.ndim - 1,), (1,)), ((), ()))
   else:
     w, dims = params["lm_head"], (((h.ndim - 1,), (0,)), ((), ()))
+  if _target.platform() == "gpu" and jnp.dtype(cd).itemsize == 2:
+    return head_dot(h.astype(cd), w.astype(cd), config.tie_embeddings)
   return jax.lax.dot_general(
     h.astype(cd),
     w.astype(cd),
@@ -122,3 +126,47 @@ def lm_head(h: jax.Array, params, config: ModelConfig, cd, exact: bool = False) 
     precision=dot_precision(cd),
     preferred_element_type=jnp.float32,
   )
+
+
+def _head_dot(h, w, tied: bool):
+  dims = (((h.ndim - 1,), (1 if tied else 0,)), ((), ()))
+  return jax.lax.dot_general(
+    h, w, dims, precision=dot_precision(h, w), preferred_element_type=jnp.float32
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def head_dot(h: jax.Array, w: jax.Array, tied: bool) -> jax.Array:
+  """float32 logits [..., V] of h [..., D] and the head w ([V, D] tied, [D, V] untied), both
+  in the 16-bit compute dtype, with the backward's GEMMs in that dtype too.
+
+  JAX's own transpose of a bf16 dot with a float32 result multiplies the float32 logit
+  gradient: the two backward GEMMs (dh, dw), [tokens x 151936] for a Qwen vocabulary, then run
+  in TF32, at half the bf16 rate on Hopper (docs/benchmarks.md, "Compiled programs"). Here the
+  logit gradient is rounded to the compute dtype first (as `linear`'s custom VJP takes its
+  bf16 output gradient) and both GEMMs accumulate in float32. `lm_head` takes this form when
+  compiling for a GPU; on the CPU the float32 products cost no more, and are kept.
+  """
+  return _head_dot(h, w, tied)
+
+
+def _head_dot_fwd(h, w, tied):
+  return _head_dot(h, w, tied), (h, w)
+
+
+def _head_dot_bwd(tied, res, g):
+  h, w = res
+  g = g.astype(h.dtype)
+  f32 = jnp.float32
+  lead = tuple(range(h.ndim - 1))  # the token axes
+  last = h.ndim - 1
+  if tied:  # logits = h . w^T, w [V, D]
+    dh = jax.lax.dot_general(g, w, (((last,), (0,)), ((), ())), preferred_element_type=f32)
+    dw = jax.lax.dot_general(g, h, ((lead, lead), ((), ())), preferred_element_type=f32)
+  else:  # logits = h . w, w [D, V]
+    dh = jax.lax.dot_general(g, w, (((last,), (1,)), ((), ())), preferred_element_type=f32)
+    dw = jax.lax.dot_general(h, g, ((lead, lead), ((), ())), preferred_element_type=f32)
+  return dh.astype(h.dtype), dw.astype(w.dtype)
+
+
+head_dot.defvjp(_head_dot_fwd, _head_dot_bwd)
