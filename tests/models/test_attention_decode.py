@@ -148,3 +148,48 @@ def test_use_flash_only_for_a_gpu_and_long_enough_rows():
     assert not attn.use_flash(get_recipe("jet_exact").train, 1024, 128)  # exact sums
   finally:
     _target.pop()
+
+
+def test_the_one_kernel_decode_attention_matches_float64():
+  """models/decode_attention.py in interpret mode: six query heads a kv head (not a power of
+  two), holes in the mask, and slots past n_slots that hold huge values it must not read."""
+  from jetrl.models import decode_attention as da
+
+  cd = jnp.bfloat16
+  q, k, v, _ = _inputs(cd, b=3, h=6, hkv=2, s=192, dh=64, seed=5)
+  rng = np.random.default_rng(5)
+  mask = rng.random((3, 192)) < 0.6
+  mask[:, 0] = True
+  k = k.at[:, :, 128:].set(1e4)  # past n_slots = 128: never read
+  v = v.at[:, :, 128:].set(jnp.nan)
+  got = da.decode_attention(q, k, v, jnp.asarray(mask), 128, cd, interpret=True)
+  allowed = jnp.asarray(mask[:, None, :128])
+  ref = _reference(q, k[:, :, :128], v[:, :, :128], allowed)
+  np.testing.assert_allclose(np.asarray(got, np.float64), ref, atol=2e-2, rtol=2e-2)
+  with pytest.raises(ValueError, match="multiple of 64"):
+    da.decode_attention(q, k, v, jnp.asarray(mask), 100, cd, interpret=True)
+
+
+def test_a_gpu_decode_step_attends_in_the_one_kernel():
+  """forward_cached compiled for a GPU: a decode step over whole chunks of slots traces the
+  Pallas kernel; the CPU keeps `attend`."""
+  from jetrl import models as M
+
+  cfg = M.get_config("tiny")
+  params = M.init_params(cfg, jax.random.PRNGKey(0))
+  cache = M.init_cache(cfg, 2, 128)
+  tok = jnp.zeros((2, 1), jnp.int32)
+
+  def step():
+    f = lambda p, c, x: M.forward_cached(
+      p, cfg, x, c, positions=jnp.zeros((2, 1), jnp.int32), token_mask=jnp.ones((2, 1), bool)
+    )
+    return str(jax.make_jaxpr(f)(params, cache, tok))
+
+  if jax.default_backend() == "cpu":
+    assert "pallas_call" not in step()
+  _target.push(_target.CompileTarget("gpu", "9.0"))
+  try:
+    assert step().count("name=decode_attention") == cfg.n_layers
+  finally:
+    _target.pop()

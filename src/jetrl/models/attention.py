@@ -121,6 +121,15 @@ def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd)
   return out.astype(cd).reshape(b, 1, h * dh)
 
 
+def use_decode_kernel(n_slots: int, head_dim: int) -> bool:
+  """Whether a decode step (one query a row, not the batch-invariant forward) attends with
+  the one-kernel `decode_attention.decode_attention`: compiling for a GPU, and the shapes it
+  takes (whole chunks of slots); else `attend` (on a GPU, `attend_one`)."""
+  from jetrl.models import decode_attention as _da  # noqa: PLC0415
+
+  return _target.platform() == "gpu" and _da.supported(n_slots, head_dim)
+
+
 # A training forward of at least this many tokens a row attends with the Pallas
 # flash-attention kernel when compiled for a GPU (`use_flash`); its tiles are this long.
 FLASH_BLOCK = 128

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.models import attention as attn
+from jetrl.models import decode_attention as _da
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import activation_dtype, lm_head, rms_norm, rope_tables, swiglu
@@ -200,6 +201,11 @@ def forward_cached(
   cos, sin = rope_tables(config, positions, cd)
 
   x = _embed(params, tokens, cd)
+  # A GPU's decode step attends in one Pallas kernel over the whole cache, reading its first
+  # n slots (models/decode_attention.py); the slots it may see, computed once for all layers.
+  one_kernel = t == 1 and not exact and attn.use_decode_kernel(n, config.head_dim)
+  if one_kernel:
+    seen = mask & (jnp.arange(s, dtype=jnp.int32)[None, :] <= index)
   # A batch-invariant precision with a gridded cache (init_cache(..., precision=...)) writes
   # each new key / value on its grid once; without one the whole cache is gridded per step.
   grids = exact and len(cache.v_exp) == config.n_layers
@@ -219,7 +225,10 @@ def forward_cached(
     else:
       kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start)
       vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start)
-      out = attn.attend(q, view(kc), view(vc), allowed, cd, exact)
+      if one_kernel:
+        out = _da.decode_attention(q, kc, vc, seen, n, cd)
+      else:
+        out = attn.attend(q, view(kc), view(vc), allowed, cd, exact)
     x = x + attn.output(out, layer, precision, cd)
     x = _mlp_residual(x, layer, config, precision, cd)
     new_k.append(kc)
