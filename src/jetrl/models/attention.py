@@ -15,6 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.models import decode_attention as _da
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import apply_rope, project, rms_norm
@@ -125,8 +126,6 @@ def use_decode_kernel(n_slots: int, head_dim: int) -> bool:
   """Whether a decode step (one query a row, not the batch-invariant forward) attends with
   the one-kernel `decode_attention.decode_attention`: compiling for a GPU, and the shapes it
   takes (whole chunks of slots); else `attend` (on a GPU, `attend_one`)."""
-  from jetrl.models import decode_attention as _da  # noqa: PLC0415
-
   return _target.platform() == "gpu" and _da.supported(n_slots, head_dim)
 
 
