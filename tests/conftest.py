@@ -237,3 +237,20 @@ def tiny_llama_config(vocab_size: int, **overrides):
     bos_token_id=1,
   )
   return transformers.LlamaConfig(**{**fields, **overrides})
+
+
+def tensorboard_events(directory):
+  """The events of every TensorBoard event file in `directory` (a pathlib.Path), files in
+  name order (as TensorBoard reads them): each record is a uint64 length, its crc, the
+  serialized Event, the data's crc."""
+  import struct
+
+  from tensorboardX.proto.event_pb2 import Event
+
+  for name in sorted(os.listdir(directory)):
+    data = (directory / name).read_bytes()
+    at = 0
+    while at < len(data):
+      (n,) = struct.unpack("<Q", data[at : at + 8])
+      yield Event.FromString(data[at + 12 : at + 12 + n])
+      at += 12 + n + 4

@@ -84,19 +84,13 @@ def offline_runs(workdir) -> list[dict]:
 
 def tensorboard_texts(directory) -> dict[int, str]:
   """{step: text} of the "samples" text tag in every event file of `directory`."""
-  from tensorboardX.proto.event_pb2 import Event
+  from conftest import tensorboard_events
 
   texts = {}
-  for name in sorted(os.listdir(directory)):
-    data = (directory / name).read_bytes()
-    at = 0
-    while at < len(data):
-      (n,) = struct.unpack("<Q", data[at : at + 8])
-      event = Event.FromString(data[at + 12 : at + 12 + n])
-      at += 12 + n + 4
-      for v in event.summary.value:
-        if v.tag.startswith("samples"):
-          texts[event.step] = v.tensor.string_val[0].decode()
+  for event in tensorboard_events(directory):
+    for v in event.summary.value:
+      if v.tag.startswith("samples"):
+        texts[event.step] = v.tensor.string_val[0].decode()
   return texts
 
 

@@ -233,22 +233,16 @@ def tensorboard_points(directory) -> dict:
   """{tag: [(step, value), ...]} as TensorBoard shows the event files of `directory`: the
   files read in name order, a session start at step S dropping every point read before it at
   step S and past (TensorBoard's handling of a restarted writer)."""
-  import struct
+  from tensorboardX.proto.event_pb2 import SessionLog
 
-  from tensorboardX.proto.event_pb2 import Event, SessionLog
+  from conftest import tensorboard_events
 
   points = {}
-  for name in sorted(os.listdir(directory)):
-    data = (directory / name).read_bytes()
-    at = 0
-    while at < len(data):
-      (n,) = struct.unpack("<Q", data[at : at + 8])
-      event = Event.FromString(data[at + 12 : at + 12 + n])
-      at += 12 + n + 4
-      if event.HasField("session_log") and event.session_log.status == SessionLog.START:
-        points = {t: [p for p in ps if p[0] < event.step] for t, ps in points.items()}
-      for v in event.summary.value:
-        points.setdefault(v.tag, []).append((event.step, round(v.simple_value, 6)))
+  for event in tensorboard_events(directory):
+    if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+      points = {t: [p for p in ps if p[0] < event.step] for t, ps in points.items()}
+    for v in event.summary.value:
+      points.setdefault(v.tag, []).append((event.step, round(v.simple_value, 6)))
   return points
 
 
