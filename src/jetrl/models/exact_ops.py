@@ -276,6 +276,18 @@ def lm_head_grids(h: jax.Array, wg: jax.Array, tied: bool, cd, reference) -> jax
   return with_reference_vjp(lambda a, b: _logits_grids(a, b, tied, cd), reference, h, wg)
 
 
+def matmul(h: jax.Array, w: jax.Array, cd, reference) -> jax.Array:
+  """float32 h [..., K] @ w [K, N] with exact dots (`_logits`), differentiated as
+  `reference(h, w)`: the LoRA adapters' GEMMs. A small K (the rank) gives grids finer than
+  float32 holds, so the grids are computed in float64 too, inside the function."""
+
+  def exact(a, b):
+    with x64():
+      return _logits(a, b, False, cd)
+
+  return with_reference_vjp(exact, reference, h, w)
+
+
 def inverse_temperature(temperature) -> jax.Array:
   """float32(1 / T): the sampler and the training forward scale logits by the same factor."""
   return jnp.float32(1.0) / jnp.asarray(temperature, jnp.float32)

@@ -18,6 +18,7 @@ import numpy as np
 
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
+from jetrl.models.lora import LoraWeight, lora_linear
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import Precision, linear
 from jetrl.precision import target as _target
@@ -81,8 +82,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def project(
   x: jax.Array, w: jax.Array, precision: Optional[Precision], cd, bias: Optional[jax.Array] = None
 ) -> jax.Array:
-  """x @ w through `jetrl.precision.linear`, plus an optional bias, in cd."""
-  y = linear(x, w, precision).astype(cd)
+  """x @ w through `jetrl.precision.linear` (a `LoraWeight`: its base there, plus its
+  adapters, `lora.lora_linear`), plus an optional bias, in cd."""
+  if isinstance(w, LoraWeight):
+    y = lora_linear(x, w, precision, cd)
+  else:
+    y = linear(x, w, precision).astype(cd)
   if bias is not None:
     y = y + bias.astype(cd)
   return y

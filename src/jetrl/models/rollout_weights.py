@@ -15,19 +15,23 @@ repeats the same work. `rollout_weights` returns the params pytree a rollout rea
   * under a batch-invariant precision (`jet_exact`), "lm_head_grid": the LM head's weights
     with each vocabulary entry on its exact-dot grid (`exact_ops.grid_lm_head`), which the
     exact LM head otherwise recomputes at every step. One compute-dtype copy of the LM head.
-Everything else (norms, embeddings, biases) is left as it is.
+Everything else (norms, embeddings, biases) is left as it is. A LoRA run's params
+(`jetrl.models.lora`) keep their adapters as they are and their frozen base, already quantized
+once when the training precision is FP8, is not quantized again; its projections are not fused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax.numpy as jnp
 
 from jetrl.models import exact_ops
 from jetrl.models.layers import activation_dtype
+from jetrl.models.lora import LoraWeight
 from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
-from jetrl.precision import Precision, is_batch_invariant, prequantize_weight
+from jetrl.precision import Precision, QuantizedWeight, is_batch_invariant, prequantize_weight
 from jetrl.precision.backend import wants_k_major
 
 
@@ -36,16 +40,25 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
   if precision is None or precision.fprop is None:
     return params
   g = precision.fprop
+  quant = lambda w: prequantize_weight(w, g, k_major=wants_k_major(g))
   layers = dict(params["layers"])
   for name in LINEAR_WEIGHTS + tuple(FUSED_PROJECTIONS):
-    if name in layers:
-      layers[name] = prequantize_weight(layers[name], g, k_major=wants_k_major(g))
+    w = layers.get(name)
+    if w is None or isinstance(w, QuantizedWeight):  # absent, or frozen and quantized once
+      continue
+    if isinstance(w, LoraWeight):  # the frozen base quantized, the adapters as they are
+      if not isinstance(w.base, QuantizedWeight):
+        layers[name] = dataclasses.replace(w, base=quant(w.base))
+    else:
+      layers[name] = quant(w)
   return dict(params, layers=layers)
 
 
 def _fusable(layers, parts, precision: Optional[Precision]) -> bool:
   if not all(p in layers for p in parts):
     return False
+  if any(isinstance(layers[p], (LoraWeight, QuantizedWeight)) for p in parts):
+    return False  # a LoRA run's projections: adapters and a frozen base, kept apart
   g = None if precision is None else precision.fprop
   if g is None:
     return True

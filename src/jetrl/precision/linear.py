@@ -53,7 +53,9 @@ def _check(x: jax.Array, w):
 def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
   """y = x @ w under `precision` (a recipe's `.train` or `.rollout`), differentiable.
 
-  x: [..., K]; w: [K, N], or a `QuantizedWeight` of it (forward only: the rollout).
+  x: [..., K]; w: [K, N], or a `QuantizedWeight` of it: a weight quantized once (the
+    rollout's, forward only; a frozen LoRA base's under a training precision, whose backward
+    gives dx from the same FP8 blocks and no weight gradient).
   Returns [..., N] in the precision's compute dtype.
   precision=None: a plain matmul in the operands' own dtypes.
   """
@@ -89,8 +91,38 @@ def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
     )
   cd = dtype_from_name(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
-  y = _fprop(x.reshape(-1, k).astype(cd), w, g, cd, precision.batch_invariant)
-  return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
+  x2 = x.reshape(-1, k).astype(cd)
+  if precision.dgrad is None:  # a rollout's forward: no gradient to give
+    y = _fprop(x2, w, g, cd, precision.batch_invariant)
+    return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
+  if not _same_weight_quant(precision.dgrad, g):
+    raise ValueError(
+      "linear: a QuantizedWeight under a training precision needs a dgrad that quantizes "
+      f"weights as its fprop does (the same blocks serve both), got fprop {g} and dgrad "
+      f"{precision.dgrad}"
+    )
+  return _frozen_linear(x2, w, precision).reshape(*lead, n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _frozen_linear(x2, w: QuantizedWeight, precision: Precision):
+  """y = x2 @ w for a frozen FP8 weight (quantized once, a LoRA base): the fprop's GEMM, and
+  a backward that gives dx from the same FP8 blocks (dgrad) and no weight gradient."""
+  cd = dtype_from_name(precision.compute_dtype)
+  return _fprop(x2, w, precision.fprop, cd, precision.batch_invariant).astype(cd)
+
+
+def _frozen_fwd(x2, w, precision):
+  return _frozen_linear(x2, w, precision), w
+
+
+def _frozen_bwd(precision, w, dy):
+  cd = dtype_from_name(precision.compute_dtype)
+  dx = _gemms.dgrad(dy.astype(cd), w, precision.dgrad, cd).astype(cd)
+  return dx, jax.tree_util.tree_map(jnp.zeros_like, w)
+
+
+_frozen_linear.defvjp(_frozen_fwd, _frozen_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

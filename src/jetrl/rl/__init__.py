@@ -52,6 +52,7 @@ from jetrl.rl.update_config import OLD_LOGP_SOURCES, UpdateConfig  # noqa: E402
 from jetrl.rl.update import (  # noqa: E402
   TrainState,
   check_batch_divisible,
+  init_lora_train_state,
   init_train_state,
   jit_update_step,
   update_step,
@@ -73,6 +74,7 @@ __all__ += [
   "TrainState",
   "UpdateConfig",
   "check_batch_divisible",
+  "init_lora_train_state",
   "init_train_state",
   "jit_update_step",
   "update_step",

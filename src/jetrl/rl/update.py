@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jetrl.models.lora import LoraConfig, attach, freeze_base
 from jetrl.precision import Precision
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics
 from jetrl.rl.batch import TrainBatch, policy_logprobs
@@ -66,9 +67,12 @@ from jetrl.rl.update_config import UpdateConfig
 
 
 class TrainState(NamedTuple):
-  params: Any
+  params: Any  # what is trained: the model's params, or a LoRA run's adapters
   opt_state: SkipNonFiniteState
-  ref_params: Any = None  # frozen reference policy (only when kl_coef > 0)
+  ref_params: Any = None  # frozen reference policy (only when kl_coef > 0, not LoRA)
+  # A LoRA run's frozen base (jetrl.models.lora.freeze_base): the model is attach(frozen,
+  # params), and the base alone is the reference policy. Rebuilt at start, not checkpointed.
+  frozen: Any = None
 
   @property
   def step(self) -> jax.Array:
@@ -98,6 +102,29 @@ def init_train_state(
   )
 
 
+def init_lora_train_state(
+  base,
+  adapters,
+  lora: LoraConfig,
+  precision: Optional[Precision],
+  cfg: UpdateConfig = UpdateConfig(),
+  optimizer: OptimizerConfig = OptimizerConfig(),
+) -> TrainState:
+  """The train state of a LoRA run: the adapters (in the master dtype) are the params and
+  the optimizer's state; the base, cast to the master dtype, is frozen (quantized once under
+  an FP8 training precision, `jetrl.models.lora.freeze_base`) and serves as the reference."""
+  if not lora.enabled:
+    raise ValueError("init_lora_train_state: LoraConfig.rank is 0; use init_train_state")
+  dtype = jnp.dtype(cfg.master_dtype)
+  copy = lambda tree: jax.tree_util.tree_map(lambda a: jnp.array(a, dtype=dtype, copy=True), tree)
+  adapters = copy(adapters)
+  return TrainState(
+    params=adapters,
+    opt_state=make_optimizer(optimizer, 1).init(adapters),
+    frozen=freeze_base(copy(base), precision),
+  )
+
+
 def check_batch_divisible(rows: int, cfg: UpdateConfig) -> None:
   """Rows must split evenly into minibatches x micro-batches (checked before compiling)."""
   if rows % (cfg.minibatches * cfg.micro_batches):
@@ -116,6 +143,15 @@ class StepSpec(NamedTuple):
   temperature: float
   remat: bool
   max_tokens: int
+  lora: Optional[LoraConfig] = None
+
+  def policy(self, params, frozen):
+    """The params the model reads: `params`, or a LoRA run's adapters on its frozen base."""
+    if self.lora is None:
+      return params
+    if frozen is None:
+      raise ValueError("a LoRA update needs the frozen base (init_lora_train_state)")
+    return attach(frozen, params, self.lora)
 
   def logprobs(self, params, batch: TrainBatch, remat: bool = False):
     return policy_logprobs(
@@ -153,14 +189,16 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   min(pi_old / pi_rollout, C) (or their masked form) and, with a reference policy, its
   log-probs."""
   cfg = spec.cfg
-  pre_logp = no_grad_logprobs(state.params, batch, spec)
+  pre_logp = no_grad_logprobs(spec.policy(state.params, state.frozen), batch, spec)
   agree = agreement_metrics(batch.rollout_logprobs, pre_logp, batch.mask, bin_edges=bin_edges)
   is_w, is_metrics = importance_weights(
     pre_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
   )
   old_logp = pre_logp if cfg.old_logp == "recompute" else batch.rollout_logprobs
   extra = dict(old_logp=old_logp, is_w=is_w)
-  if has_reference(cfg):
+  if has_reference(cfg) and spec.lora is not None:  # the frozen base is the reference
+    extra["ref_logp"] = no_grad_logprobs(state.frozen, batch, spec)
+  elif has_reference(cfg):
     if state.ref_params is None:
       raise ValueError(
         "kl_coef > 0 needs the reference params in the train state (init_train_state with "
@@ -170,16 +208,17 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   return extra, agree, is_metrics
 
 
-def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec):
-  """(loss, aux) of one micro-batch; `den` is its minibatch's fixed denominator."""
-  logp, ent = spec.logprobs(params, mb, remat=spec.remat)
+def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=None):
+  """(loss, aux) of one micro-batch; `den` is its minibatch's fixed denominator; `frozen`, a
+  LoRA run's base (no gradient: `params` are the adapters)."""
+  logp, ent = spec.logprobs(spec.policy(params, frozen), mb, remat=spec.remat)
   nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
   aux = {k: v / den for k, v in nums.items()}
   aux.update({k: pm[k] * pm["n_tokens"] for k in TOKEN_METRICS}, n_tokens=pm["n_tokens"])
   return total_loss(nums, spec.cfg) / den, aux
 
 
-def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
+def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec, frozen=None):
   """(gradients, loss, aux) of a minibatch, summed over its micro-batches."""
   cfg = spec.cfg
   _, den = spec.aggregate(jnp.zeros_like(mb.mask), mb.mask)
@@ -187,7 +226,7 @@ def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec):
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
   def add(carry, micro):
-    g, aux = grad_fn(params, micro[0], micro[1], den, spec)
+    g, aux = grad_fn(params, micro[0], micro[1], den, spec, frozen)
     return (
       jax.tree_util.tree_map(jnp.add, carry[0], g),
       carry[1] + total_loss(aux, cfg),
@@ -206,7 +245,7 @@ def minibatch_step(
   state: TrainState, mb_and_extra, spec: StepSpec, opt: optax.GradientTransformationExtraArgs
 ):
   """One optimizer step on a minibatch; skipped (and counted) when anything is non-finite."""
-  grads, loss, aux = accumulate(state.params, *mb_and_extra, spec)
+  grads, loss, aux = accumulate(state.params, *mb_and_extra, spec, state.frozen)
   updates, opt_state = opt.update(grads, state.opt_state, state.params, value=loss)
   ok = opt_state.last_ok
   new_params = optax.apply_updates(state.params, updates)
@@ -267,12 +306,15 @@ def train_step(
   precision: Optional[Precision],
   temperature: float = 1.0,
   bin_edges: tuple[int, ...] = DEFAULT_EDGES,
+  lora: Optional[LoraConfig] = None,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
   optimizer, total_steps: the run's optimizer and its length in optimizer steps (the
     schedule's horizon, `UpdateConfig.optimizer_steps`).
   temperature: the sampling temperature the rollout log-probs were recorded at.
+  lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
+    are trained on its frozen base.
   Returns (new_state, metrics of float32 scalars; `learning_rate` is the rate of this
   update's first optimizer step).
   """
@@ -288,6 +330,7 @@ def train_step(
     temperature=temperature,
     remat=resolve_remat(cfg.remat, model_config, rows // n_micro, batch.inputs.shape[1]),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
+    lora=lora if lora is not None and lora.enabled else None,
   )
   opt = make_optimizer(optimizer, total_steps)
   learning_rate = learning_rate_schedule(optimizer, total_steps)(state.step)
@@ -306,6 +349,7 @@ STATIC_ARGNAMES = (
   "precision",
   "temperature",
   "bin_edges",
+  "lora",
 )
 
 

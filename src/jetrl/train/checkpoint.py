@@ -305,6 +305,12 @@ def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None
     )
   params, meta = read_params(workdir, log=log)
   kind = meta.get("kind", "rl")
+  if (meta.get("config", {}).get("lora") or {}).get("rank"):
+    raise FlagError(
+      "init_from",
+      f"the run in {workdir} trained LoRA adapters, not the model's weights; export it "
+      "merged (experiments/export_hf.py --workdir ... --out FOLDER) and warm-start from FOLDER",
+    )
   total = meta.get("config", {}).get("steps")
   if kind == "sft" and total is not None and int(meta["step"]) < int(total):
     raise FlagError(

@@ -9,6 +9,7 @@ per concern, shared between the two where the concern is the same:
   sampling    SamplingConfig     rollouts (jetrl.sampling; RL only)
   optimizer   OptimizerConfig    AdamW and its schedule (jetrl.rl.optimizer; both runs)
   update      UpdateConfig       the policy-gradient update (jetrl.rl.update; RL only)
+  lora        LoraConfig         LoRA adapters on a frozen base (jetrl.models.lora; RL only)
   eval        EvalConfig         greedy evaluation on held-out problems
   checkpoint  CheckpointConfig   how often, how many kept
   logging     LoggingConfig      metric records, TensorBoard, plots
@@ -41,6 +42,7 @@ from jetrl.config import (
   replace,
   to_dict,
 )
+from jetrl.models.lora import LoraConfig
 from jetrl.parallel.mesh import parse_mesh
 from jetrl.precision import RECIPES, Recipe, get_recipe
 from jetrl.precision.formats import FORMATS
@@ -205,6 +207,7 @@ class TrainConfig(WorkdirRun):
   )
   optimizer: OptimizerConfig = node(OptimizerConfig, "AdamW and its learning-rate schedule.")
   update: UpdateConfig = node(UpdateConfig, "The policy-gradient update.")
+  lora: LoraConfig = node(LoraConfig, "LoRA adapters on a frozen base (rank 0: full fine-tuning).")
   eval: EvalConfig = node(EvalConfig, "Greedy evaluation on held-out problems.")
   checkpoint: CheckpointConfig = node(
     CheckpointConfig, "Checkpoints (a rerun resumes).", resumable=True

@@ -23,7 +23,9 @@ from jetrl.config import FlagError, check_fields, field, from_dict
 from jetrl.models import PRESETS
 from jetrl.models.export import EXPORT_DTYPES, export_hf
 from jetrl.train import pieces
-from jetrl.train.checkpoint import read_params
+from jetrl.models.lora import LoraConfig, merge
+from jetrl.models.lora_export import export_peft
+from jetrl.train.checkpoint import load_params_from, read_params
 from jetrl.train.config import ModelSpec, Tree
 from jetrl.train.validation import check_local, checkpoint_steps
 
@@ -43,6 +45,11 @@ class ExportConfig(Tree):
     choices=EXPORT_DTYPES,
   )
   overwrite: bool = field(False, "Replace a non-empty --out.")
+  adapter: bool = field(
+    False,
+    "For a LoRA run: write its adapters as a PEFT adapter folder (adapter_config.json, "
+    "adapter_model.safetensors) instead of the base with the adapters merged.",
+  )
 
   def __post_init__(self):
     check_fields(self)
@@ -90,6 +97,38 @@ def run_model_spec(meta: dict, workdir: str) -> ModelSpec:
   return model
 
 
+def _run_lora(meta: dict, workdir: str) -> Optional[LoraConfig]:
+  """The LoRA config of the run a checkpoint comes from, or None for full fine-tuning."""
+  saved = meta.get("config", {}).get("lora") or {}
+  try:
+    lora = from_dict(LoraConfig, saved, error=FlagError, prefix="lora.")
+  except FlagError as e:
+    raise FlagError(
+      "workdir", f"the run in {workdir} has a LoRA config this version cannot read: {e}"
+    ) from None
+  return lora if lora.enabled else None
+
+
+def _base_name(meta: dict, model: ModelSpec) -> str:
+  """The base a LoRA run's adapters sit on: its --init_from, or its --model.name."""
+  return meta.get("config", {}).get("init_from") or model.name
+
+
+def _run_base(meta: dict, model: ModelSpec, mcfg, log):
+  """A LoRA run's base params, built as the run built them (its seed, its --init_from)."""
+  config = meta.get("config", {})
+  params = pieces.make_params(model, mcfg, int(config.get("seed", 0)))
+  init_from = config.get("init_from")
+  if init_from:
+    if not os.path.isdir(init_from):
+      raise FlagError(
+        "workdir",
+        f"the LoRA run's base came from --init_from={init_from}, which is not there any more",
+      )
+    params = load_params_from(init_from, params, log)
+  return params
+
+
 def _stage_tokenizer(model: ModelSpec, tok, stop: tuple, dest: str) -> None:
   """The run's tokenizer files in `dest` (`tok.save_pretrained`), with a
   generation_config.json naming `stop`: the model's (or else the tokenizer folder's) own
@@ -121,6 +160,23 @@ def export_run(cfg: ExportConfig, *, log=print) -> str:
   tok = pieces.make_tokenizer(model)
   stop = pieces.token_ids(tok).stop
   mcfg = pieces.model_config(model, tok, 0)
+  lora = _run_lora(meta, cfg.workdir)
+  if cfg.adapter and lora is None:
+    raise FlagError("adapter", f"the run in {cfg.workdir} trained every weight, not LoRA adapters")
+  if cfg.adapter:
+    try:
+      out = export_peft(
+        params, mcfg, lora, cfg.out, base_model=_base_name(meta, model), overwrite=cfg.overwrite
+      )
+    except ValueError as e:
+      raise FlagError("workdir", f"checkpoint {meta.get('step')} of {cfg.workdir}: {e}") from None
+    log(
+      f"exported the LoRA adapters of step {meta.get('step')} of {cfg.workdir} to {out} "
+      f"(rank {lora.rank}, {', '.join(lora.targets)}); base {_base_name(meta, model)}"
+    )
+    return out
+  if lora is not None:  # the run's base, rebuilt as the run built it, with the adapters merged
+    params = merge(_run_base(meta, model, mcfg, log), params, lora)
   with tempfile.TemporaryDirectory(prefix="jetrl-export-tok-") as staging:
     _stage_tokenizer(model, tok, stop, staging)
     try:

@@ -29,7 +29,9 @@ import jax
 
 from jetrl import parallel
 from jetrl.precision import get_recipe
-from jetrl.rl import DEFAULT_EDGES, init_train_state, update_step
+from jetrl.config import FlagError
+from jetrl.models.lora import attach, init_adapters
+from jetrl.rl import DEFAULT_EDGES, init_lora_train_state, init_train_state, update_step
 from jetrl.rl.update import TrainState
 from jetrl.train import pieces, driver, evaluation
 from jetrl.train.checkpoint import Checkpointer, load_params_from
@@ -40,6 +42,9 @@ from jetrl.train.memory import check_eval_memory, check_step_memory, eval_bytes,
 from jetrl.train.plots import write_plots
 from jetrl.train.rl_step import RLStep, console_fields
 
+# The PRNG stream of a LoRA run's adapter init: fold_in(PRNGKey(seed), LORA_INIT_STREAM).
+LORA_INIT_STREAM = 0x10AA
+
 SKIP_HINT = (
   "Check --optimizer.lr, --sampling.temperature, --update.kl_coef and the initial params "
   "(--model.name / --init_from)."
@@ -47,7 +52,15 @@ SKIP_HINT = (
 
 
 def _state_tree(state: TrainState) -> dict:
-  return {k: v for k, v in state._asdict().items() if v is not None}
+  """What a checkpoint holds: the state without a LoRA run's frozen base (rebuilt at start)."""
+  return {k: v for k, v in state._asdict().items() if v is not None and k != "frozen"}
+
+
+def policy_params(cfg: TrainConfig, state: TrainState):
+  """The params the model reads: the state's, or a LoRA run's adapters on its frozen base."""
+  if state.frozen is None:
+    return state.params
+  return attach(state.frozen, state.params, cfg.lora)
 
 
 def _bin_edges(max_new_tokens: int) -> tuple[int, ...]:
@@ -115,6 +128,13 @@ def _pieces(cfg: TrainConfig, log, given, reward) -> pieces.Pieces:
   layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--prompts_per_step x --sampling.n": cfg.rows}, log
   )
+  if cfg.lora.enabled and layout is not None:
+    raise FlagError(
+      "lora.rank",
+      f"LoRA runs on one device; this run has {jax.device_count()} devices"
+      + (f" and --mesh={cfg.mesh}" if cfg.mesh else "")
+      + " (set --lora.rank=0 for full fine-tuning on a mesh, or run on one device)",
+    )
   return pieces.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
 
 
@@ -122,6 +142,13 @@ def _initial_state(cfg: TrainConfig, p: pieces.Pieces, log) -> TrainState:
   params = pieces.make_params(cfg.model, p.mcfg, cfg.seed)
   if cfg.init_from:
     params = load_params_from(cfg.init_from, params, log)
+  if cfg.lora.enabled:
+    key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), LORA_INIT_STREAM)
+    adapters = init_adapters(p.mcfg, cfg.lora, key)
+    state = init_lora_train_state(
+      params, adapters, cfg.lora, p.recipe.train, cfg.update, cfg.optimizer
+    )
+    return jax.device_put(state, jax.local_devices()[0])
   if p.layout is not None:
     params = p.layout.shard_params(params)  # the optimizer state is then built sharded
   state = init_train_state(params, cfg.update, cfg.optimizer)
@@ -139,7 +166,7 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
     return state, 0, 0
   start, data_pos = int(meta["step"]), int(meta["data_pos"])
   log(f"resumed from {ckpt.directory}/{start} (step {start}, data position {data_pos})")
-  return TrainState(**tree), start, data_pos
+  return TrainState(**tree, frozen=state.frozen), start, data_pos
 
 
 def _rl_step(cfg: TrainConfig, p: pieces.Pieces) -> RLStep:
@@ -167,7 +194,7 @@ def _step(rl_step: RLStep, start: int, log, i: int, loop: LoopState) -> None:
 def _evaluate(cfg: TrainConfig, p: pieces.Pieces, loop: LoopState, log=None) -> dict:
   """Evaluation in the recipe's rollout precision (and, with --eval.also_bf16, the same
   params in the bf16 rollout's, as `*_bf16`); `log` gets its progress."""
-  params = p.rollout_params(loop.state.params)
+  params = p.rollout_params(policy_params(cfg, loop.state))
 
   score = lambda precision, log: evaluation.evaluate(
     params, p, precision, cfg.eval, max_new_tokens=cfg.sampling.max_new_tokens, log=log

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl import parallel
+from jetrl.models.lora import attach
 from jetrl.rl import metrics as names
 from jetrl.rl import (
   dynamic_sampling_mask,
@@ -51,6 +52,8 @@ class RLStep:
     prompts = [self.pieces.encode(p.prompt) for p in problems]
 
     t_reshard, rollout_params = 0.0, state.params
+    if state.frozen is not None:  # a LoRA run: its adapters on the frozen base
+      rollout_params = attach(state.frozen, state.params, cfg.lora)
     if self.pieces.layout is not None:
       rollout_params, t_reshard = parallel.switch_layout(
         state.params, self.pieces.layout, self.pieces.sample_layout, log
@@ -116,6 +119,7 @@ class RLStep:
       precision=self.pieces.recipe.train,
       temperature=cfg.sampling.temperature,
       bin_edges=self.bin_edges,
+      lora=cfg.lora if cfg.lora.enabled else None,
     )
     jax.block_until_ready(state.params)
     t_update = time.time() - t1
