@@ -44,6 +44,13 @@ flags.DEFINE_integer("new_tokens", 256, "Rollout generated tokens per row.")
 flags.DEFINE_integer("rows", 16, "Update / SFT rows.")
 flags.DEFINE_integer("seq", 1024, "Update / SFT tokens per row (half prompt, half completion).")
 flags.DEFINE_string("mesh", "", "Mesh of a multi-device target's update, e.g. fsdp:8 (--mesh).")
+flags.DEFINE_integer(
+  "lora_rank", 0, "The update of a LoRA run (--lora.rank; all seven projections); 0: full."
+)
+flags.DEFINE_float("lora_alpha", 16.0, "--lora.alpha of the LoRA update.")
+flags.DEFINE_enum(
+  "master_dtype", "float32", ["float32", "bfloat16"], "The update's --update.master_dtype."
+)
 flags.DEFINE_string("param_dtype", "bfloat16", "Stored dtype of the params the rollout reads.")
 flags.DEFINE_integer("top", 5, "Top kernels listed by bytes and by FLOPs.")
 flags.DEFINE_string("json_out", "", "Write the figures (and the kernels) as JSON here.")
@@ -94,6 +101,10 @@ def _check_flags():
   for name in ("batch", "prompt_len", "new_tokens", "rows", "seq"):
     if getattr(FLAGS, name) < 1:
       raise app.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}")
+  if FLAGS.lora_rank < 0:
+    raise app.UsageError(f"--lora_rank must be >= 0, got {FLAGS.lora_rank}")
+  if FLAGS.lora_rank and (FLAGS.mesh or FLAGS.target.startswith("8x")):
+    raise app.UsageError("--lora_rank: a LoRA update compiles on one device (no --mesh)")
   if FLAGS.seq < 2:
     raise app.UsageError("--seq must be >= 2 (a prompt token and a completion token)")
 
@@ -146,7 +157,9 @@ def main(argv):
   from jetrl.aot import cost, programs, report
   from jetrl.aot.compile import compile_program
   from jetrl.aot.targets import MissingPlugin, compiling_for, devices, get_target
+  from jetrl.models.lora import LoraConfig
   from jetrl.precision import get_recipe
+  from jetrl.rl import UpdateConfig
 
   target = get_target(FLAGS.target)
   cfg = _model_config()
@@ -192,6 +205,8 @@ def main(argv):
           prompt_len=prompt_len,
           completion_len=completion_len,
           mesh=FLAGS.mesh,
+          update=UpdateConfig(master_dtype=FLAGS.master_dtype),
+          lora=LoraConfig(rank=FLAGS.lora_rank, alpha=FLAGS.lora_alpha),
         )
       )
     if "sft" in FLAGS.programs:
@@ -231,6 +246,8 @@ def main(argv):
         rows=FLAGS.rows,
         seq=FLAGS.seq,
         mesh=FLAGS.mesh,
+        lora_rank=FLAGS.lora_rank,
+        master_dtype=FLAGS.master_dtype,
       ),
       cost_params=params.as_dict(),
       programs=rows,

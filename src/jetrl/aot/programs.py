@@ -16,11 +16,13 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jetrl.models import ModelConfig, init_params
+from jetrl.models.lora import LoraConfig, init_adapters
 from jetrl.parallel import make_layout, make_mesh
 from jetrl.precision import Recipe
 from jetrl.rl import (
   OptimizerConfig,
   UpdateConfig,
+  init_lora_train_state,
   init_train_state,
   make_optimizer,
   make_train_batch,
@@ -147,15 +149,28 @@ def update_program(
   mesh: str = "",
   update: Optional[UpdateConfig] = None,
   optimizer: OptimizerConfig = OptimizerConfig(),
+  lora: Optional[LoraConfig] = None,
 ) -> Program:
   """One RL update (`jetrl.rl.update_step`: forward, log-probs, loss, backward, AdamW) on
   `rows` rows of prompt + completion tokens; on several devices with the project's mesh and
-  partition rules (`--mesh`, jetrl.parallel), as a multi-device run compiles it."""
+  partition rules (`--mesh`, jetrl.parallel), as a multi-device run compiles it. `lora`
+  (rank > 0, one device): the update of a LoRA run, its adapters on a frozen base."""
   ucfg = update or UpdateConfig()
   params = abstract_params(config, jnp.float32)
-  state = jax.eval_shape(lambda p: init_train_state(p, ucfg, optimizer), params)
   batch = _batch(rows, prompt_len, completion_len)
   kw = dict(model_config=config, cfg=ucfg, optimizer=optimizer, precision=recipe.train)
+  if lora is not None and lora.enabled:
+    if len(devices) != 1 or mesh:
+      raise ValueError("a LoRA update compiles on one device (LoRA runs on one device)")
+    state = jax.eval_shape(
+      lambda p: init_lora_train_state(
+        p, init_adapters(config, lora, jax.random.PRNGKey(0)), lora, recipe.train, ucfg, optimizer
+      ),
+      params,
+    )
+    kw["lora"] = lora
+  else:
+    state = jax.eval_shape(lambda p: init_train_state(p, ucfg, optimizer), params)
   if len(devices) == 1 and not mesh:
     rep = one_device_sharding(devices)
     fn = jit_update_step()
