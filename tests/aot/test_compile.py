@@ -136,6 +136,37 @@ def test_update_memory_plan_holds_params_and_adam_state():
   assert sum(k.flops * k.count for k in c.launches.kernels) > 0
 
 
+def test_lora_update_holds_a_float8_base_and_adapter_state_only():
+  from jetrl.models import get_config
+  from jetrl.models.lora import LoraConfig
+  from jetrl.precision import get_recipe
+
+  cfg = dataclasses.replace(get_config("tiny"), n_layers=1, max_seq_len=64)
+  target = get_target("h200")
+  devs = devices(target)
+  shapes = programs.abstract_params(cfg, jnp.float32)
+  n = sum(a.size for a in jax.tree_util.tree_leaves(shapes))
+  n_proj = sum(
+    shapes["layers"][w].size for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+  )
+  with compiling_for(target):
+    p = programs.update_program(
+      cfg,
+      get_recipe("jet"),
+      devs,
+      rows=2,
+      prompt_len=8,
+      completion_len=8,
+      lora=LoraConfig(rank=8),
+    )
+    c = compile_program(p, target)
+  f8 = [a for a in jax.tree_util.tree_leaves(p.args[0].frozen) if a.dtype == jnp.float8_e4m3fn]
+  assert sum(a.size for a in f8) == n_proj  # every projection of the base, one byte a weight
+  # The base's projections in FP8 and the rest in float32, with no AdamW moments for any of it:
+  # far below full fine-tuning's float32 params plus two moments (12 bytes a param).
+  assert 1 * n_proj + 4 * (n - n_proj) <= c.memory["argument"] < 6 * n
+
+
 def _report(tmp_path, *flags):
   out = tmp_path / "report.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu")

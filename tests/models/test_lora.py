@@ -21,7 +21,7 @@ from jetrl.models.lora import (
   lora_linear,
   merge,
 )
-from jetrl.precision import QuantizedWeight, get_recipe, linear
+from jetrl.precision import QuantizedWeight, get_recipe
 from jetrl.precision.recipes import RECIPES, Precision
 from jetrl.rl import (
   OptimizerConfig,
@@ -113,8 +113,10 @@ def test_adapted_model_is_the_float64_merged_model(setup):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
 
 
-@pytest.mark.parametrize("recipe", ["jet", "jet_exact", "fp8_tensor"])
+@pytest.mark.parametrize("recipe", ["jet", "jet_exact"])
 def test_base_quantized_once_is_bitwise_quantizing_every_step(setup, recipe):
+  """Logits and adapter gradients; the adapters' gradients pass through every frozen FP8
+  projection's backward (dx from its blocks), so that is bit for bit `linear`'s too."""
   cfg, params, adapters = setup
   train = get_recipe(recipe).train
   frozen = freeze_base(params, train)
@@ -129,21 +131,6 @@ def test_base_quantized_once_is_bitwise_quantizing_every_step(setup, recipe):
   once = jax.jit(jax.value_and_grad(loss))(adapters, frozen)
   each = jax.jit(jax.value_and_grad(loss))(adapters, params)  # linear quantizes at every call
   jax.tree_util.tree_map(np.testing.assert_array_equal, once, each)
-
-
-def test_frozen_fp8_dgrad_is_the_per_step_dgrad():
-  """The frozen weight's backward: dx from the same FP8 blocks, bit for bit `linear`'s."""
-  rng = np.random.default_rng(1)
-  x = jnp.asarray(rng.normal(size=(8, 256)), jnp.bfloat16)
-  w = jnp.asarray(rng.normal(size=(256, 128)) / 16, jnp.float32)
-  g = jnp.asarray(rng.normal(size=(8, 128)), jnp.float32)
-  jet = get_recipe("jet").train
-  wq = freeze_base(
-    {"layers": {n: w[None] for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}}, jet
-  )
-  frozen = jax.tree_util.tree_map(lambda a: a[0], wq["layers"]["wq"])
-  f = lambda x, w: jnp.sum(g * linear(x, w, jet).astype(jnp.float32))
-  np.testing.assert_array_equal(jax.grad(f)(x, frozen), jax.grad(f)(x, w))
 
 
 def test_traced_update_holds_the_base_in_float8(setup):
