@@ -136,6 +136,7 @@ def test_update_memory_plan_holds_params_and_adam_state():
   assert sum(k.flops * k.count for k in c.launches.kernels) > 0
 
 
+@need_cuda
 def test_lora_update_holds_a_float8_base_and_adapter_state_only():
   from jetrl.models import get_config
   from jetrl.models.lora import LoraConfig
