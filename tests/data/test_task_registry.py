@@ -10,7 +10,14 @@ from shared_data import GSM8K_DIR, MATH500_FILE, needs_shared
 
 
 def test_names():
-  assert set(TASKS) == {"addition", "multiplication", "sorting", "gsm8k", "math500"}
+  assert set(TASKS) == {
+    "addition",
+    "multiplication",
+    "sorting",
+    "chat_arithmetic",
+    "gsm8k",
+    "math500",
+  }
   assert SPLITS == ("train", "test")
 
 
@@ -35,7 +42,7 @@ def test_unknown_argument_lists_the_accepted_ones(name, bad):
 
 
 def test_accepted_arguments():
-  for name in ("addition", "multiplication", "sorting"):
+  for name in ("addition", "multiplication", "sorting", "chat_arithmetic"):
     assert set(task_kwargs(name)) == {"difficulty", "length", "seed", "format_weight"}
   common = {
     "path",
@@ -59,7 +66,9 @@ def test_problem_is_a_frozen_dataclass():
 
 
 def all_tasks():
-  tasks = [get_task(n, seed=1) for n in ("addition", "multiplication", "sorting")]
+  tasks = [
+    get_task(n, seed=1) for n in ("addition", "multiplication", "sorting", "chat_arithmetic")
+  ]
   if GSM8K_DIR.is_dir() and MATH500_FILE.is_file():
     tasks += [
       get_task("gsm8k", path=str(GSM8K_DIR), seed=1),

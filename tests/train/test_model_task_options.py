@@ -129,6 +129,10 @@ def test_flags_set_the_new_fields(tmp_path):
     ({"model.tokenizer": "{tmp}"}, "--model.tokenizer: no tokenizer.json in '{tmp}'"),
     ({"task.name": "gsm8k"}, "--model.name: task 'gsm8k' needs a tokenizer: a Hugging Face folder"),
     (
+      {"task.name": "chat_arithmetic"},
+      "--model.name: task 'chat_arithmetic' needs a tokenizer: a Hugging Face folder",
+    ),
+    (
       {"init_from": "{tmp}"},
       "--init_from: no checkpoint under {tmp}/checkpoints and no Hugging Face weights",
     ),

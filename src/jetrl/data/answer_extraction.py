@@ -38,6 +38,11 @@ def _last_match(pattern: re.Pattern, text) -> re.Match | None:
   return last
 
 
+def has_box(text: str) -> bool:
+  """Whether `text` holds a `\\boxed` or `\\fbox` command (balanced or not)."""
+  return _last_match(_BOX, text) is not None
+
+
 def extract_boxed(text: str) -> str | None:
   """Contents of the last `\\boxed{...}` or `\\fbox{...}` (braces balanced), else None.
 

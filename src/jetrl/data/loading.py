@@ -122,6 +122,7 @@ def _check_split_arg(split: Any) -> Any:
 class DatasetTask(Task):
   """A task over rows of a dataset; subclasses say how a row becomes a `Problem`."""
 
+  needs_tokenizer = True
   hub_name = ""
   hub_config: str | None = None
   required_columns: tuple[str, ...] = ()

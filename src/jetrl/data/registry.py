@@ -14,14 +14,17 @@ import re
 from typing import Any, Callable, Union
 
 from jetrl.data.arithmetic import Addition, Multiplication
+from jetrl.data.chat_arithmetic import ChatArithmetic
 from jetrl.data.gsm8k import GSM8K
 from jetrl.data.math500 import Math500
 from jetrl.data.sorting import Sorting
 from jetrl.data.task import Task
 
-_CLASSES = {cls.name: cls for cls in (Addition, Multiplication, Sorting, GSM8K, Math500)}
+_CLASSES = {
+  cls.name: cls for cls in (Addition, Multiplication, Sorting, ChatArithmetic, GSM8K, Math500)
+}
 TASKS = tuple(_CLASSES)
-SYNTHETIC_TASKS = ("addition", "multiplication", "sorting")
+SYNTHETIC_TASKS = ("addition", "multiplication", "sorting", "chat_arithmetic")
 DATASET_TASKS = tuple(t for t in TASKS if t not in SYNTHETIC_TASKS)  # read from files
 _USER: dict[str, Any] = {}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

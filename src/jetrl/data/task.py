@@ -78,10 +78,13 @@ class Task(abc.ABC):
   max_completion_chars: a hint for the longest gold completion at these settings (None when
     unknown).
   num_problems(split): the number of distinct problems (None: unbounded, generated).
+  needs_tokenizer: whether its text needs a model's own tokenizer (natural language), so a
+    preset model with only the character tokenizer is refused at start-up, naming the flag.
   """
 
   name: str = ""
   seed: int = 0
+  needs_tokenizer: bool = False
 
   @abc.abstractmethod
   def problem(self, split: str, index: int) -> Problem: ...

@@ -22,6 +22,7 @@ from jetrl import parallel
 from jetrl.config import FlagError
 from jetrl.data import (
   DATASET_TASKS,
+  TASKS,
   Task,
   WithReward,
   char_tokenizer,
@@ -32,6 +33,7 @@ from jetrl.data import (
   task_kwargs,
 )
 from jetrl.data.prompts import has_chat_template
+from jetrl.data.registry import task_class
 from jetrl.data.tokenizer import Tokenizer
 from jetrl.parallel.rules import Layout
 from jetrl.precision import Recipe
@@ -211,12 +213,12 @@ def make_tokenizer(model, task=None) -> Tokenizer:
       return load_tokenizer(model.tokenizer)
   except (OSError, ValueError) as e:
     raise FlagError(flag, str(e)) from None
-  if task is not None and task.name in DATASET_TASKS:
+  if task is not None and task.name in TASKS and task_class(task.name).needs_tokenizer:
     raise FlagError(
       "model.name",
       f"task {task.name!r} needs a tokenizer: a Hugging Face folder as --model.name, or "
       f"--model.tokenizer=DIR; the preset {model.name!r} alone has only the character "
-      "tokenizer of the synthetic tasks",
+      "tokenizer of the character-level synthetic tasks",
     )
   return char_tokenizer()
 
