@@ -22,12 +22,12 @@ ASCII digits only). `format_weight` adds its weight for a boxed number.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Any
 
 from jetrl.data.answer_extraction import boxed_number, canonical_number, has_box, last_number
 from jetrl.data.prompts import CHAT_INSTRUCTION
 from jetrl.data.synthetic import SyntheticTask
-from jetrl.data.task import Problem, check_reward_args, completion_text
+from jetrl.data.task import completion_text
 
 
 def _operand(rng: random.Random, digits: int) -> int:
@@ -83,19 +83,8 @@ class ChatArithmetic(SyntheticTask):
     text = completion_text(completion)
     return text is not None and has_box(text) and boxed_number(text) is not None
 
-  def reward(
-    self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
-  ) -> list[float]:
-    check_reward_args(prompts, completions, answers)
-    out = []
-    for completion, answer in zip(completions, answers):
-      found = final_number(completion)
-      score = 1.0 if found is not None and found == canonical_number(str(answer)) else 0.0
-      if self.format_weight:
-        score += self.format_weight * self.format_ok(completion)
-      out.append(score)
-    return out
+  def answer_of(self, completion: Any) -> str | None:
+    return final_number(completion)
 
-  def solve(self, operands: Any) -> Problem:
-    """The problem for given operands ((numbers, ops)), for tests and examples."""
-    return Problem(*self._solve(operands))
+  def expected(self, answer: str) -> str:
+    return canonical_number(str(answer))

@@ -157,16 +157,24 @@ class SyntheticTask(Task):
     found = final_answer(completion)
     return found is not None and self.well_formed(found)
 
+  def answer_of(self, completion: Any) -> str | None:
+    """The answer a completion gives, in the form `expected` compares (None: no answer)."""
+    return final_answer(completion)
+
+  def expected(self, answer: str) -> str:
+    """The reference answer in the form `answer_of` gives."""
+    return str(answer)
+
   def reward(
     self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]
   ) -> list[float]:
     check_reward_args(prompts, completions, answers)
     out = []
     for completion, answer in zip(completions, answers):
-      found = final_answer(completion)
-      score = 1.0 if found is not None and found == str(answer) else 0.0
+      found = self.answer_of(completion)
+      score = 1.0 if found is not None and found == self.expected(answer) else 0.0
       if self.format_weight:
-        score += self.format_weight * (found is not None and self.well_formed(found))
+        score += self.format_weight * self.format_ok(completion)
       out.append(score)
     return out
 
