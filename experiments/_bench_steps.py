@@ -94,6 +94,7 @@ def run_update(
 ):
   try:
     from jetrl.rl import UpdateConfig, init_train_state, update_step  # pylint: disable=import-outside-toplevel
+    from jetrl.models.attention import use_flash  # pylint: disable=import-outside-toplevel
     from jetrl.rl.remat import resolve_remat  # pylint: disable=import-outside-toplevel
 
     cfg, params = load_model(model, jnp.float32)
@@ -103,7 +104,9 @@ def run_update(
     return [dict(skipped=f"{type(e).__name__}: {e}")]
   tokens = rows_n * (prompt_len + completion_len)
   n_params = param_count(params)
-  remat = resolve_remat(ucfg.remat, cfg, rows_n, prompt_len + completion_len - 1)
+  seq = prompt_len + completion_len - 1
+  # as update_step decides it (flash attention on a GPU for FP8 and bf16 recipes alike)
+  remat = resolve_remat(ucfg.remat, cfg, rows_n, seq, flash=use_flash(None, seq, cfg.head_dim))
   rows = []
   for v in variants:
     rec = recipe_of(v, interpret)

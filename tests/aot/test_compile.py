@@ -284,3 +284,21 @@ def test_a_decode_step_linear_and_attention_compile_without_extra_kernels():
     c = compile_program(Program("attend", f, (q, kv, kv, allowed), {}), target)
   assert not any(k.kind == "cublas" for k in c.launches.kernels)
   assert len(c.launches.kernels) <= 4
+
+
+@need_cuda
+def test_a_decode_step_is_eight_kernels_a_layer_under_bf16_and_jet(tmp_path):
+  """qwen2.5-1.5b's shapes, 64 rows, two layers: under jet every projection's input comes
+  quantized from the kernel before it (models/decode_fused.py), so jet's step has bf16's
+  kernel count; a layer is the four GEMMs, two norms, the fused attention block and SwiGLU."""
+  steps = {}
+  for recipe in ("bf16", "jet"):
+    flags = ("--target=h200", "--model=qwen2.5-1.5b", "--layers=2", f"--recipe={recipe}")
+    r, data = _report(tmp_path, *flags, "--programs=rollout")
+    assert r.returncode == 0, r.stderr[-2000:]
+    steps[recipe] = next(p for p in data["programs"] if p["program"] == "decode")["decode_step"]
+  bf16, jet = steps["bf16"]["by_kind"], steps["jet"]["by_kind"]
+  assert steps["jet"]["kernels"] == steps["bf16"]["kernels"]
+  assert bf16["cublas"] == 2 * 4 + 1 and bf16["pallas"] == 2  # + the LM head; attention
+  assert jet["jetrl_fp8_ffi"] == 2 * 4 and jet["pallas"] == 2 * 4  # + 2 norms and SwiGLU
+  assert steps["jet"]["mb"] < steps["bf16"]["mb"]  # FP8 weights (the bf16 LM head dominates)

@@ -170,6 +170,32 @@ def _pallas_flops(ins: Instr, table: dict[str, Instr]) -> float:
   return FLASH_MATMULS[m.group(1)] * 2.0 * b * h * t * t * d * 0.5
 
 
+# A decode step's attention kernels (jetrl.models.decode_attention) are given the whole KV
+# cache but read only its first n slots, n in their name, and the fused one writes a single
+# slot of the caches it updates in place (aliased outputs of the caches' shape).
+SLOT_KERNEL = re.compile(r'name = \\?"decode_(?:step_)?attention_(\d+)slots\\?"')
+
+
+def _slot_traffic(ins: Instr, table: dict[str, Instr], read: float, written: float):
+  """(bytes read, bytes written) of a decode attention kernel (`SLOT_KERNEL`); others as
+  given. Operands [B, Hkv, S, Dh] count n of their S slots; results of that rank, one slot."""
+  m = SLOT_KERNEL.search(ins.attrs)
+  if not m:
+    return read, written
+  n = int(m.group(1))
+  read = 0.0
+  for o in ins.operands:
+    if o in table:
+      (dt, dims), *rest = shapes(table[o].type) or [("", ())]
+      size = nbytes(table[o].type)
+      read += size * n / dims[2] if not rest and len(dims) == 4 and dims[2] >= n else size
+  written = 0.0
+  for dt, dims in shapes(ins.type):
+    size = dtype_bytes(dt) * math.prod(dims)
+    written += size / dims[2] if len(dims) == 4 else size
+  return read, written
+
+
 def _gemm_dtype(operands: list, table: dict) -> str:
   """ "f8" if either operand is FP8, "f32" if both are 32-bit floats, else "bf16"."""
   dts = [shapes(table[o].type)[0][0] for o in operands[:2] if o in table and shapes(table[o].type)]
@@ -324,6 +350,7 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
         elif "triton" in target:
           kind = "pallas"
           flops = _pallas_flops(ins, table)
+          read, written = _slot_traffic(ins, table, read, written)
           gemm = _gemm_dtype(ins.operands, table) if flops else ""
         elif "cudnn" in target:
           kind = "cudnn"

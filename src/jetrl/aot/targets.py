@@ -207,7 +207,9 @@ def compiling_for(target: Target):
 
   # Programs traced before (for the CPU) must not be reused: their trace-time choices differ.
   jax.clear_caches()
-  ptarget.push(ptarget.CompileTarget(target.platform, target.compute_capability))
+  ptarget.push(
+    ptarget.CompileTarget(target.platform, target.compute_capability, memory_bytes=target.hbm_bytes)
+  )
   backend.fp8_gpu_available.cache_clear()
   try:
     yield

@@ -14,11 +14,13 @@ import jax.numpy as jnp
 
 from jetrl.models import attention as attn
 from jetrl.models import decode_attention as _da
+from jetrl.models import decode_fused as _fused
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
-from jetrl.models.layers import activation_dtype, lm_head, rms_norm, rope_tables, swiglu
+from jetrl.models.layers import activation_dtype, lm_head, project, rms_norm, rope_tables, swiglu
 from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision, is_batch_invariant
+from jetrl.precision import target as _target
 
 
 def _check_config(config) -> None:
@@ -202,10 +204,13 @@ def forward_cached(
 
   x = _embed(params, tokens, cd)
   # A GPU's decode step attends in one Pallas kernel over the whole cache, reading its first
-  # n slots (models/decode_attention.py); the slots it may see, computed once for all layers.
+  # n slots (models/decode_attention.py; with a rollout's fused q / k / v weight, the bias,
+  # RoPE and the cache write in the same kernel); the slots it may see, once for all layers.
   one_kernel = t == 1 and not exact and attn.use_decode_kernel(n, config.head_dim)
   if one_kernel:
     seen = mask & (jnp.arange(s, dtype=jnp.int32)[None, :] <= index)
+    # The fused attention block's operands, in the kernel's forms, once for all layers.
+    seen32, index1 = seen.astype(jnp.int32), index.reshape(1)
   # A batch-invariant precision with a gridded cache (init_cache(..., precision=...)) writes
   # each new key / value on its grid once; without one the whole cache is gridded per step.
   grids = exact and len(cache.v_exp) == config.n_layers
@@ -213,8 +218,28 @@ def forward_cached(
   # Layers are unrolled over the per-layer cache arrays: each is updated and read in place.
   # (A scan over a stacked cache copies the layer's slice out at every step.)
   layers = unstack_layers(params)["layers"]
-  for i, layer in enumerate(layers):
+  # An FP8 rollout's decode step on a GPU: every projection's input quantized by the operator
+  # before it (models/decode_fused.py), eight kernels a layer.
+  fused = one_kernel and _fused.applies(layers, config, precision, b, n)
+  if fused:
+    x, new_k, new_v = _fused.layers_step(
+      x, layers, config, precision, cd, cos, sin, cache, seen32, index1, n
+    )
+  for i, layer in enumerate(() if fused else layers):
     h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
+    if one_kernel and _da.fuses_layer(layer, config):
+      # The bias, RoPE, cache write and attention in one kernel (decode_step_attention).
+      y = project(h, layer["wqkv"], precision, cd)
+      bias = (layer["bq"], layer["bk"], layer["bv"]) if "bq" in layer else None
+      out, kc, vc = _da.decode_step_attention(
+        y, bias, cos, sin, cache.k[i], cache.v[i], seen32, index1, n, cd,
+        n_heads=config.n_heads, interpret=_target.interpreting(),
+      )  # fmt: skip
+      x = x + attn.output(out, layer, precision, cd)
+      x = _mlp_residual(x, layer, config, precision, cd)
+      new_k.append(kc)
+      new_v.append(vc)
+      continue
     q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
     k, v = attn.heads_first(k), attn.heads_first(v)
     start = (zero, zero, index, zero)
@@ -226,7 +251,7 @@ def forward_cached(
       kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start)
       vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start)
       if one_kernel:
-        out = _da.decode_attention(q, kc, vc, seen, n, cd)
+        out = _da.decode_attention(q, kc, vc, seen, n, cd, interpret=_target.interpreting())
       else:
         out = attn.attend(q, view(kc), view(vc), allowed, cd, exact)
     x = x + attn.output(out, layer, precision, cd)

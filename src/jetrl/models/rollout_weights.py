@@ -33,6 +33,7 @@ from jetrl.models.lora import LoraWeight
 from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
 from jetrl.precision import Precision, QuantizedWeight, is_batch_invariant, prequantize_weight
 from jetrl.precision.backend import wants_k_major
+from jetrl.precision.gemms import with_gemm_scales
 
 
 def prequantize_linear_weights(params, precision: Optional[Precision]):
@@ -40,7 +41,8 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
   if precision is None or precision.fprop is None:
     return params
   g = precision.fprop
-  quant = lambda w: prequantize_weight(w, g, k_major=wants_k_major(g))
+  # Scales padded once as the GEMM kernel reads them (a rollout's weights serve only fprop).
+  quant = lambda w: with_gemm_scales(prequantize_weight(w, g, k_major=wants_k_major(g)), g)
   layers = dict(params["layers"])
   for name in LINEAR_WEIGHTS + tuple(FUSED_PROJECTIONS):
     w = layers.get(name)

@@ -15,7 +15,12 @@ from jetrl.precision.recipes import (
   is_batch_invariant,
   with_gemm_backend,
 )
-from jetrl.precision.weights import QuantizedWeight, prequantize_weight, quantize_weight
+from jetrl.precision.weights import (
+  QuantizedInput,
+  QuantizedWeight,
+  prequantize_weight,
+  quantize_weight,
+)
 
 __all__ = [
   "E4M3",
@@ -25,6 +30,7 @@ __all__ = [
   "linear",
   "quantize_weight",
   "QuantizedWeight",
+  "QuantizedInput",
   "prequantize_weight",
   "dequantize",
   "quantize",

@@ -70,6 +70,8 @@ def fp8_gpu_available() -> bool:
   import jax  # pylint: disable=import-outside-toplevel
 
   compiling = _target.compile_target()
+  if compiling is not None and compiling.interpret:  # a GPU program run here, interpreted
+    return False
   if compiling is not None:  # a device compiled for from a machine without it (jetrl.aot)
     cc = compiling.compute_capability or "0"
     return compiling.platform == "gpu" and _parse_cc(cc) >= MIN_COMPUTE_CAPABILITY

@@ -259,6 +259,12 @@ def _block_ld(c: int) -> int:
   return _round_up(_cdiv(c, BLOCK), 4)
 
 
+def scale_padding(k: int) -> int:
+  """Columns of 1.0 that a K-major weight's 128x128 block scales [N/128, ceil(K/128)] take
+  to reach the leading dimension `gemm_t` reads them with (0 when they already do)."""
+  return _block_ld(_padded(1, 1, k)[2]) - _cdiv(k, BLOCK)
+
+
 def _pad2(x: jax.Array, rows: int, cols: int, value=0) -> jax.Array:
   if x.shape == (rows, cols):
     return x
@@ -308,6 +314,8 @@ def gemm_t(
   (p, c), q = a.shape, b.shape[0]
   cb = _cdiv(c, BLOCK)
   want_b = (_cdiv(q, BLOCK), cb) if b_blocks else (cb, q)
+  if b_blocks and b_scale.shape == (want_b[0], _block_ld(_padded(p, q, c)[2])):
+    want_b = b_scale.shape  # already padded to the leading dimension (`scale_padding`)
   if b.shape[1] != c or a_scale_t.shape != (cb, p) or b_scale.shape != want_b:
     raise ValueError(
       f"cublaslt.gemm_t: a {a.shape}, b {b.shape}, a_scale_t "

@@ -28,7 +28,7 @@ from jetrl.precision import quant_kernel as _qk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.quantize import dequantize, quantize, quantize_rows_t
-from jetrl.precision.weights import QuantizedWeight, weight_blocks
+from jetrl.precision.weights import QuantizedInput, QuantizedWeight, weight_blocks
 
 
 def matmul_f32(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False):
@@ -42,6 +42,19 @@ def matmul_f32(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False)
     precision=dot_precision(a, b),
     preferred_element_type=jnp.float32,
   )
+
+
+def matmul_cd(a: jax.Array, b: jax.Array, cd):
+  """a @ b with float32 accumulation, rounded to the compute dtype cd: `matmul_f32(a,
+  b).astype(cd)`. Compiled for a GPU with a 16-bit cd, the dot itself writes cd (cuBLAS
+  rounds its float32 accumulator once, the same values): the float32 result and its convert
+  would be a second kernel wherever the consumer is not an XLA fusion (a Pallas kernel).
+  (Not when a GPU program runs here, `target.interpreting`: a CPU's dot may sum in cd.)"""
+  if _target.platform() == "gpu" and not _target.interpreting() and jnp.dtype(cd).itemsize == 2:
+    return jax.lax.dot_general(
+      a, b, (((1,), (0,)), ((), ())), precision=dot_precision(a, b), preferred_element_type=cd
+    )
+  return matmul_f32(a, b).astype(cd)
 
 
 def _groups(g, shape, role: str):
@@ -140,12 +153,65 @@ def fprop(x2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     xq, xs = _quant(x2, g, "row", g.fmt)
     return _tensor_dot(xq, xs, q_t, s_t, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
+    q_t, s_t = w.nk_padded()
     if _fused(g):
       xq, xs_t = _rows_cols(x2, g.fmt, rows=True)
       return _cublaslt.gemm_t(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
     xq, xs_t = _quant_rows_t(x2, g, g.fmt)
     return _cublaslt.gemm_t(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
   return _gp.fprop(x2, q_t, s_t, g, out_dtype, interpret=name == "pallas_interpret")
+
+
+def with_gemm_scales(w: QuantizedWeight, g) -> QuantizedWeight:
+  """w with its block scales padded once, as cuBLASLt reads them (`QuantizedWeight.scale_pad`),
+  when its GEMMs run there: otherwise each GEMM pads them again (a kernel per GEMM whose
+  ceil(K/128) is not a multiple of 4, inside a decode step). Other backends: w unchanged."""
+  if not (w.k_major and not w.scale_pad and g.scaling == "block" and g.block == _qk.B):
+    return w
+  if _backend.resolve(g) != "cublaslt":
+    return w
+  pad = _cublaslt.scale_padding(w.shape[-2])
+  if not pad:
+    return w
+  widths = [(0, 0)] * (w.scale.ndim - 1) + [(0, pad)]
+  scale = jnp.pad(w.scale, widths, constant_values=1.0)
+  return QuantizedWeight(w.q, scale, k_major=True, scale_pad=pad)
+
+
+def takes_quantized_input(g, m: int, n: int, k: int, out_dtype) -> bool:
+  """Whether `fprop_quantized` runs this GEMM (x [M, K] @ w [K, N]) from a `QuantizedInput`
+  on the GPU kernel: the cuBLASLt backend with 1 x 128 groups and plain (not power-of-two)
+  scales, the only case in which a decode step's fused kernels quantize for it (and XLA's
+  FP8 GEMM when a GPU program is traced to run on this machine, `target.interpreting`)."""
+  if g is None or g.scaling != "block" or g.block != _qk.B or g.pow2_scale:
+    return False
+  # A GPU program traced to run here (`target.interpreting`) takes the same path on XLA.
+  want = "xla" if _target.interpreting() else "cublaslt"
+  return _choose(g, m, n, k, g.fmt, g.fmt, out_dtype, True) == want
+
+
+def fprop_quantized(x: QuantizedInput, w: QuantizedWeight, g, out_dtype) -> jax.Array:
+  """`fprop` of an activation already quantized as fprop quantizes it (`QuantizedInput`):
+  the same GEMM on the same FP8 values and scales, without quantizing x."""
+  (m, k), n = x.shape, w.shape[1]
+  if x.q.dtype != format_dtype(g.fmt) or x.scale_t.shape != (-(-k // _qk.B), m):
+    raise ValueError(
+      f"linear: a QuantizedInput of {g.fmt} values [M, K] with scales [ceil(K/128), M] is "
+      f"needed, got {x.q.dtype} {x.shape} with scales {x.scale_t.shape}"
+    )
+  name = _choose(g, m, n, k, g.fmt, g.fmt, out_dtype, True)
+  if name == "cublaslt" and g.scaling == "block" and g.block == _qk.B and not g.pow2_scale:
+    q_t, s_t = w.nk_padded()
+    return _cublaslt.gemm_t(x.q, x.scale_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
+  if name == "xla" and g.scaling == "block" and g.block == _qk.B:
+    # fake_quant(x) is dequantize(quantize(x)): the same product from the given groups.
+    xd = dequantize(x.q, x.scale_t.T, (1, _qk.B))
+    q, s = w.kn()
+    return matmul_f32(xd, dequantize(q, s, weight_blocks(g, q.shape)))
+  raise ValueError(
+    f"linear: a QuantizedInput needs 1x128 block scaling on the cublaslt or xla GEMM "
+    f"backend, got {g.scaling} scaling, block {g.block}, backend {name}"
+  )
 
 
 def dgrad(dy2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:

@@ -27,7 +27,7 @@ from jetrl.precision import gemms as _gemms
 from jetrl.precision.formats import dtype_from_name
 from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.recipes import Fp8Gemm, Precision
-from jetrl.precision.weights import QuantizedWeight, quantize_2d
+from jetrl.precision.weights import QuantizedInput, QuantizedWeight, quantize_2d
 
 
 def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
@@ -53,12 +53,17 @@ def _check(x: jax.Array, w):
 def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
   """y = x @ w under `precision` (a recipe's `.train` or `.rollout`), differentiable.
 
-  x: [..., K]; w: [K, N], or a `QuantizedWeight` of it: a weight quantized once (the
+  x: [..., K], or a `QuantizedInput` [M, K] (an activation its producer already quantized
+    as the fprop would, with a `QuantizedWeight` under a forward-only precision: a decode
+    step's fused kernels).
+  w: [K, N], or a `QuantizedWeight` of it: a weight quantized once (the
     rollout's, forward only; a frozen LoRA base's under a training precision, whose backward
     gives dx from the same FP8 blocks and no weight gradient).
   Returns [..., N] in the precision's compute dtype.
   precision=None: a plain matmul in the operands' own dtypes.
   """
+  if isinstance(x, QuantizedInput):
+    return _linear_quantized_input(x, w, precision)
   _check(x, w)
   if isinstance(w, QuantizedWeight):
     return _linear_prequantized(x, w, precision)
@@ -75,6 +80,26 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
   # result would multiply float32 cotangents, a float32 (TF32) GEMM on a GPU at half the
   # bf16 rate, for the same values (bf16 x bf16 products are exact in float32).
   return _fp8_linear(x.astype(cd), w, precision)
+
+
+def _linear_quantized_input(x: QuantizedInput, w, precision: Optional[Precision]):
+  """A rollout's forward from an activation its producer already quantized (a decode step's
+  fused kernels): the fprop GEMM on those FP8 groups, no gradient."""
+  if not (
+    isinstance(w, QuantizedWeight)
+    and isinstance(precision, Precision)
+    and precision.fprop is not None
+    and precision.dgrad is None
+  ):
+    raise ValueError(
+      "linear: a QuantizedInput x needs a QuantizedWeight and a forward-only FP8 precision "
+      f"(a recipe's .rollout), got {type(w).__name__} and {precision!r}"
+    )
+  if x.ndim != 2 or x.shape[1] != w.shape[0]:
+    raise ValueError(f"linear: x [M, K] and w [K, N] must share K; got x {x.shape}, w {w.shape}")
+  cd = dtype_from_name(precision.compute_dtype)
+  y = _gemms.fprop_quantized(x, w, precision.fprop, cd)
+  return jax.lax.stop_gradient(y.astype(cd))
 
 
 def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
@@ -136,7 +161,7 @@ def _fwd(x, w, precision: Precision):
   x2 = x.reshape(-1, k).astype(cd)
   g = precision.fprop
   if g is None:
-    y = _gemms.matmul_f32(x2, w.astype(cd))
+    y = _gemms.matmul_cd(x2, w.astype(cd), cd)
     wq = None
   else:
     wq = quantize_2d(w, g, _backend.wants_k_major(g) and not precision.batch_invariant)

@@ -69,15 +69,24 @@ def _reciprocal(s, interpret: bool):
   return inv
 
 
+def quantize_groups(x, dtype, interpret: bool):
+  """Inside a Pallas kernel: each row of x [R, 128] (float32) as one 1 x 128 group, with
+  `quantize`'s arithmetic: (q [R, 128] in dtype, s [R] float32). The one place the kernels of
+  this package and the model's fused decode kernels quantize."""
+  fmax = fp8_max(dtype)
+  s = _scale(_amax(jnp.abs(x), 1), fmax)
+  inv = _reciprocal(s, interpret)
+  return jnp.clip(x * inv[:, None], -fmax, fmax).astype(dtype), s
+
+
 def _kernel(x_ref, *out_refs, rows: bool, cols: bool, fmax: float, dtype, interpret: bool):
   x = x_ref[...].astype(jnp.float32)
   ax = jnp.abs(x)
   refs = list(out_refs)
   if rows:
     q_ref, s_ref = refs.pop(0), refs.pop(0)
-    s = _scale(_amax(ax, 1), fmax)
-    inv = _reciprocal(s, interpret)
-    q_ref[...] = jnp.clip(x * inv[:, None], -fmax, fmax).astype(dtype)
+    q, s = quantize_groups(x, dtype, interpret)
+    q_ref[...] = q
     s_ref[...] = s[None, :]
   if cols:
     q_ref, s_ref = refs.pop(0), refs.pop(0)

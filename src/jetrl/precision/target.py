@@ -21,6 +21,12 @@ class CompileTarget:
 
   platform: str
   compute_capability: Optional[str] = None
+  # Trace the target's program but run it here: its Pallas kernels in interpret mode and its
+  # FP8 GEMMs on XLA (tests of the GPU-only paths on a CPU; `interpreting`).
+  interpret: bool = False
+  # The device's memory in bytes (0: unknown), for trace-time choices that depend on it (the
+  # update's rematerialisation, `jetrl.rl.remat`).
+  memory_bytes: int = 0
 
 
 _current: list[CompileTarget] = []
@@ -35,6 +41,12 @@ def platform() -> str:
   """ "cpu", "gpu" or "tpu": the compile target's platform, else JAX's default backend."""
   t = compile_target()
   return t.platform if t is not None else jax.default_backend()
+
+
+def interpreting() -> bool:
+  """Whether the GPU-only paths being traced run here, interpreted (`CompileTarget.interpret`)."""
+  t = compile_target()
+  return t is not None and t.interpret
 
 
 def push(target: CompileTarget) -> None:

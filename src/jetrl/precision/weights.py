@@ -37,7 +37,9 @@ def quantize_weight(w: jax.Array, g):
 
 
 @functools.partial(
-  jax.tree_util.register_dataclass, data_fields=("q", "scale"), meta_fields=("k_major",)
+  jax.tree_util.register_dataclass,
+  data_fields=("q", "scale"),
+  meta_fields=("k_major", "scale_pad"),
 )
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
@@ -45,13 +47,17 @@ class QuantizedWeight:
 
   q: [..., K, N] FP8, or [..., N, K] when k_major (the values of w^T).
   scale: float32 block scales, laid out like q's blocks ([..., ceil(K/B), ceil(N/B)], or
-    transposed when k_major; [..., 1, 1] for one tensor scale).
+    transposed when k_major; [..., 1, 1] for one tensor scale), plus `scale_pad` columns.
   k_major: static. Leading axes (stacked layers) slice like the weight's.
+  scale_pad: static; k_major only: columns of 1.0 after the scales' ceil(K/B), the padding
+    of the leading dimension cuBLASLt reads them with (`pad_scales_for_cublaslt`: done once
+    for a rollout's weights instead of at every GEMM). `kn()` / `nk()` leave it out.
   """
 
   q: jax.Array
   scale: jax.Array
   k_major: bool = False
+  scale_pad: int = 0
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -63,13 +69,22 @@ class QuantizedWeight:
   def ndim(self) -> int:
     return self.q.ndim
 
+  def _scale(self) -> jax.Array:
+    return (
+      self.scale[..., : self.scale.shape[-1] - self.scale_pad] if self.scale_pad else self.scale
+    )
+
   def kn(self) -> tuple[jax.Array, jax.Array]:
     """(q [K, N], scale) of a 2-D weight."""
-    return (self.q.T, self.scale.T) if self.k_major else (self.q, self.scale)
+    return (self.q.T, self._scale().T) if self.k_major else (self.q, self.scale)
 
   def nk(self) -> tuple[jax.Array, jax.Array]:
     """(q [N, K], scale) of a 2-D weight: the K-major layout the GPU kernels read."""
-    return (self.q, self.scale) if self.k_major else (self.q.T, self.scale.T)
+    return (self.q, self._scale()) if self.k_major else (self.q.T, self.scale.T)
+
+  def nk_padded(self) -> tuple[jax.Array, jax.Array]:
+    """`nk()` with the scales as stored, `scale_pad` columns included (cuBLASLt's)."""
+    return (self.q, self.scale) if self.k_major else self.nk()
 
 
 def quantize_2d(w: jax.Array, g, k_major: bool) -> QuantizedWeight:
@@ -88,3 +103,28 @@ def prequantize_weight(w: jax.Array, g, *, k_major: bool = False) -> QuantizedWe
   for _ in range(w.ndim - 2):
     fn = jax.vmap(fn)
   return fn(w)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("q", "scale_t"), meta_fields=())
+@dataclasses.dataclass(frozen=True)
+class QuantizedInput:
+  """An activation already quantized in 1 x 128 groups, as `linear`'s fprop would quantize
+  it: what a kernel that fuses the quantization into the operator before a projection (a
+  decode step's RMSNorm, SwiGLU or attention, jetrl.models.decode_fused) hands to `linear`
+  in place of x, so that no separate quantization kernel runs.
+
+  q: [M, K] FP8 values; scale_t: [ceil(K/128), M] float32 scales, transposed (the layout
+  cuBLASLt reads, `quant_kernel.quantize_rows_t`'s). The values and scales are those of
+  `quantize(x, (1, 128))`, bit for bit, for the x they stand for.
+  """
+
+  q: jax.Array
+  scale_t: jax.Array
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(self.q.shape)
+
+  @property
+  def ndim(self) -> int:
+    return self.q.ndim

@@ -9,25 +9,34 @@ from __future__ import annotations
 
 import jax
 
+from jetrl.precision import target as _target
+
 REMAT_POLICIES = ("auto", "none", "layer")
 
 # Fraction of device memory the stored activations of one micro-batch may take before "auto"
-# turns on per-layer rematerialisation.
+# turns on per-layer rematerialisation (the params, gradients, optimizer state and the
+# temporaries take the rest).
 REMAT_MEMORY_FRACTION = 0.25
 
 
-def activation_bytes(model_config, rows: int, seq_len: int) -> int:
+def activation_bytes(model_config, rows: int, seq_len: int, flash: bool = False) -> int:
   """Rough bytes of the activations a backward pass keeps for `rows` x `seq_len` tokens
   without rematerialisation: per layer and token, the bf16 inputs of every projection and
-  norm, the MLP's hidden activations, and the float32 + bf16 attention probabilities."""
+  norm, the MLP's hidden activations, and the float32 + bf16 attention probabilities (flash:
+  the attention kernel keeps none, only its float32 softmax statistics)."""
   c = model_config
   q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-  per_token = 2 * (6 * c.d_model + 2 * q + 2 * kv + 5 * c.d_ff) + 6 * c.n_heads * seq_len
+  per_token = 2 * (6 * c.d_model + 2 * q + 2 * kv + 5 * c.d_ff)
+  per_token += 8 * c.n_heads if flash else 6 * c.n_heads * seq_len
   return int(rows * seq_len * c.n_layers * per_token)
 
 
 def device_memory_bytes() -> int:
-  """The default device's memory limit (16 GiB where the backend does not say)."""
+  """The device's memory: a compile target's (jetrl.aot), else the default device's limit
+  (16 GiB where the backend does not say)."""
+  target = _target.compile_target()
+  if target is not None and target.memory_bytes:
+    return target.memory_bytes
   try:
     stats = jax.devices()[0].memory_stats() or {}
   except Exception:  # pylint: disable=broad-except
@@ -35,15 +44,16 @@ def device_memory_bytes() -> int:
   return int(stats.get("bytes_limit", 16 << 30))
 
 
-def resolve_remat(policy: str, model_config, rows: int, seq_len: int) -> bool:
+def resolve_remat(policy: str, model_config, rows: int, seq_len: int, flash: bool = False) -> bool:
   """Whether the update recomputes each layer in the backward pass.
 
   "auto": yes when one micro-batch's activations (`activation_bytes`) would take more than
   REMAT_MEMORY_FRACTION of the device's memory (a 1.5B model at 16 x 1024 tokens on an H200,
-  for one), no for small models and batches (the tests, the CPU demo), where recomputing
-  only costs time.
+  for one), no for small models and batches (the
+  tests, the CPU demo), where recomputing only costs time. flash: the forward attends with
+  the flash-attention kernel (`attention.use_flash`), which stores no probabilities.
   """
   if policy != "auto":
     return policy == "layer"
-  need = activation_bytes(model_config, rows, seq_len)
+  need = activation_bytes(model_config, rows, seq_len, flash)
   return need > REMAT_MEMORY_FRACTION * device_memory_bytes()

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jetrl.models.attention import use_flash
 from jetrl.models.lora import LoraConfig, attach, freeze_base
 from jetrl.precision import Precision
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics
@@ -328,7 +329,13 @@ def train_step(
     cfg=cfg,
     precision=precision,
     temperature=temperature,
-    remat=resolve_remat(cfg.remat, model_config, rows // n_micro, batch.inputs.shape[1]),
+    remat=resolve_remat(
+      cfg.remat,
+      model_config,
+      rows // n_micro,
+      batch.inputs.shape[1],
+      flash=use_flash(precision, batch.inputs.shape[1], model_config.head_dim),
+    ),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,
   )
