@@ -178,15 +178,13 @@ def recipe_of(variant: Variant, interpret: bool):
 
 @contextlib.contextmanager
 def fused_quant(on: bool = True) -> Iterator[None]:
-  """The one-pass quantization kernel turned on while programs are traced inside."""
-  if not on:
-    yield
-    return
-  gemms.set_fused_quant(True)
+  """The one-pass quantization kernel turned on (or off) while programs are traced inside;
+  the default (on for a GPU) after."""
+  gemms.set_fused_quant(on)
   try:
     yield
   finally:
-    gemms.set_fused_quant(False)
+    gemms.set_fused_quant(None)
 
 
 def with_fused_quant(fn):

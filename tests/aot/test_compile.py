@@ -104,13 +104,12 @@ def test_pallas_kernels_compile_as_their_custom_calls(backend, fused_quant, kind
   w = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=rep)
   rec = with_gemm_backend(get_recipe("jet"), backend)
   f = jax.jit(lambda a, b: linear(a, b, rec.rollout))
-  before = gemms.fused_quant_enabled()
   gemms.set_fused_quant(fused_quant)
   try:
     with compiling_for(target):
       c = compile_program(Program("linear", f, (x, w), {}), target)
   finally:
-    gemms.set_fused_quant(before)
+    gemms.set_fused_quant(None)
   assert kinds <= {k.kind for k in c.launches.kernels}
   assert not any(k.kind == "cublas" for k in c.launches.kernels)  # no dequantized float dot
 

@@ -149,8 +149,7 @@ def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch
   from jetrl.precision import Fp8Gemm, Precision, gemms, linear, with_gemm_backend
 
   del host_gemm
-  monkeypatch.setenv("JETRL_FUSED_QUANT", "1" if fused else "0")
-  gemms.fused_quant_enabled.cache_clear()
+  gemms.set_fused_quant(fused)
   try:
     g = dataclasses.replace(Fp8Gemm(), grad_fmt="e5m2")
     p32 = Precision("float32", fprop=g, dgrad=g, wgrad=g)
@@ -167,4 +166,4 @@ def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch
       ref = np.asarray(ref, np.float64)
       assert np.abs(np.asarray(got, np.float64) - ref).max() <= 1e-5 * np.abs(ref).max()
   finally:
-    gemms.fused_quant_enabled.cache_clear()
+    gemms.set_fused_quant(None)

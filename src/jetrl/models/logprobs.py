@@ -20,6 +20,7 @@ from jetrl.models.config import ModelConfig
 from jetrl.models.decoder import hidden_states
 from jetrl.models.layers import activation_dtype, lm_head
 from jetrl.precision import Precision, is_batch_invariant
+from jetrl.precision import target as _target
 
 DEFAULT_CHUNK = 128
 
@@ -85,6 +86,26 @@ def logprobs_from_hidden(
   return logp, ent
 
 
+# Compiled for a GPU, the training forward's tokens a row are padded to a multiple of this.
+GPU_TOKEN_TILE = 128
+
+
+def pad_tokens(tile: int, tokens, targets, positions=None, attention_mask=None):
+  """tokens, targets [B, T] (and positions / attention_mask, default arange / all real)
+  padded at the end to a multiple of `tile` positions: pad tokens 0, masked out, at the
+  positions after the last. Causal attention: no real position sees them."""
+  b, t = tokens.shape
+  extra = -t % tile
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  if attention_mask is None:
+    attention_mask = jnp.ones((b, t), jnp.int32)
+  pad = lambda a: jnp.pad(a, ((0, 0), (0, extra)))
+  after = positions[:, -1:] + 1 + jnp.arange(extra, dtype=positions.dtype)[None, :]
+  positions = jnp.concatenate([positions, after.astype(positions.dtype)], axis=1)
+  return pad(tokens), pad(targets), positions, pad(attention_mask)
+
+
 def token_logprobs(
   params,
   config: ModelConfig,
@@ -103,7 +124,16 @@ def token_logprobs(
   logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]], and entropy[b, t] is
   the entropy of that same distribution. chunk_size (static) is the number of sequence
   positions whose logits exist at once; T <= chunk_size runs as one chunk.
+
+  Compiled for a GPU (not the batch-invariant forward), T is padded at the end to whole tiles
+  of GPU_TOKEN_TILE (`pad_tokens`): an update's 1023 tokens a row otherwise leave each 1 x 128
+  / 128 x 1 quantization pass and the flash-attention kernel a ragged tile to pad per call.
   """
+  t = tokens.shape[1]
+  if _target.platform() == "gpu" and not is_batch_invariant(precision) and t % GPU_TOKEN_TILE:
+    tokens, targets, positions, attention_mask = pad_tokens(
+      GPU_TOKEN_TILE, tokens, targets, positions, attention_mask
+    )
   h = hidden_states(
     params,
     config,
@@ -113,6 +143,7 @@ def token_logprobs(
     attention_mask=attention_mask,
     remat=remat,
   )
-  return logprobs_from_hidden(
+  logp, ent = logprobs_from_hidden(
     params, config, h, targets, precision=precision, temperature=temperature, chunk_size=chunk_size
   )
+  return logp[:, :t], ent[:, :t]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 import functools
 import os
+from typing import Optional
 
 from jetrl.precision import backend as _backend
 from jetrl.precision import cublaslt as _cublaslt
@@ -98,18 +99,33 @@ def _quant_rows_t(x, g, fmt: str):
 
 
 @functools.lru_cache(maxsize=None)
+def _fused_quant_setting() -> str:
+  return os.environ.get("JETRL_FUSED_QUANT", "").strip()
+
+
 def fused_quant_enabled() -> bool:
-  """JETRL_FUSED_QUANT=1: on the cuBLASLt backend, quantize activations and gradients with the
-  one-pass Pallas kernel (jetrl.precision.quant_kernel) instead of XLA's fusions. Same FP8
-  values and scales either way; read once (`set_fused_quant` overrides it, for benchmarks).
-  Programs traced before a change keep the choice they were traced with."""
-  return os.environ.get("JETRL_FUSED_QUANT", "0").strip() == "1"
+  """Whether the cuBLASLt backend quantizes activations and gradients with the one-pass
+  Pallas kernel (jetrl.precision.quant_kernel) instead of XLA's fusions: JETRL_FUSED_QUANT=1
+  or 0 says; unset, it is on in programs compiled for a GPU. The same FP8 values and scales
+  either way (bit-identical in interpret mode on the CPU, and in the GPU suite's compiled
+  test, tests/precision/test_quant_kernel.py). The variable is read once
+  (`set_fused_quant` overrides it); programs traced before a change keep their choice."""
+  setting = _fused_quant_setting()
+  if setting not in ("", "0", "1"):
+    raise ValueError(f"JETRL_FUSED_QUANT must be 0, 1 or unset (the default), got {setting!r}")
+  if setting:
+    return setting == "1"
+  return _target.platform() == "gpu"
 
 
-def set_fused_quant(value: bool) -> None:
-  """Use (or not) the one-pass quantization kernel in programs traced from now on."""
-  fused_quant_enabled.cache_clear()
-  os.environ["JETRL_FUSED_QUANT"] = "1" if value else "0"
+def set_fused_quant(value: Optional[bool]) -> None:
+  """Use (True) or not (False) the one-pass quantization kernel in programs traced from now
+  on; None: back to the default (on for a GPU)."""
+  _fused_quant_setting.cache_clear()
+  if value is None:
+    os.environ.pop("JETRL_FUSED_QUANT", None)
+  else:
+    os.environ["JETRL_FUSED_QUANT"] = "1" if value else "0"
 
 
 def _fused(g) -> bool:
@@ -119,7 +135,11 @@ def _fused(g) -> bool:
 def _rows_cols(x, fmt: str, rows: bool):
   """The one-pass kernel's rows or cols pair (interpret mode off a GPU: the CPU tests)."""
   ((q, s_t),) = _qk.quantize_rows_cols(
-    x, format_dtype(fmt), rows=rows, cols=not rows, interpret=_target.platform() != "gpu"
+    x,
+    format_dtype(fmt),
+    rows=rows,
+    cols=not rows,
+    interpret=_target.platform() != "gpu" or _target.interpreting(),
   )
   return q, s_t
 

@@ -1,6 +1,7 @@
 """A rollout weight's block scales padded once for cuBLASLt (`gemms.with_gemm_scales`): the
 padding is 1.0, only where the library's leading dimension needs it, and every other reader
-of the weight (`kn`, `nk`) sees the scales as quantized."""
+of the weight (`kn`, `nk`) sees the scales as quantized. Also the one-pass quantization
+kernel's default (on for a GPU) and its setting."""
 
 import jax
 import jax.numpy as jnp
@@ -30,3 +31,25 @@ def test_padded_scales_read_back_as_quantized(monkeypatch):
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
   assert layer.nk_padded()[1].shape == (2, 8)
+
+
+def test_the_one_pass_quantization_default_and_a_bad_setting(monkeypatch):
+  from jetrl.precision import target as _target
+
+  try:
+    gemms.set_fused_quant(None)
+    assert not gemms.fused_quant_enabled()  # this CPU
+    _target.push(_target.CompileTarget("gpu", "9.0"))
+    try:
+      assert gemms.fused_quant_enabled()  # on by default for a GPU
+      gemms.set_fused_quant(False)
+      assert not gemms.fused_quant_enabled()
+    finally:
+      _target.pop()
+    monkeypatch.setenv("JETRL_FUSED_QUANT", "yes")
+    gemms._fused_quant_setting.cache_clear()
+    with pytest.raises(ValueError, match="JETRL_FUSED_QUANT must be 0, 1 or unset"):
+      gemms.fused_quant_enabled()
+  finally:
+    monkeypatch.delenv("JETRL_FUSED_QUANT", raising=False)
+    gemms.set_fused_quant(None)
