@@ -301,3 +301,24 @@ def test_a_decode_step_is_eight_kernels_a_layer_under_bf16_and_jet(tmp_path):
   assert bf16["cublas"] == 2 * 4 + 1 and bf16["pallas"] == 2  # + the LM head; attention
   assert jet["jetrl_fp8_ffi"] == 2 * 4 and jet["pallas"] == 2 * 4  # + 2 norms and SwiGLU
   assert steps["jet"]["mb"] < steps["bf16"]["mb"]  # FP8 weights (the bf16 LM head dominates)
+
+
+@need_cuda
+def test_compile_linear_command():
+  """experiments/compile_linear.py: at a decode step's 64 rows, jet's GEMM from a given
+  QuantizedInput is one kernel, as bf16's, and moves about half of bf16's bytes."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+  cmd = [sys.executable, "experiments/compile_linear.py", "--m=64"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  rows = [
+    line.split("|") for line in r.stdout.splitlines() if line.startswith("| ") and "x" in line
+  ]
+  rows = [row for row in rows if row[1].strip() in ("qkv", "o", "gate_up", "down")]
+  assert [row[1].strip() for row in rows] == ["qkv", "o", "gate_up", "down"]
+  for row in rows:
+    assert row[3].strip().startswith("1 /") and row[5].strip().startswith("1 /")
+    assert float(row[8]) <= 0.55
+  bad = subprocess.run(cmd[:2] + ["--m=0"], capture_output=True, text=True, env=env, cwd=root)
+  assert bad.returncode != 0 and "--m: row counts of at least 1" in bad.stderr

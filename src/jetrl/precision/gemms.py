@@ -174,7 +174,7 @@ def fprop(x2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     return _tensor_dot(xq, xs, q_t, s_t, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
     q_t, s_t = w.nk_padded()
-    if _fused(g):
+    if _fused(g) and m > ONE_PASS_MAX_ROWS:  # fewer rows: `_quant_rows_t`'s kernel, unpadded
       xq, xs_t = _rows_cols(x2, g.fmt, rows=True)
       return _cublaslt.gemm_t(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
     xq, xs_t = _quant_rows_t(x2, g, g.fmt)
@@ -248,7 +248,7 @@ def dgrad(dy2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
     return _tensor_dot(dq, ds, q, s, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
     q, s = w.kn()  # [K, N]: contiguous along N, the contraction axis of dgrad
-    if _fused(g):
+    if _fused(g) and m > ONE_PASS_MAX_ROWS:
       dq, ds_t = _rows_cols(dy2, g.grad_fmt, rows=True)
       return _cublaslt.gemm_t(dq, ds_t, q, s, b_blocks=True, out_dtype=out_dtype)
     dq, ds_t = _quant_rows_t(dy2, g, g.grad_fmt)
