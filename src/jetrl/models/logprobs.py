@@ -8,12 +8,14 @@ memory is about 4 * B * chunk_size * V bytes (plus the same again in the backwar
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Optional
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
@@ -44,6 +46,47 @@ def _chunk_stats(h, targets, params, config, cd, temperature, exact=False):
   return z_target - lse, entropy
 
 
+def _head_logits(h, w, key: str, config, cd, temperature):
+  return lm_head(h, {key: w}, config, cd) / temperature  # float32 [B, C, V]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def head_stats(h, w, targets, temperature, key: str, config, cd):
+  """`_chunk_stats` (not batch-invariant) with a backward of one elementwise pass over the
+  logits: (logp [B, C], entropy [B, C]) of hidden states h [B, C, D] and the head w
+  (params[key]). The backward recomputes the logits z and forms their gradient directly,
+    dz = g_logp * (onehot(target) - p) + g_ent * p * (lse - entropy - z),  p = softmax(z),
+  where JAX's own transpose of the forward takes a scatter (the target's gather), several
+  reductions and a pass per operation over the [B, C, V] float32 logits. Only lse and the
+  entropy are kept from the forward. Taken when compiling for a GPU (`logprobs_from_hidden`).
+  """
+  return _head_stats_fwd(h, w, targets, temperature, key, config, cd)[0]
+
+
+def _head_stats_fwd(h, w, targets, temperature, key, config, cd):
+  z = _head_logits(h, w, key, config, cd, temperature)
+  lse = jax.nn.logsumexp(z, axis=-1)
+  z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+  entropy = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
+  return (z_target - lse, entropy), (h, w, targets, temperature, lse, entropy)
+
+
+def _head_stats_bwd(key, config, cd, res, g):
+  h, w, targets, temperature, lse, entropy = res
+  g_logp, g_ent = g
+  z, vjp = jax.vjp(lambda a, b, t: _head_logits(a, b, key, config, cd, t), h, w, temperature)
+  lse = lse[..., None]
+  p = jnp.exp(z - lse)
+  onehot = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == targets[..., None]
+  s = lse - entropy[..., None]
+  dz = g_logp[..., None] * (onehot.astype(z.dtype) - p) + g_ent[..., None] * p * (s - z)
+  dh, dw, dt = vjp(dz)
+  return dh, dw, np.zeros(targets.shape, jax.dtypes.float0), dt
+
+
+head_stats.defvjp(_head_stats_fwd, _head_stats_bwd)
+
+
 def logprobs_from_hidden(
   params,
   config: ModelConfig,
@@ -65,11 +108,16 @@ def logprobs_from_hidden(
   cd = activation_dtype(precision, params)
   temperature = jnp.asarray(temperature, jnp.float32)
   targets = targets.astype(jnp.int32)
-  stats = jax.checkpoint(
-    lambda hc, tc: _chunk_stats(
-      hc, tc, params, config, cd, temperature, is_batch_invariant(precision)
+  if _target.platform() == "gpu" and not is_batch_invariant(precision):
+    key = "embed" if config.tie_embeddings else "lm_head"
+    # its own backward keeps only lse and the entropy: no checkpoint needed
+    stats = lambda hc, tc: head_stats(hc, params[key], tc, temperature, key, config, cd)
+  else:
+    stats = jax.checkpoint(
+      lambda hc, tc: _chunk_stats(
+        hc, tc, params, config, cd, temperature, is_batch_invariant(precision)
+      )
     )
-  )
   if t <= chunk_size:
     logp, ent = stats(h, targets)
   else:
