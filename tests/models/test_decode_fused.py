@@ -169,6 +169,8 @@ def test_linear_of_a_quantized_input_is_linear_of_the_activation():
   np.testing.assert_array_equal(_bits(got), _bits(linear(x, wq, rollout)))
   with pytest.raises(ValueError, match="forward-only FP8 precision"):
     linear(QuantizedInput(q, s.T), wq, get_recipe("jet").train)
+  with pytest.raises(ValueError, match="not batch-invariant"):
+    linear(QuantizedInput(q, s.T), wq, get_recipe("jet_exact").rollout)
   with pytest.raises(ValueError, match="QuantizedWeight"):
     linear(QuantizedInput(q, s.T), w, rollout)
   with pytest.raises(ValueError, match="scales"):

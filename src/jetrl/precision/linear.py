@@ -90,10 +90,12 @@ def _linear_quantized_input(x: QuantizedInput, w, precision: Optional[Precision]
     and isinstance(precision, Precision)
     and precision.fprop is not None
     and precision.dgrad is None
+    and not precision.batch_invariant  # jet_exact sums exactly, from x itself
   ):
     raise ValueError(
       "linear: a QuantizedInput x needs a QuantizedWeight and a forward-only FP8 precision "
-      f"(a recipe's .rollout), got {type(w).__name__} and {precision!r}"
+      f"that is not batch-invariant (a recipe's .rollout, not jet_exact's), got "
+      f"{type(w).__name__} and {precision!r}"
     )
   if x.ndim != 2 or x.shape[1] != w.shape[0]:
     raise ValueError(f"linear: x [M, K] and w [K, N] must share K; got x {x.shape}, w {w.shape}")
