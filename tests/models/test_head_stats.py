@@ -44,3 +44,8 @@ def test_head_stats_values_and_gradients(tied):
   dz = np.asarray(g_l)[..., None] * (onehot - p) + np.asarray(g_e)[..., None] * p * (s - z)
   dh = dz @ (w64 if tied else w64.T) / 0.7
   np.testing.assert_allclose(np.asarray(got[0], np.float64), dh, rtol=1e-4, atol=1e-5)
+  logp = np.log(np.take_along_axis(p, np.asarray(targets)[..., None], axis=-1)[..., 0])
+  entropy = -(p * np.log(p)).sum(-1)
+  values = mine(h, params[key], temp)
+  np.testing.assert_allclose(np.asarray(values[0], np.float64), logp, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(values[1], np.float64), entropy, rtol=1e-5, atol=1e-6)

@@ -176,7 +176,12 @@ def fuses_layer(layer, config) -> bool:
   """Whether a decode step's layer runs its attention block in `decode_step_attention`: a
   rollout's fused q / k / v projection (`rollout_weights`) and no q / k norm (which would
   sit between the projection and RoPE)."""
-  return "wqkv" in layer and not config.qk_norm and config.head_dim >= 2
+  return "wqkv" in layer and not config.qk_norm
+
+
+def qkv_bias(layer):
+  """The (bq, bk, bv) triple `decode_step_attention` takes, or None for a layer without."""
+  return (layer["bq"], layer["bk"], layer["bv"]) if "bq" in layer else None
 
 
 def decode_step_attention(

@@ -196,9 +196,8 @@ def layers_step(x, layers, config: ModelConfig, precision, cd, cos, sin, cache, 
   for i, layer in enumerate(layers):
     x2, hq = norm_quant(x2, delta, layer["attn_norm"], eps, cd, dtype, interpret=interpret)
     y = linear(hq, layer["wqkv"], precision)
-    bias = (layer["bq"], layer["bk"], layer["bv"]) if "bq" in layer else None
     oq, kc, vc = _da.decode_step_attention(
-      y[:, None], bias, cos, sin, cache.k[i], cache.v[i], seen, index, n, cd,
+      y[:, None], _da.qkv_bias(layer), cos, sin, cache.k[i], cache.v[i], seen, index, n, cd,
       n_heads=config.n_heads, quant=dtype, interpret=interpret,
     )  # fmt: skip
     x2, hq = norm_quant(x2, linear(QuantizedInput(*oq), layer["wo"], precision),

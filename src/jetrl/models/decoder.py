@@ -230,9 +230,8 @@ def forward_cached(
     if one_kernel and _da.fuses_layer(layer, config):
       # The bias, RoPE, cache write and attention in one kernel (decode_step_attention).
       y = project(h, layer["wqkv"], precision, cd)
-      bias = (layer["bq"], layer["bk"], layer["bv"]) if "bq" in layer else None
       out, kc, vc = _da.decode_step_attention(
-        y, bias, cos, sin, cache.k[i], cache.v[i], seen32, index1, n, cd,
+        y, _da.qkv_bias(layer), cos, sin, cache.k[i], cache.v[i], seen32, index1, n, cd,
         n_heads=config.n_heads, interpret=_target.interpreting(),
       )  # fmt: skip
       x = x + attn.output(out, layer, precision, cd)

@@ -39,11 +39,15 @@ def _chunk_stats(h, targets, params, config, cd, temperature, exact=False):
       h, targets, params[key], temperature, config.tie_embeddings, cd, reference=ref
     )
   z = lm_head(h, params, config, cd) / temperature  # float32 [B, C, V]
+  return _stats_of_logits(z, targets)[:2]
+
+
+def _stats_of_logits(z, targets):
+  """(logp of the targets, entropy, lse) of float32 logits z [B, C, V]."""
   lse = jax.nn.logsumexp(z, axis=-1)
   z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-  p = jnp.exp(z - lse[..., None])
-  entropy = lse - jnp.sum(p * z, axis=-1)
-  return z_target - lse, entropy
+  entropy = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
+  return z_target - lse, entropy, lse
 
 
 def _head_logits(h, w, key: str, config, cd, temperature):
@@ -64,11 +68,8 @@ def head_stats(h, w, targets, temperature, key: str, config, cd):
 
 
 def _head_stats_fwd(h, w, targets, temperature, key, config, cd):
-  z = _head_logits(h, w, key, config, cd, temperature)
-  lse = jax.nn.logsumexp(z, axis=-1)
-  z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-  entropy = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
-  return (z_target - lse, entropy), (h, w, targets, temperature, lse, entropy)
+  logp, entropy, lse = _stats_of_logits(_head_logits(h, w, key, config, cd, temperature), targets)
+  return (logp, entropy), (h, w, targets, temperature, lse, entropy)
 
 
 def _head_stats_bwd(key, config, cd, res, g):

@@ -128,8 +128,14 @@ def set_fused_quant(value: Optional[bool]) -> None:
     os.environ["JETRL_FUSED_QUANT"] = "1" if value else "0"
 
 
+def _one_by_128(g) -> bool:
+  """1 x 128 / 128 x 128 block scaling with plain scales: what the Pallas quantization kernels,
+  the cuBLASLt block GEMM and a `QuantizedInput` serve."""
+  return g.scaling == "block" and g.block == _qk.B and not g.pow2_scale
+
+
 def _fused(g) -> bool:
-  return g.scaling == "block" and g.block == _qk.B and not g.pow2_scale and fused_quant_enabled()
+  return _one_by_128(g) and fused_quant_enabled()
 
 
 def _rows_cols(x, fmt: str, rows: bool):
@@ -186,7 +192,7 @@ def with_gemm_scales(w: QuantizedWeight, g) -> QuantizedWeight:
   """w with its block scales padded once, as cuBLASLt reads them (`QuantizedWeight.scale_pad`),
   when its GEMMs run there: otherwise each GEMM pads them again (a kernel per GEMM whose
   ceil(K/128) is not a multiple of 4, inside a decode step). Other backends: w unchanged."""
-  if not (w.k_major and not w.scale_pad and g.scaling == "block" and g.block == _qk.B):
+  if not (w.k_major and not w.scale_pad and _one_by_128(g)):
     return w
   if _backend.resolve(g) != "cublaslt":
     return w
@@ -203,7 +209,7 @@ def takes_quantized_input(g, m: int, n: int, k: int, out_dtype) -> bool:
   on the GPU kernel: the cuBLASLt backend with 1 x 128 groups and plain (not power-of-two)
   scales, the only case in which a decode step's fused kernels quantize for it (and XLA's
   FP8 GEMM when a GPU program is traced to run on this machine, `target.interpreting`)."""
-  if g is None or g.scaling != "block" or g.block != _qk.B or g.pow2_scale:
+  if g is None or not _one_by_128(g):
     return False
   # A GPU program traced to run here (`target.interpreting`) takes the same path on XLA.
   want = "xla" if _target.interpreting() else "cublaslt"
@@ -220,7 +226,7 @@ def fprop_quantized(x: QuantizedInput, w: QuantizedWeight, g, out_dtype) -> jax.
       f"needed, got {x.q.dtype} {x.shape} with scales {x.scale_t.shape}"
     )
   name = _choose(g, m, n, k, g.fmt, g.fmt, out_dtype, True)
-  if name == "cublaslt" and g.scaling == "block" and g.block == _qk.B and not g.pow2_scale:
+  if name == "cublaslt" and _one_by_128(g):
     q_t, s_t = w.nk_padded()
     return _cublaslt.gemm_t(x.q, x.scale_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
   if name == "xla" and g.scaling == "block" and g.block == _qk.B:

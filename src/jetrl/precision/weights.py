@@ -50,7 +50,7 @@ class QuantizedWeight:
     transposed when k_major; [..., 1, 1] for one tensor scale), plus `scale_pad` columns.
   k_major: static. Leading axes (stacked layers) slice like the weight's.
   scale_pad: static; k_major only: columns of 1.0 after the scales' ceil(K/B), the padding
-    of the leading dimension cuBLASLt reads them with (`pad_scales_for_cublaslt`: done once
+    of the leading dimension cuBLASLt reads them with (`gemms.with_gemm_scales`: done once
     for a rollout's weights instead of at every GEMM). `kn()` / `nk()` leave it out.
   """
 
