@@ -189,6 +189,47 @@ def _jet_exact(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
   )
 
 
+def _fp8_rollout_tensor(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "fp8_rollout_tensor",
+    Precision("bfloat16"),
+    rollout_override=Precision("bfloat16", fprop=Fp8Gemm(scaling="tensor")),
+    description="bf16 training, FP8 rollout with one current scale per tensor (uncalibrated "
+    "per-tensor E4M3, as a plain online FP8 rollout runs): more mismatch than fp8_rollout",
+  )
+
+
+def _fp8_rollout_e5m2(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "fp8_rollout_e5m2",
+    Precision("bfloat16"),
+    rollout_override=Precision("bfloat16", fprop=Fp8Gemm(scaling="block", fmt="e5m2")),
+    description="bf16 training, blockwise FP8 rollout in E5M2 (2 mantissa bits instead of 3): "
+    "more mismatch than fp8_rollout",
+  )
+
+
+def _jet_exact_rollout(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  exact = _fp8_train(block, batch_invariant=True)
+  return Recipe(
+    "jet_exact_rollout",
+    _fp8_train(block),
+    rollout_override=exact.forward,
+    description="jet's training step with jet_exact's rollout (the 2x2 crossover: jet "
+    "training arithmetic, bitwise rollout)",
+  )
+
+
+def _jet_exact_train(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "jet_exact_train",
+    _fp8_train(block, batch_invariant=True),
+    rollout_override=_fp8_train(block).forward,
+    description="jet_exact's training step with jet's rollout (the 2x2 crossover: exact "
+    "training arithmetic, jet's rollout)",
+  )
+
+
 # The recipes, by name: each builder takes the block-scaled and the per-tensor FP8 GEMM
 # settings (with the run's gradient format) and returns its Recipe. A new recipe is one
 # builder and one entry here; everything downstream reads the Recipe object.
@@ -199,6 +240,12 @@ BUILDERS = {
   "jet": _jet,
   "fp8_tensor": _fp8_tensor,
   "jet_exact": _jet_exact,
+  # Rollouts of rising mismatch under a bf16 trainer (the study's dose-response).
+  "fp8_rollout_tensor": _fp8_rollout_tensor,
+  "fp8_rollout_e5m2": _fp8_rollout_e5m2,
+  # The crossover {jet, jet_exact} training x {jet, jet_exact} rollout.
+  "jet_exact_rollout": _jet_exact_rollout,
+  "jet_exact_train": _jet_exact_train,
 }
 RECIPES = tuple(BUILDERS)
 
