@@ -16,7 +16,12 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
      with w_t a constant (stop-gradient): the rollout/training mismatch is corrected once, by
      w, and the policy change once, by r. old_logp="rollout" takes pi_rollout as the old
      policy (r_t = pi_theta / pi_rollout, which already holds the mismatch), so it admits no
-     IS correction: the pair is a ConfigError. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
+     IS correction: the pair is a ConfigError. old_logp="same_forward" takes log pi_old from
+     the differentiated forward itself (one epoch of one minibatch only), so r_t = 1 exactly:
+     the pre-update forward is another program, and where its rounding differs from the
+     differentiated one's (under FP8 a token's log-prob by up to 2 nats, docs/precision_study.md)
+     r_t != 1 before any update, and a negative-advantage token with r_t > 1 + clip_high is
+     not clipped: its gradient is scaled by r_t. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
      the same r and w, GSPO as a sequence ratio, CISPO as a clipped detached weight;
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches (`epoch`), each split into
      `micro_batches` for gradient accumulation (`accumulate`); every (micro-)loss returns
@@ -195,7 +200,7 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   is_w, is_metrics = importance_weights(
     pre_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
   )
-  old_logp = pre_logp if cfg.old_logp == "recompute" else batch.rollout_logprobs
+  old_logp = batch.rollout_logprobs if cfg.old_logp == "rollout" else pre_logp
   extra = dict(old_logp=old_logp, is_w=is_w)
   if has_reference(cfg) and spec.lora is not None:  # the frozen base is the reference
     extra["ref_logp"] = no_grad_logprobs(state.frozen, batch, spec)
@@ -213,6 +218,10 @@ def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=
   """(loss, aux) of one micro-batch; `den` is its minibatch's fixed denominator; `frozen`, a
   LoRA run's base (no gradient: `params` are the adapters)."""
   logp, ent = spec.logprobs(spec.policy(params, frozen), mb, remat=spec.remat)
+  if spec.cfg.old_logp == "same_forward":
+    # The ratio's denominator from this very forward (the loss stops its gradient): exactly 1
+    # on the one step, where a separate pre-update program may round a token differently.
+    extra = dict(extra, old_logp=logp)
   nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
   aux = {k: v / den for k, v in nums.items()}
   aux.update({k: pm[k] * pm["n_tokens"] for k in TOKEN_METRICS}, n_tokens=pm["n_tokens"])

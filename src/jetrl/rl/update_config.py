@@ -13,7 +13,7 @@ from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 from jetrl.rl.objective import LOSS_HELP, LOSSES, LossFields
 from jetrl.rl.remat import REMAT_POLICIES
 
-OLD_LOGP_SOURCES = ("rollout", "recompute")
+OLD_LOGP_SOURCES = ("rollout", "recompute", "same_forward")
 MASTER_DTYPES = ("float32", "bfloat16")
 
 
@@ -65,8 +65,10 @@ class UpdateConfig(LossFields):
   )
   old_logp: str = field(
     "recompute",
-    "Source of the PPO ratio's old log-probs: the pre-update training forward (recompute) or "
-    "the rollout's (rollout; no IS correction then).",
+    "Source of the PPO ratio's old log-probs: the pre-update training forward (recompute), "
+    "the rollout's (rollout; no IS correction then), or the differentiated forward's own "
+    "values (same_forward: the ratio is exactly 1, whatever the rounding of the two "
+    "programs; one epoch of one minibatch only).",
     choices=OLD_LOGP_SOURCES,
     former=("old_logp",),
   )
@@ -108,6 +110,15 @@ class UpdateConfig(LossFields):
         "log-probs as the old policy the PPO ratio pi_theta/pi_rollout already carries the "
         "rollout/training mismatch, and the IS weight would apply it a second time; use "
         "old_logp='recompute' (the default) with the correction, or is_method='none'",
+      )
+
+    if self.old_logp == "same_forward" and (self.ppo_epochs != 1 or self.minibatches != 1):
+      raise ConfigError(
+        "old_logp",
+        "'same_forward' takes the old policy from the forward being differentiated, which is "
+        "the policy before the update only on the first optimizer step; it needs "
+        f"ppo_epochs=1 and minibatches=1, got ppo_epochs={self.ppo_epochs}, "
+        f"minibatches={self.minibatches} (use 'recompute' for several steps per batch)",
       )
 
   def optimizer_steps(self, steps: int) -> int:
