@@ -9,7 +9,9 @@ tables (report.md), per-combination results (results.json) and PNG plots.
 Modules: `config` (the templates of the runs and warm starts, the grid, each combination's
 configs), `runner` (runs the grid, resumable), `summary` (per-run rows, results.json), `stats`
 (aggregates over seeds, paired intervals, verdicts), `tables` (the markdown tables), `report`
-(report.md), `plots` (figures).
+(report.md), `plots` (figures); for the third round, `gradients` (the trainer's gradient and
+how far another batch or arithmetic moves it; experiments/gradient_study.py), `power` (seeds
+for a paired effect) and `prereg` (the pre-registered test's outcomes and rules).
 
 Layout of the report directory:
 

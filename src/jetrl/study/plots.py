@@ -160,3 +160,58 @@ def write_plots(cfg, rows: Sequence[dict], agg: Sequence[dict]) -> list[str]:
     ax.grid(alpha=0.3, axis="y")
   save(fig, axes, "paired_differences.png")
   return paths
+
+
+def gradient_figure(results: Sequence[dict], path: str) -> str:
+  """experiments/gradient_study.py's figure: per recipe against the generated budget, the
+  cosine of its gradient to the gradient on the training forward's own rows (with the
+  trainer's split-half cosine, the noise of one batch, dashed), its rows' sequence ESS; per
+  training precision, the relative difference of its gradient to float32's on the same rows
+  and the fraction of tokens clipped at the first step. Error bars: sd over the batches."""
+  plt = off_screen()
+  budgets = [r["max_new_tokens"] for r in results]
+  names = list(results[0]["recipes"])
+  trainers = list(results[0]["trainers"])
+  colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+  fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+
+  def line(ax, group, name, key, **kw):
+    m = [r[group][name][key]["mean"] for r in results]
+    s = [r[group][name][key]["sd"] for r in results]
+    ax.errorbar(budgets, m, yerr=s, marker="o", capsize=3, color=colors.get(name), **kw)
+
+  for n in names:
+    line(axes[0], "recipes", n, "vs_own_cosine", label=n)
+    line(axes[1], "recipes", n, "sequence_ess", label=n)
+  for t in trainers:
+    line(
+      axes[0],
+      "trainers",
+      t,
+      "split_half_cosine",
+      ls="--",
+      alpha=0.6,
+      label=f"split half, {t} trainer",
+    )
+    line(axes[2], "trainers", t, "vs_fp32_rel_diff", label=f"{t} trainer")
+    line(axes[3], "trainers", t, "clipped", label=f"{t} trainer")
+  titles = (
+    ("cosine to the gradient on the trainer's own rows", "cosine"),
+    ("sequence importance weights: ESS / n", "ESS / n"),
+    ("|g - g_fp32| / |g_fp32|, same rows", "relative difference"),
+    ("tokens clipped at the first step", "fraction of tokens"),
+  )
+  for ax, (title, ylabel) in zip(axes, titles):
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("generation budget (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(budgets)
+  for ax in axes[2:]:
+    ax.legend(fontsize=7)
+  handles, labels = axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return path
