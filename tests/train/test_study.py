@@ -29,7 +29,7 @@ from jetrl.study import (
   train_config,
   verdicts,
 )
-from jetrl.study.config import flag_error
+from jetrl.study.config import combinations, flag_error
 
 
 def test_paired_interval_hand_values():
@@ -156,6 +156,21 @@ def test_arms_budget_and_combination_configs(tiny_study_config):
   assert warm.sampling.max_new_tokens == max_new_tokens_for(cfg, 2) > max_new_tokens_for(cfg, 1)
   with pytest.raises(ConfigError, match="mix: trains on every length"):
     cfg.replace(sft={"mix": True, "length": 1})
+  # Runs at one length from a warm start mixed over more: the runs of 2 from the one of 1 and 2.
+  only_2 = cfg.replace(lengths=(2,), sft={"mix": True, "lengths": (1, 2)})
+  assert train_config(only_2, 2, Arm("jet"), 0).init_from.endswith("sft/mix1_2")
+  assert [c[0] for c in combinations(only_2)] == [2] * len(combinations(only_2))
+  warm = sft_config(only_2, 2)
+  assert (warm.mix_lengths, warm.task.length) == ((1, 2), 1)
+  assert warm.sampling.max_new_tokens == max_new_tokens_for(cfg, 2)
+  with pytest.raises(
+    ConfigError, match=r"sft.lengths: must include every length of --lengths.*2 missing from 1,3"
+  ):
+    cfg.replace(lengths=(2,), sft={"mix": True, "lengths": (1, 3)})
+  with pytest.raises(
+    ConfigError, match="lengths: names the lengths of a mixed warm start; set --sft.mix"
+  ):
+    cfg.replace(sft={"lengths": (1, 2)})
 
 
 def test_a_combinations_error_names_the_field_of_the_study_that_set_it(tiny_study_config):

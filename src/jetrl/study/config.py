@@ -16,7 +16,8 @@ set it, or else under its own path in the template (`--sft.` for a warm start's)
 
 The warm start: with `sft.mix`, one warm start trained on every length of the grid in turn
 serves every length (so that the lengths differ in the RL rollouts alone, and each starts from
-a model that has seen it); with `sft.length` set, one warm start at that length serves every
+a model that has seen it; `sft.lengths` names them when the warm start should see lengths that
+get no runs); with `sft.length` set, one warm start at that length serves every
 length; with neither, each length trains its own.
 """
 
@@ -91,6 +92,13 @@ class WarmStartConfig(SFTConfig):
     "shared by every length, so that the lengths differ in the RL runs alone and each starts "
     "from a model that has seen it.",
   )
+  lengths: tuple[int, ...] = field(
+    (),
+    "With --sft.mix: the lengths the warm start trains on in turn (empty: the study's "
+    "--lengths); it must include every length of --lengths, and may add lengths that get no "
+    "RL runs (--lengths=9 --sft.lengths=3,9: the runs of length 9 from the warm start of 3 and 9).",
+    lo=0,
+  )
 
   def __post_init__(self):
     super().__post_init__()
@@ -98,6 +106,8 @@ class WarmStartConfig(SFTConfig):
       raise ConfigError(
         "mix", "trains on every length of the study; leave --sft.length none with it"
       )
+    if self.lengths and not self.mix:
+      raise ConfigError("lengths", "names the lengths of a mixed warm start; set --sft.mix with it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +216,15 @@ class StudyConfig(TrainConfig):
     self.task.check_lengths("lengths", self.lengths)
     if self.sft.length is not None:
       self.task.check_lengths("sft.length", [self.sft.length])
+    if self.sft.lengths:
+      self.task.check_lengths("sft.lengths", self.sft.lengths)
+      missing = [int(L) for L in self.lengths if int(L) not in self.sft.lengths]
+      if missing:
+        raise ConfigError(
+          "sft.lengths",
+          f"must include every length of --lengths (the runs start from it); "
+          f"{', '.join(map(str, missing))} missing from {','.join(map(str, self.sft.lengths))}",
+        )
 
   @property
   def arms(self) -> tuple[Arm, ...]:
@@ -225,25 +244,30 @@ def max_new_tokens_for(cfg: StudyConfig, length: int) -> int:
   return int(task.max_completion_chars) + 1 + cfg.token_margin
 
 
+def mix_lengths(cfg: StudyConfig) -> tuple[int, ...]:
+  """The lengths a mixed warm start trains on, in turn: `sft.lengths`, else the study's."""
+  return tuple(int(L) for L in (cfg.sft.lengths or cfg.lengths))
+
+
 def sft_length(cfg: StudyConfig, length: int) -> int:
   """The task length of the warm start that the runs of `length` start from (with
-  `sft.mix`, the length its evaluation runs at: the study's first)."""
+  `sft.mix`, the length its evaluation runs at: the first it mixes)."""
   if cfg.sft.mix:
-    return int(cfg.lengths[0])
+    return mix_lengths(cfg)[0]
   return int(length) if cfg.sft.length is None else int(cfg.sft.length)
 
 
 def sft_name(cfg: StudyConfig, length: int) -> str:
   """The warm start's name: L<length>, or mix<lengths> for one trained on every length."""
   if cfg.sft.mix:
-    return "mix" + "_".join(str(int(L)) for L in cfg.lengths)
+    return "mix" + "_".join(map(str, mix_lengths(cfg)))
   return f"L{sft_length(cfg, length)}"
 
 
 def sft_lengths_text(cfg: StudyConfig, length: int) -> str:
   """What the warm start of `length`'s runs trained on, for the report."""
   if cfg.sft.mix:
-    return "lengths " + ", ".join(str(int(L)) for L in cfg.lengths) + " in turn"
+    return "lengths " + ", ".join(map(str, mix_lengths(cfg))) + " in turn"
   return f"length {sft_length(cfg, length)}"
 
 
@@ -287,7 +311,7 @@ def run_settings(cfg: StudyConfig, length: int, arm: Arm, seed: int) -> Settings
 
 def sft_settings(cfg: StudyConfig, length: int) -> Settings:
   """What the study sets in its warm-start template for the warm start of `length`'s runs."""
-  budget_at = cfg.lengths if cfg.sft.mix else [sft_length(cfg, length)]
+  budget_at = mix_lengths(cfg) if cfg.sft.mix else [sft_length(cfg, length)]
   return (
     ("report_dir", {"workdir": sft_dir(cfg, length)}),
     ("model", {"model": cfg.model}),
@@ -300,7 +324,10 @@ def sft_settings(cfg: StudyConfig, length: int) -> Settings:
       "token_margin",
       {"sampling.max_new_tokens": max(max_new_tokens_for(cfg, L) for L in budget_at)},
     ),
-    ("lengths", {"mix_lengths": tuple(int(L) for L in cfg.lengths) if cfg.sft.mix else ()}),
+    (
+      "sft.lengths" if cfg.sft.lengths else "lengths",
+      {"mix_lengths": mix_lengths(cfg) if cfg.sft.mix else ()},
+    ),
     ("eval", {"eval": dataclasses.replace(cfg.eval, every=None, also_bf16=False)}),
   )
 
