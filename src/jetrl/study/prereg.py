@@ -1,0 +1,112 @@
+"""The pre-registered learning test of docs/study/prereg_round3.md: its outcomes and its rules.
+
+Outcomes per run (a row of results.json, `jetrl.study.summary`):
+  primary    the mean training reward over the last `last_steps` (10) RL steps
+  secondary  the bf16-scored held-out accuracy averaged over the last `last_evals` (3)
+             evaluations (the run needs --eval.every so that there are that many after step 0)
+
+Per arm against bf16 (paired by seed, `stats.paired_interval`, 95% t interval):
+  drop          the interval lies below 0 and the Holm-corrected p-value over the compared
+                arms is below 0.05
+  no drop       the interval's lower end is above -margin (5 points): a drop of `margin` or
+                more is excluded. With n seeds and a paired sd sigma, a true drop of exactly
+                `margin` passes this with probability 2.5% and a true zero effect with
+                `power.prob_interval_above(-margin, 0, sigma, n)` (0.89 at the planned n and sd)
+  inconclusive  otherwise
+
+Attribution (the 2 x 2 crossover; arms named by their recipe):
+  training arithmetic  jet and jet_exact_rollout (jet's training step) both drop, and
+                       jet_exact_train (jet's rollout, the exact training step) shows no drop
+  mismatch             jet and jet_exact_train (jet's rollout) both drop, and
+                       jet_exact_rollout (the bitwise rollout) shows no drop
+  neither              jet shows no drop
+  unresolved           anything else
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from jetrl.study.stats import BASELINE, paired_interval
+
+MARGIN = 0.05
+LAST_STEPS = 10
+LAST_EVALS = 3
+ALPHA = 0.05
+ARMS = ("fp8_rollout", "jet", "jet_exact", "jet_exact_rollout", "jet_exact_train")
+
+
+def primary(row: dict, last_steps: int = LAST_STEPS) -> float:
+  """Mean training reward over the run's last `last_steps` steps."""
+  series = row["reward_series"]
+  if len(series) < last_steps:
+    raise ValueError(
+      f"run {row.get('recipe')}/seed{row.get('seed')} has {len(series)} steps; the primary "
+      f"outcome needs the last {last_steps}"
+    )
+  return float(np.mean(series[-last_steps:]))
+
+
+def secondary(row: dict, last_evals: int = LAST_EVALS) -> float:
+  """bf16-scored held-out accuracy averaged over the run's last `last_evals` evaluations
+  after step 0."""
+  steps, acc = row["eval_steps"], row["eval_accuracy_bf16"]
+  after = [a for s, a in zip(steps, acc) if s > 0]
+  if len(after) < last_evals:
+    raise ValueError(
+      f"run {row.get('recipe')}/seed{row.get('seed')} has {len(after)} evaluations after "
+      f"step 0; the secondary outcome needs {last_evals} (run with --eval.every)"
+    )
+  return float(np.mean(after[-last_evals:]))
+
+
+def holm(pvalues: dict) -> dict:
+  """Holm-Bonferroni adjusted p-values {name: p}, monotone, capped at 1."""
+  order = sorted(pvalues, key=lambda k: pvalues[k])
+  m, out, running = len(order), {}, 0.0
+  for i, k in enumerate(order):
+    running = max(running, min(1.0, (m - i) * pvalues[k]))
+    out[k] = running
+  return out
+
+
+def judge(rows: Sequence[dict], length: int, outcome=primary, margin: float = MARGIN) -> dict:
+  """{"arms": {arm: {interval..., "p_holm", "call"}}, "attribution": str} at one length."""
+  at = [r for r in rows if r["length"] == length]
+  by = lambda arm: {r["seed"]: outcome(r) for r in at if r["recipe"] == arm}
+  base = by(BASELINE)
+  arms = {}
+  for arm in ARMS:
+    mine = by(arm)
+    seeds = sorted(set(mine) & set(base))
+    if len(seeds) >= 2:
+      arms[arm] = paired_interval([mine[s] - base[s] for s in seeds])
+  adj = holm({a: v["p"] for a, v in arms.items()})
+  for a, v in arms.items():
+    v["p_holm"] = adj[a]
+    if v["hi"] < 0 and adj[a] < ALPHA:
+      v["call"] = "drop"
+    elif v["lo"] > -margin:
+      v["call"] = "no drop"
+    else:
+      v["call"] = "inconclusive"
+  call = lambda a: arms.get(a, {}).get("call")
+  if call("jet") == "no drop":
+    attribution = "neither"
+  elif (
+    call("jet") == "drop"
+    and call("jet_exact_rollout") == "drop"
+    and call("jet_exact_train") == "no drop"
+  ):
+    attribution = "training arithmetic"
+  elif (
+    call("jet") == "drop"
+    and call("jet_exact_train") == "drop"
+    and call("jet_exact_rollout") == "no drop"
+  ):
+    attribution = "mismatch"
+  else:
+    attribution = "unresolved"
+  return dict(arms=arms, attribution=attribution)
