@@ -244,7 +244,7 @@ def test_flash_attention_compiles_with_its_matmuls_counted():
   kv = jax.ShapeDtypeStruct((b, t, hkv, d), jnp.bfloat16, sharding=rep)
 
   def loss(q, k, v):
-    assert attn.use_flash(None, t, d)
+    assert attn.use_flash(None, t, d, jnp.bfloat16)
     return jnp.sum(attn.attend_flash(q, k, v, None, jnp.bfloat16).astype(jnp.float32))
 
   f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))

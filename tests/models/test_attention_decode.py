@@ -94,18 +94,20 @@ def _flash(q, k, v, mask):
 @pytest.fixture(scope="module")
 def flash_and_dense():
   """Forward values and the gradients of a masked weighted sum, both ways (interpret mode:
-  the Pallas kernels run on the CPU)."""
-  q, k, v, mask = _self_attention_inputs()
-  w = jnp.asarray(np.random.default_rng(9).normal(size=(2, 100, 64)), jnp.float32)
-  w = w * mask[:, :, None]  # the loss sees real tokens only, as the update's does
+  the Pallas kernels run on the CPU device, also on a GPU machine, where float32 dots would
+  be TF32 and the comparison would measure that instead)."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    q, k, v, mask = _self_attention_inputs()
+    w = jnp.asarray(np.random.default_rng(9).normal(size=(2, 100, 64)), jnp.float32)
+    w = w * mask[:, :, None]  # the loss sees real tokens only, as the update's does
 
-  def run(fn):
-    loss = lambda q, k, v: jnp.sum(fn(q, k, v, mask) * w)
-    out = jax.jit(lambda q, k, v: fn(q, k, v, mask))(q, k, v)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-    return np.asarray(out), [np.asarray(g) for g in grads]
+    def run(fn):
+      loss = lambda q, k, v: jnp.sum(fn(q, k, v, mask) * w)
+      out = jax.jit(lambda q, k, v: fn(q, k, v, mask))(q, k, v)
+      grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+      return np.asarray(out), [np.asarray(g) for g in grads]
 
-  return run(_flash), run(_dense), (q, k, v, mask)
+    return run(_flash), run(_dense), (q, k, v, mask)
 
 
 def test_flash_attention_matches_the_float64_reference(flash_and_dense):
@@ -138,14 +140,22 @@ def test_flash_attention_gradients_match_the_dense_attention(flash_and_dense):
 def test_use_flash_only_for_a_gpu_and_long_enough_rows():
   from jetrl.precision import get_recipe
 
-  if jax.default_backend() == "cpu":
-    assert not attn.use_flash(None, 1024, 128)
+  bf = jnp.bfloat16
+  _target.push(_target.CompileTarget("cpu"))
+  try:
+    assert not attn.use_flash(None, 1024, 128, bf)
+  finally:
+    _target.pop()
   _target.push(_target.CompileTarget("gpu", "9.0"))
   try:
-    assert attn.use_flash(None, 1023, 128) and attn.use_flash(get_recipe("jet").train, 128, 64)
-    assert not attn.use_flash(None, 64, 128)  # short rows: XLA's dense attention
-    assert not attn.use_flash(None, 1024, 96)  # the kernel's tiles need a power of two
-    assert not attn.use_flash(get_recipe("jet_exact").train, 1024, 128)  # exact sums
+    assert attn.use_flash(None, 1023, 128, bf) and attn.use_flash(
+      get_recipe("jet").train, 128, 64, bf
+    )
+    assert not attn.use_flash(None, 64, 128, bf)  # short rows: XLA's dense attention
+    assert not attn.use_flash(None, 1024, 96, bf)  # the kernel's tiles need a power of two
+    assert not attn.use_flash(get_recipe("jet_exact").train, 1024, 128, bf)  # exact sums
+    # A float32 model attends in float32 (the kernel's float32 dots are TF32 on a GPU).
+    assert not attn.use_flash(get_recipe("fp32").train, 1024, 128, jnp.float32)
   finally:
     _target.pop()
 

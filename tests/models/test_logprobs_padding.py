@@ -53,6 +53,10 @@ def test_a_gpu_program_pads_its_tokens():
     gpu = str(jax.make_jaxpr(f)(params, tokens))
   finally:
     _target.pop()
-  cpu = str(jax.make_jaxpr(lambda p, t: f(p, t))(params, tokens))
+  _target.push(_target.CompileTarget("cpu"))
+  try:
+    cpu = str(jax.make_jaxpr(lambda p, t: f(p, t))(params, tokens))
+  finally:
+    _target.pop()
   q = "bf16[2,256,4,8]"  # the queries [B, T, H, Dh] of the padded rows
   assert q in gpu and q not in cpu

@@ -51,6 +51,11 @@ def _xla(prec):
   return with_gemm_backend(prec, "xla")
 
 
+def _square_sum(y):
+  """A loss whose gradient needs y itself, so that the forward GEMM is not dead code."""
+  return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+
 def on_cpu():
   """Run what follows on the CPU device (the default device already, without a GPU)."""
   if jax.default_backend() == "cpu":
@@ -255,8 +260,9 @@ def test_lowered_pallas_path_feeds_fp8_to_the_dot(xwd):
     platform="cuda",
   )
   assert precise.ok and precise.kernel_dots == ("tt.dot(f8E4M3FN, f8E4M3FN)",), precise.kernel_dots
-  # Training step: fprop (forward), dgrad and wgrad (backward) all in the FP8 kernel.
-  grad = jax.grad(lambda a, b: linear(a, b, jet).astype(jnp.float32).sum(), argnums=(0, 1))
+  # Training step: fprop (forward), dgrad and wgrad (backward) all in the FP8 kernel. The loss
+  # needs y (a plain sum's gradient does not: compiled, the forward GEMM would be dead code).
+  grad = jax.grad(lambda a, b: _square_sum(linear(a, b, jet)), argnums=(0, 1))
   bwd = check_fp8_in_compiled(grad, xb, w, platform="cuda", require_all=True)
   assert bwd.ok and len(bwd.fp8_gemms) == 3, bwd.summary()
   # E5M2 gradients: mixed-format dots are upcast to bf16 inside the kernel, and the check says so.
@@ -264,6 +270,35 @@ def test_lowered_pallas_path_feeds_fp8_to_the_dot(xwd):
   grad5 = jax.grad(lambda a, b: linear(a, b, e5).astype(jnp.float32).sum(), argnums=(0, 1))
   mixed = check_fp8_in_compiled(grad5, xb, w, platform="cuda")
   assert not mixed.ok and "tt.dot(bf16, bf16)" in mixed.kernel_dots
+
+
+def test_a_kernel_without_a_dot_is_not_a_gemm(xwd):
+  """The one-pass quantization kernel (no tt.dot) before the FP8 GEMM kernel: the check counts
+  one GEMM, FP8, not a bf16 one (its input is bf16), lowered here and in the compiled
+  program's op names (what `compiled_hlo_gemms` reads on a GPU)."""
+  from jetrl.precision import quant_kernel
+
+  x, _, _ = xwd
+  xb = jnp.asarray(x[:128, :256], jnp.bfloat16)
+
+  def fn(a):
+    ((q, s_t),) = quant_kernel.quantize_rows_cols(a, jnp.float8_e4m3fn, cols=False)
+    return scaled_matmul_nt(q, s_t.T, q, s_t.T)
+
+  res = check_fp8_in_compiled(fn, xb, platform="cuda", compile=False, require_all=True)
+  assert res.ok and len(res.fp8_gemms) == 1 and not res.other_gemms, res.summary()
+  alone = check_fp8_in_compiled(
+    lambda a: quant_kernel.quantize_rows_cols(a, jnp.float8_e4m3fn), xb, platform="cuda"
+  )
+  assert not alone.fp8_gemms and not alone.other_gemms and not alone.ok
+  line = (
+    "  %pallas_call.12 = (f8e4m3fn[256,128]{1,0}, f32[1,256]{1,0}) custom-call(bf16[128,256]{1,0}"
+    ' %a.1), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/transpose('
+    'jvp(fp8_quantize_rows_cols))/pallas_call"}'
+  )
+  hlo = f"ENTRY %main (a.1: bf16[128,256]) -> f8e4m3fn[256,128] {{\n{line}\n}}\n"
+  assert fp8_checks.compiled_hlo_gemms(hlo)[1]  # counted when nothing says it has no dot
+  assert fp8_checks.compiled_hlo_gemms(hlo, {"fp8_quantize_rows_cols"}) == ([], [], [])
 
 
 def test_check_catches_the_cpu_emulation_and_xla_upcasts(xwd):
@@ -295,9 +330,9 @@ def test_compiled_gpu_program_runs_fp8(xwd):
   x, w, dy = xwd
   jet = with_gemm_backend(get_recipe("jet").train, "pallas")
   xb = jnp.asarray(x, jnp.bfloat16)
-  grad = jax.grad(lambda a, b: linear(a, b, jet).astype(jnp.float32).sum(), argnums=(0, 1))
+  grad = jax.grad(lambda a, b: _square_sum(linear(a, b, jet)), argnums=(0, 1))
   res = check_fp8_in_compiled(grad, xb, w, require_all=True)
-  assert res.stage == "compiled" and res.ok, res.summary()
+  assert res.stage == "compiled" and res.ok and len(res.fp8_gemms) == 3, res.summary()
   # The compiled kernel on partial tiles, with and without tensor-core accumulation per block.
   aq, sa = ref_quantize(x, (1, 128))
   bq, sb = ref_quantize(w.T, (1, 128))

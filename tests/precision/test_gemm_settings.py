@@ -20,7 +20,8 @@ def test_padded_scales_read_back_as_quantized(monkeypatch):
   g = get_recipe("jet").rollout.fprop
   w = jax.random.normal(jax.random.PRNGKey(0), (2, 640, 256), jnp.float32)  # two layers
   wq = prequantize_weight(w, g, k_major=True)
-  assert gemms.with_gemm_scales(wq, g) is wq  # the CPU's backend reads scales unpadded
+  monkeypatch.setattr(gemms._backend, "resolve", lambda _: "xla")
+  assert gemms.with_gemm_scales(wq, g) is wq  # XLA's GEMM reads scales unpadded
   monkeypatch.setattr(gemms._backend, "resolve", lambda _: "cublaslt")
   padded = gemms.with_gemm_scales(wq, g)
   assert padded.scale_pad == 3 and padded.scale.shape == (2, 2, 8)
@@ -38,7 +39,11 @@ def test_the_one_pass_quantization_default_and_a_bad_setting(monkeypatch):
 
   try:
     gemms.set_fused_quant(None)
-    assert not gemms.fused_quant_enabled()  # this CPU
+    _target.push(_target.CompileTarget("cpu"))
+    try:
+      assert not gemms.fused_quant_enabled()  # off for a CPU
+    finally:
+      _target.pop()
     _target.push(_target.CompileTarget("gpu", "9.0"))
     try:
       assert gemms.fused_quant_enabled()  # on by default for a GPU

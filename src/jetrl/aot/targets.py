@@ -196,7 +196,7 @@ def compiling_for(target: Target):
   the Pallas kernels lower for Triton instead of running interpreted."""
   # Local: this module is read before JAX is imported (compile.setup_environment sets JAX's
   # environment first), and jetrl.precision imports JAX.
-  from jetrl.precision import backend, cublaslt  # pylint: disable=import-outside-toplevel
+  from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
   from jetrl.precision import target as ptarget  # pylint: disable=import-outside-toplevel
 
   if target.platform == "gpu":
@@ -210,10 +210,8 @@ def compiling_for(target: Target):
   ptarget.push(
     ptarget.CompileTarget(target.platform, target.compute_capability, memory_bytes=target.hbm_bytes)
   )
-  backend.fp8_gpu_available.cache_clear()
   try:
     yield
   finally:
     ptarget.pop()
-    backend.fp8_gpu_available.cache_clear()
     jax.clear_caches()

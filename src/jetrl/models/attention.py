@@ -134,12 +134,15 @@ def use_decode_kernel(n_slots: int, head_dim: int) -> bool:
 FLASH_BLOCK = 128
 
 
-def use_flash(precision: Optional[Precision], t: int, head_dim: int) -> bool:
+def use_flash(precision: Optional[Precision], t: int, head_dim: int, cd) -> bool:
   """Whether a forward over T tokens a row attends with `attend_flash`: compiling for a GPU,
-  not the batch-invariant forward (its exact sums are its own), T at least FLASH_BLOCK and
-  a power-of-two head size (the kernel's tiles)."""
+  a 16-bit compute dtype cd (the kernel's dots on float32 operands are TF32 on a GPU, and a
+  float32 model stays float32: it attends with `attend`, whose dots are HIGHEST), not the
+  batch-invariant forward (its exact sums are its own), T at least FLASH_BLOCK and a
+  power-of-two head size (the kernel's tiles)."""
   return (
     _target.platform() == "gpu"
+    and jnp.dtype(cd).itemsize == 2
     and not is_batch_invariant(precision)
     and t >= FLASH_BLOCK
     and head_dim & (head_dim - 1) == 0

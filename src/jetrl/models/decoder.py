@@ -87,7 +87,7 @@ def hidden_states(
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   cos, sin = rope_tables(config, positions, cd)
-  flash = (attention_mask,) if attn.use_flash(precision, t, config.head_dim) else None
+  flash = (attention_mask,) if attn.use_flash(precision, t, config.head_dim, cd) else None
   allowed = None if flash else attn.causal_mask(attention_mask, b, t)
 
   def body(x, layer):

@@ -65,16 +65,10 @@ def _parse_cc(cc) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def fp8_gpu_available() -> bool:
-  """True when JAX's default device is an NVIDIA GPU with FP8 tensor cores (cc >= 8.9)."""
+def _local_fp8_gpu() -> bool:
+  """Whether JAX's default device is an NVIDIA GPU with FP8 tensor cores (read once)."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  compiling = _target.compile_target()
-  if compiling is not None and compiling.interpret:  # a GPU program run here, interpreted
-    return False
-  if compiling is not None:  # a device compiled for from a machine without it (jetrl.aot)
-    cc = compiling.compute_capability or "0"
-    return compiling.platform == "gpu" and _parse_cc(cc) >= MIN_COMPUTE_CAPABILITY
   try:
     if jax.default_backend() != "gpu":
       return False
@@ -83,6 +77,19 @@ def fp8_gpu_available() -> bool:
     return False
   # NVIDIA devices report "major.minor"; ROCm ones a gfx name, which parses as (0,).
   return _parse_cc(getattr(dev, "compute_capability", "0")) >= MIN_COMPUTE_CAPABILITY
+
+
+def fp8_gpu_available() -> bool:
+  """True when the programs traced now run on an NVIDIA GPU with FP8 tensor cores (cc >= 8.9):
+  the compile target's (jetrl.precision.target) while one is set, else JAX's default device.
+  Only the local device is read once; a compile target pushed or popped later counts at once."""
+  compiling = _target.compile_target()
+  if compiling is not None and compiling.interpret:  # a GPU program run here, interpreted
+    return False
+  if compiling is not None:  # a device compiled for from a machine without it (jetrl.aot)
+    cc = compiling.compute_capability or "0"
+    return compiling.platform == "gpu" and _parse_cc(cc) >= MIN_COMPUTE_CAPABILITY
+  return _local_fp8_gpu()
 
 
 def kernel_unsupported_reason(block: int) -> Optional[str]:

@@ -89,10 +89,12 @@ def _triton_dots(custom_call) -> tuple[list[str], Optional[str]]:
 
 
 def _lowered_gemms(lowered):
-  """GEMM ops of a lowered (StableHLO) program: (fp8, other, kernel_dots, notes)."""
+  """GEMM ops of a lowered (StableHLO) program: (fp8, other, kernel_dots, notes, no_dot),
+  no_dot the names of the Pallas Triton kernels with no tt.dot (quantization, norms: not
+  GEMMs, and not counted as such)."""
   from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
 
-  fp8, other, kdots, notes = [], [], [], []
+  fp8, other, kdots, notes, no_dot = [], [], [], [], set()
 
   def elem(v):
     try:
@@ -111,14 +113,29 @@ def _lowered_gemms(lowered):
       target = ir.StringAttr(op.attributes["call_target_name"]).value
       if not _GEMM_TARGET.search(target):
         continue
-      desc = f"custom_call {target}({', '.join(types)})"
-      (fp8 if sum(_is_f8(t) for t in types) >= 2 else other).append(desc)
       if "triton" in target:
         dots, note = _triton_dots(op)
-        kdots += dots
         if note:
           notes.append(note)
-  return fp8, other, kdots, notes
+        elif not dots:  # a kernel without a dot: not a GEMM
+          no_dot.add(_kernel_name(op))
+          continue
+        kdots += dots
+      desc = f"custom_call {target}({', '.join(types)})"
+      (fp8 if sum(_is_f8(t) for t in types) >= 2 else other).append(desc)
+  no_dot.discard("")
+  return fp8, other, kdots, notes, no_dot
+
+
+def _kernel_name(custom_call) -> str:
+  """The `name` a Pallas Triton call was given ("" when it has none)."""
+  try:
+    from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
+
+    cfg = ir.DictAttr(custom_call.attributes["mhlo.backend_config"])
+    return ir.StringAttr(cfg["name"]).value
+  except Exception:  # pylint: disable=broad-except
+    return ""
 
 
 def _split_operands(rest: str) -> list[str]:
@@ -178,8 +195,10 @@ def _parse_hlo(hlo_text: str) -> dict:
   return defs
 
 
-def compiled_hlo_gemms(hlo_text: str):
-  """GEMMs of an optimized HLO module's text: (fp8, other, upcasts)."""
+def compiled_hlo_gemms(hlo_text: str, no_dot_kernels=()):
+  """GEMMs of an optimized HLO module's text: (fp8, other, upcasts). no_dot_kernels: names of
+  Pallas kernels known to hold no dot (`_lowered_gemms`); their Triton calls, which name them
+  in their op_name, are not counted."""
   defs = _parse_hlo(hlo_text)
   roots = {d["comp"]: n for n, d in defs.items() if d["root"]}
   callers = {}
@@ -232,6 +251,9 @@ def compiled_hlo_gemms(hlo_text: str):
     elif d["op"] == "custom-call":
       target = re.search(r'custom_call_target="([^"]+)"', d["line"])
       target = target.group(1) if target else "?"
+      op_name = re.search(r'op_name="([^"]*)"', d["line"])
+      if "triton" in target and op_name and any(k in op_name.group(1) for k in no_dot_kernels):
+        continue
       if _GEMM_TARGET.search(target):
         desc = f"custom-call {target}({', '.join(types)})"
         (fp8 if sum(_is_f8(t) for t in types) >= 2 else other).append(desc)
@@ -266,7 +288,7 @@ def check_fp8_in_compiled(
   local = _platform(None)
   traced = jax.jit(fn).trace(*args)
   lowered = traced.lower(lowering_platforms=(plat,))
-  fp8, other, kdots, notes = _lowered_gemms(lowered)
+  fp8, other, kdots, notes, no_dot = _lowered_gemms(lowered)
   upcasts: list[str] = []
   if compile is None:
     compile = plat == local and plat in ("cuda", "rocm")
@@ -274,7 +296,7 @@ def check_fp8_in_compiled(
   if compile:
     if plat != local:
       raise ValueError(f"check_fp8_in_compiled: cannot compile for {plat!r} on a {local!r} host")
-    fp8, other, upcasts = compiled_hlo_gemms(lowered.compile().as_text())
+    fp8, other, upcasts = compiled_hlo_gemms(lowered.compile().as_text(), no_dot)
     stage = "compiled"
   kernel_ok = all(
     _is_f8(t) for d in kdots for t in re.match(r"tt\.dot\((\w+), (\w+)\)", d).groups()

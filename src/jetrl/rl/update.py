@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import optax
 
 from jetrl.models.attention import use_flash
+from jetrl.models.layers import activation_dtype
 from jetrl.models.lora import LoraConfig, attach, freeze_base
 from jetrl.precision import Precision
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics
@@ -343,7 +344,12 @@ def train_step(
       model_config,
       rows // n_micro,
       batch.inputs.shape[1],
-      flash=use_flash(precision, batch.inputs.shape[1], model_config.head_dim),
+      flash=use_flash(
+        precision,
+        batch.inputs.shape[1],
+        model_config.head_dim,
+        activation_dtype(precision, state.params),
+      ),
     ),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,
