@@ -138,6 +138,20 @@ def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
 
 
 GEMM_FLOP_MULT = {"train_bf16": 3.0, "train_jet": 3.0, "train_jet_fq": 3.0}
+PROFILE_ITERS = 20
+
+
+def kernel_time(fn, args, name: str) -> dict:
+  """At decode sizes a call's wall time in a loop is mostly its launch and the loop's round
+  trip, where a decode step runs its GEMMs inside a CUDA graph: the device time of the call's
+  own kernels, from the profiler over PROFILE_ITERS calls (`kernel_us`, the loop counter's
+  small kernels included, the same for every variant; `kernels` a call)."""
+  run = jax.jit(common.call_loop(fn, PROFILE_ITERS))
+  jax.block_until_ready(run(*args))
+  s = common.profile(lambda: jax.block_until_ready(run(*args)), PROFILE_ITERS, name)
+  if not s.get("kernels"):
+    return dict(kernel_note=s.get("note", "no kernels"))
+  return dict(kernel_us=1e3 * s["busy_ms"] / PROFILE_ITERS, kernels=s["kernels_per_step"])
 
 
 def run_gemms(ms, models, interpret: bool, repeats: int, decode_ms=()):
@@ -159,6 +173,8 @@ def run_gemms(ms, models, interpret: bool, repeats: int, decode_ms=()):
           try:
             t = loop_time(fn, args, est * GEMM_FLOP_MULT.get(var, 1.0), repeats)
             row[var] = dict(us=1e6 * t, tflops=f / t / 1e12, frac_peak=f / t / peak)
+            if decode and FLAGS.profile:
+              row[var].update(kernel_time(fn, args, f"{model} {name} {m} {var}"))
           except Exception as e:  # pylint: disable=broad-except
             row[var] = dict(error=error_text(e))
         base = row.get("bf16", {}).get("us")

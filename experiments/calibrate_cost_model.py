@@ -23,6 +23,7 @@ ones that match the measurements.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -217,13 +218,15 @@ def main(argv):
   import numpy as np
   from scipy.optimize import minimize
 
-  names = list(cost.CostParams().as_dict())
+  names = [n for n in cost.CostParams().as_dict() if n in BOUNDS]  # the rest are measured
   lo = np.log([BOUNDS[n][0] for n in names])
   hi = np.log([BOUNDS[n][1] for n in names])
 
   def params_of(x):
     x = np.clip(x, lo, hi)
-    return cost.CostParams(**{n: float(np.exp(v)) for n, v in zip(names, x)})
+    return dataclasses.replace(
+      cost.load_params()[0], **{n: float(np.exp(v)) for n, v in zip(names, x)}
+    )
 
   def loss(x):
     return float(np.mean([math.log(p / s) ** 2 for p, s in loss_items(params_of(x))]))

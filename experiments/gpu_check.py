@@ -225,6 +225,28 @@ def summary(bench, peers, tests) -> str:
         f"{_fmt(pt('bf16'))} | {_fmt(pt('fp8_block'))} |"
       )
     out.append("")
+    timed = [
+      r for r in bench["gemm"] if any("kernel_us" in v for v in r.values() if isinstance(v, dict))
+    ]
+    if timed:
+      names = [
+        v for v in ("bf16", "fp8_cublaslt", "linear", "linear_fq") if any(v in r for r in timed)
+      ]
+      names += sorted({v for r in timed for v in r if v.startswith("fp8_pallas")})
+      out += [
+        "## Decode-size GEMMs: device time of a call's kernels (us; profiler, in a loop)",
+        "",
+        "| model | layer | M x K x N | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+      ]
+      for r in timed:
+        cells = [_fmt((r.get(v) or {}).get("kernel_us"), ".1f") for v in names]
+        out.append(
+          f"| {r['model']} | {r['layer']} | {r['m']}x{r['k']}x{r['n']} | "
+          + " | ".join(cells)
+          + " |"
+        )
+      out.append("")
   for key, title, cols in (
     (
       "rollout",

@@ -151,3 +151,65 @@ def test_shapes_of_tuples_and_fp8():
   assert hlo.nbytes("(f8e4m3fn[16,896]{1,0}, s32[2])") == 16 * 896 + 8
   with pytest.raises(ValueError, match="element type"):
     hlo.nbytes("q7[3]")
+
+
+OCCUPANCY = """HloModule o, is_scheduled=true
+
+ENTRY %main (x: bf16[64,1536], a: f8e4m3fn[64,1536], b: f8e4m3fn[2048,1536], sa: f32[12,64], sb: f32[16,12], c: f8e4m3fn[64,8960], d: f8e4m3fn[1536,8960], sc: f32[70,64], sd: f32[12,70]) -> bf16[64,1536] {
+  %x = bf16[64,1536]{1,0} parameter(0)
+  %a = f8e4m3fn[64,1536]{1,0} parameter(1)
+  %b = f8e4m3fn[2048,1536]{1,0} parameter(2)
+  %sa = f32[12,64]{1,0} parameter(3)
+  %sb = f32[16,12]{1,0} parameter(4)
+  %c = f8e4m3fn[64,8960]{1,0} parameter(5)
+  %d = f8e4m3fn[1536,8960]{1,0} parameter(6)
+  %sc = f32[70,64]{1,0} parameter(7)
+  %sd = f32[12,70]{1,0} parameter(8)
+  %norm = (bf16[64,1536]{1,0}, f8e4m3fn[64,1536]{1,0}) custom-call(%x), custom_call_target="__gpu$xla.gpu.triton", backend_config={debug = false, grid_x = 8 : i32, grid_y = 1 : i32, grid_z = 1 : i32, name = "decode_norm_quant"}
+  %qkv = (bf16[64,2048]{1,0}, u8[1024]{0}) custom-call(%a, %b, %sa, %sb), custom_call_target="jetrl_fp8_blockwise_gemm"
+  %down = (bf16[64,1536]{1,0}, u8[1024]{0}) custom-call(%c, %d, %sc, %sd), custom_call_target="jetrl_fp8_blockwise_gemm"
+  ROOT %y = bf16[64,1536]{1,0} get-tuple-element(%norm), index=0
+}
+"""
+
+
+def test_occupancy_of_a_grid_and_of_fp8_gemm_tiles():
+  """A Pallas kernel of 8 programs uses 8 of an H200's 132 multiprocessors; cuBLASLt's FP8 GEMM
+  runs 128 x 128 tiles (64 x 2048: 16 of them), split four ways where its contraction is long
+  (8960 = 70 blocks); the model divides the kernel's work by that share (hand-computed)."""
+  k = {x.name: x for x in kernels.kernels(OCCUPANCY).kernels}
+  assert (k["norm"].programs, k["qkv"].programs, k["down"].programs) == (8, 16, 12 * 4)
+  target = get_target("h200")
+  p = cost.CostParams(bw_eff=0.5, gemm_eff_fp8=0.5)
+  bytes_norm = 64 * 1536 * 2 * 2 + 64 * 1536
+  assert cost.work_seconds(k["norm"], target, p) == pytest.approx(bytes_norm / 2.4e12 / (8 / 132))
+  bytes_qkv = 64 * 1536 + 2048 * 1536 + (12 * 64 + 16 * 12) * 4 + 64 * 2048 * 2
+  assert cost.work_seconds(k["qkv"], target, p) == pytest.approx(bytes_qkv / 2.4e12 / (16 / 132))
+  assert cost.occupancy(k["down"], target) == pytest.approx(48 / 132)  # split-K: 4 x 12 tiles
+  assert cost.occupancy(k["norm"], get_target("tpu-v5e")) == 1.0  # not modelled there
+  # A GEMM takes at least gemm_floor_us on a GPU (its K loop's latency), however few its bytes.
+  tiny = kernels.Kernel("t", "cublas", "c", 1e3, 1e3, 2e6, 1, "bf16")
+  assert cost.work_seconds(tiny, target, p) == pytest.approx(p.gemm_floor_us * 1e-6)
+
+
+def _attention_module(grid_y: int) -> str:
+  return f"""HloModule a, is_scheduled=true
+
+ENTRY %main (q: bf16[4,8,128], k: bf16[4,2,1024,128], v: bf16[4,2,1024,128]) -> bf16[4,8,128] {{
+  %q = bf16[4,8,128]{{2,1,0}} parameter(0)
+  %k = bf16[4,2,1024,128]{{3,2,1,0}} parameter(1)
+  %v = bf16[4,2,1024,128]{{3,2,1,0}} parameter(2)
+  ROOT %att = bf16[4,8,128]{{2,1,0}} custom-call(%q, %k, %v), custom_call_target="__gpu$xla.gpu.triton", backend_config={{debug = false, grid_x = 4 : i32, grid_y = {grid_y} : i32, grid_z = 1 : i32, name = "decode_attention_512slots"}}
+}}
+"""
+
+
+def test_decode_attention_reads_its_slots_once_per_program():
+  """512 of 1024 slots of each cache, read once by a program per (row, kv head) and four times
+  by a program per query head (8 query heads on 2 kv heads), by hand."""
+  slots = 2 * 4 * 2 * 512 * 128 * 2  # k and v: B x Hkv x n x Dh bf16
+  q = 4 * 8 * 128 * 2
+  for grid_y, times in ((2, 1), (8, 4)):
+    (k,) = kernels.kernels(_attention_module(grid_y)).kernels
+    assert k.programs == 4 * grid_y
+    assert k.bytes_read == q + slots * times

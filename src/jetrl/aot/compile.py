@@ -93,10 +93,20 @@ class Compiled:
 
 
 def aggregate(kernels: list[_kn.Kernel]) -> list[dict]:
-  """Kernels with the same kind, traffic, FLOPs and loop merged (counts added), as dicts."""
+  """Kernels with the same kind, traffic, FLOPs, thread blocks and loop merged (counts added),
+  as dicts."""
   acc: dict = collections.OrderedDict()
   for k in kernels:
-    key = (k.kind, k.bytes_read, k.bytes_written, k.flops, k.gemm_dtype, k.loop, k.computation)
+    key = (
+      k.kind,
+      k.bytes_read,
+      k.bytes_written,
+      k.flops,
+      k.gemm_dtype,
+      k.loop,
+      k.computation,
+      k.programs,
+    )
     if key in acc:
       acc[key]["count"] += k.count
     else:

@@ -1,6 +1,9 @@
 """An estimate of a compiled program's time on its target, from its kernels (jetrl.aot.kernels).
 
-Per kernel: max(bytes / (HBM bandwidth x bw_eff), FLOPs / (peak x gemm_eff)), plus its
+Per kernel: max(bytes / (HBM bandwidth x bw_eff), FLOPs / (peak x gemm_eff)) / occupancy,
+where occupancy = min(1, programs / the target's multiprocessors) for a kernel whose thread
+blocks the program fixes (a Pallas grid, cuBLASLt FP8 tiles: `Kernel.programs`; a kernel of 8
+programs on an H200's 132 multiprocessors gets 8/132 of its bandwidth), plus its
 launch: launch_us on its own, in_graph_us inside a command buffer (a CUDA graph, which costs
 graph_us to launch), as XLA's thunk sequence for the program says (jetrl.aot.thunks; every
 kernel on its own where there is none);
@@ -34,6 +37,8 @@ CALIBRATION = Path(__file__).parent / "calibration.json"
 # assumption, about what Triton's flash attention reaches on Hopper (0.3 of the bf16 peak,
 # against cuBLAS's fitted gemm_eff_bf16 0.81).
 PALLAS_GEMM_EFF = 0.3
+# Library GEMM kernels (the `gemm_floor_us` floor applies to them on a GPU).
+GEMM_KINDS = ("cublas", "cublaslt_fp8", "jetrl_fp8_ffi", "gemm_fusion")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,11 @@ class CostParams:
   bw_eff: float = 0.8
   gemm_eff_bf16: float = 0.7
   gemm_eff_fp8: float = 0.6
+  # Measured, not fitted: the least time a GEMM kernel took. In a decode step on an H200
+  # (docs/device/2026-12-04-h200-1, the profile) cuBLAS's bf16 GEMMs of 5 to 7 MB took 5.4 to
+  # 5.6 us each, where their bytes at the fitted bandwidth come to 1.8 to 2.2 us: the latency
+  # of their K loop, which a bandwidth model does not see.
+  gemm_floor_us: float = 5.5
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -79,7 +89,18 @@ def work_seconds(k: Kernel, target: Target, p: CostParams) -> float:
     else:
       peak, eff = target.peak_bf16_tflops, p.gemm_eff_bf16
     t_flop = k.flops / (peak * 1e12 * eff)
-  return max(t_mem, t_flop)
+  t = max(t_mem, t_flop) / occupancy(k, target)
+  if k.flops and k.kind in GEMM_KINDS and target.platform == "gpu":
+    t = max(t, p.gemm_floor_us * 1e-6)
+  return t
+
+
+def occupancy(k: Kernel, target: Target) -> float:
+  """The share of the device a kernel's thread blocks can use: min(1, programs / SMs), 1 where
+  either is unknown."""
+  if not k.programs or not target.sms:
+    return 1.0
+  return min(1.0, k.programs / target.sms)
 
 
 def kernel_seconds(k: Kernel, target: Target, p: CostParams) -> float:

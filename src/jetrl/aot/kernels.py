@@ -86,6 +86,7 @@ class Kernel:
   count: int
   gemm_dtype: str = ""  # the element type of its GEMM's operands ("f8", "bf16", "f32"); "" none
   loop: Optional[str] = None  # the `while` instruction whose body it is in (innermost)
+  programs: int = 0  # thread blocks it runs, where known (`_programs`); 0: enough to fill a GPU
 
   @property
   def bytes(self) -> float:
@@ -176,9 +177,12 @@ def _pallas_flops(ins: Instr, table: dict[str, Instr]) -> float:
 SLOT_KERNEL = re.compile(r'name = \\?"decode_(?:step_)?attention_(\d+)slots\\?"')
 
 
-def _slot_traffic(ins: Instr, table: dict[str, Instr], read: float, written: float):
+def _slot_traffic(ins: Instr, table: dict[str, Instr], read: float, written: float, programs=0):
   """(bytes read, bytes written) of a decode attention kernel (`SLOT_KERNEL`); others as
-  given. Operands [B, Hkv, S, Dh] count n of their S slots; results of that rank, one slot."""
+  given. Operands [B, Hkv, S, Dh] count n of their S slots, once per program that reads them:
+  a grid of `programs` over B x Hkv caches reads each programs / (B Hkv) times (a program per
+  query head reads its kv head's slots again for each query head of the group); results of
+  that rank, one slot."""
   m = SLOT_KERNEL.search(ins.attrs)
   if not m:
     return read, written
@@ -188,12 +192,46 @@ def _slot_traffic(ins: Instr, table: dict[str, Instr], read: float, written: flo
     if o in table:
       (dt, dims), *rest = shapes(table[o].type) or [("", ())]
       size = nbytes(table[o].type)
-      read += size * n / dims[2] if not rest and len(dims) == 4 and dims[2] >= n else size
+      if not rest and len(dims) == 4 and dims[2] >= n:
+        times = max(1.0, programs / (dims[0] * dims[1])) if programs else 1.0
+        read += size * n / dims[2] * times
+      else:
+        read += size
   written = 0.0
   for dt, dims in shapes(ins.type):
     size = dtype_bytes(dt) * math.prod(dims)
     written += size / dims[2] if len(dims) == 4 else size
   return read, written
+
+
+# cuBLASLt's blockwise-scaled FP8 GEMM runs 128 x 128 output tiles, one thread block each (the
+# nvjet ..._128x128_... kernels of the 2026-12-04 H200 profile); with few tiles it split the
+# contraction only where it was long: K = 8960 (70 blocks) ran split-K, K = 1536 (12) did not.
+# The split's factor is not in the profile; 4 gives its measured time (12 us a call for the
+# 64 x 8960 x 1536 down projection against 9.7 us for o's 12 tiles at K = 1536).
+FP8_GEMM_TILE = 128
+FP8_SPLIT_K_BLOCKS = 32
+FP8_SPLIT_K = 4
+
+
+def _programs(ins: Instr, table: dict[str, Instr], kind: str) -> int:
+  """Thread blocks of a kernel, where the program says: a Pallas kernel's grid (its backend
+  config), jetrl's FP8 GEMM's output tiles (times FP8_SPLIT_K where its contraction is long
+  enough for cuBLASLt to split it). 0 otherwise (XLA's own kernels and cuBLAS pick their
+  tiles to fill the device)."""
+  if kind == "pallas":
+    dims = [int(v) for v in re.findall(r"grid_[xyz] = (\d+)", ins.attrs)]
+    return math.prod(dims) if dims else 0
+  if kind == "jetrl_fp8_ffi":
+    res = shapes(ins.type)
+    a = table.get(ins.operands[0]) if ins.operands else None
+    if not res or len(res[0][1]) != 2 or a is None:
+      return 0
+    p, q = res[0][1]
+    c = shapes(a.type)[0][1][-1]
+    tiles = -(-p // FP8_GEMM_TILE) * -(-q // FP8_GEMM_TILE)
+    return tiles * (FP8_SPLIT_K if -(-c // FP8_GEMM_TILE) >= FP8_SPLIT_K_BLOCKS else 1)
+  return 0
 
 
 def _gemm_dtype(operands: list, table: dict) -> str:
@@ -350,7 +388,7 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
         elif "triton" in target:
           kind = "pallas"
           flops = _pallas_flops(ins, table)
-          read, written = _slot_traffic(ins, table, read, written)
+          read, written = _slot_traffic(ins, table, read, written, _programs(ins, table, kind))
           gemm = _gemm_dtype(ins.operands, table) if flops else ""
         elif "cudnn" in target:
           kind = "cudnn"
@@ -368,7 +406,10 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
         if op == "dynamic-update-slice" and len(ins.operands) > 1:
           upd = nbytes(table[ins.operands[1]].type) if ins.operands[1] in table else 0
           read, written = upd, upd
-      out.append(Kernel(ins.name, kind, comp, read, max(written, 0.0), flops, count, gemm, loop))
+      programs = _programs(ins, table, kind) if op == "custom-call" else 0
+      out.append(
+        Kernel(ins.name, kind, comp, read, max(written, 0.0), flops, count, gemm, loop, programs)
+      )
 
   walk(mod.entry, 1, None)
   return Launches(out, iterations[0], trips_seen)

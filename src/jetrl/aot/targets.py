@@ -33,7 +33,9 @@ class Target:
   uses for float32 dots at default precision; the bf16 rate's share on a TPU, whose MXU runs
   float32 at default precision as one bf16 pass);
   hbm_gbps: HBM bandwidth per device in GB/s; hbm_gib: HBM per device; link_gbps: the
-  published device-to-device bandwidth one way, for collectives (not fitted on any measurement).
+  published device-to-device bandwidth one way, for collectives (not fitted on any measurement);
+  sms: streaming multiprocessors per device (0: not modelled), what a kernel of fewer programs
+  than that leaves idle (jetrl.aot.cost).
   """
 
   name: str
@@ -50,6 +52,7 @@ class Target:
   source: str = ""
   f32_share: float = 0.5  # float32 GEMM peak / bf16 peak
   link_gbps: float = 0.0  # device-to-device bandwidth per direction (NVLink / ICI), GB/s
+  sms: int = 0  # streaming multiprocessors (NVIDIA); 0: occupancy not modelled
 
   @property
   def peak_f32_tflops(self) -> float:
@@ -70,6 +73,7 @@ _H200 = dict(
   config="h200.txtpb",
   compute_capability="9.0",
   link_gbps=450.0,  # NVLink 4: 900 GB/s both directions
+  sms=132,  # H100 / H200 SXM (seen by PyTorch on a lent H200)
   source="NVIDIA H200 SXM datasheet (dense peaks, without sparsity)",
 )
 _H100 = dict(_H200, device_kind="NVIDIA H100", hbm_gbps=3350.0, hbm_gib=79.6, config="h100.txtpb")

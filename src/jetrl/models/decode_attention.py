@@ -1,10 +1,13 @@
 """A decode step's attention in one Pallas kernel (a GPU's; interpret mode on the CPU).
 
 One query a row attends to the first `n_slots` slots of a row's KV cache: one program per
-(row, query head) reads its kv head's keys and values in chunks of CHUNK slots with an
-online float32 softmax (scores q.k of compute-dtype values summed in float32, unnormalised
-probabilities rounded to the compute dtype before the p.v sum, as `attention.attend` rounds
-its probabilities), and writes the head's [Dh] output. XLA's form of the same step
+(row, kv head) reads that kv head's keys and values once, in chunks of CHUNK slots, and
+attends with each of the kv head's G query heads in turn, each with its own online float32
+softmax (scores q.k of compute-dtype values summed in float32, unnormalised probabilities
+rounded to the compute dtype before the p.v sum, as `attention.attend` rounds its
+probabilities), and writes the G heads' [Dh] outputs. (A program per query head read the
+cache G times: 42 us a layer at 64 rows and 512 slots on an H200, the largest item of a
+decode step, docs/device/2026-12-04-h200-1.) XLA's form of the same step
 (`attention.attend_one`) is three kernels a layer (the scores, the softmax, the p.v sum);
 this is one, and it reads only the slots it attends (`n_slots`) with no copy of them.
 
@@ -38,27 +41,54 @@ def supported(n_slots: int, head_dim: int) -> bool:
   return n_slots % CHUNK == 0 and n_slots > 0 and head_dim & (head_dim - 1) == 0
 
 
-def _kernel(q_ref, k_ref, v_ref, m_ref, o_ref, *, n_chunks: int, scale: float, cd):
+def _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks: int, scale: float, cd, init):
+  """The online softmax of each query head q in qs (float32 [Dh] each, or a pair of halves
+  (q1, q2)) over n_chunks chunks of the kv head's keys and values, each chunk read once for
+  all of them. allowed(start) -> bool [CHUNK] (the slots a query may see); init: each head's
+  (running max, total, accumulator). Returns each head's (total, acc)."""
   f32 = jnp.float32
-  q = q_ref[...].astype(cd).astype(f32)  # [Dh]
+  r = lambda a: a.astype(cd).astype(f32)
+  halves = isinstance(qs[0], tuple)
+  dh = v_ref.shape[-1]
+  lo, hi = pl.ds(0, dh // 2), pl.ds(dh // 2, dh // 2)
 
   def body(i, carry):
-    m, total, acc = carry
-    at = pl.ds(pl.multiple_of(i * CHUNK, CHUNK), CHUNK)
-    k = k_ref[at, :].astype(cd).astype(f32)  # [CHUNK, Dh]
-    s = jnp.sum(k * q[None, :], axis=1) * f32(scale)
-    s = jnp.where(m_ref[at] != 0, s, f32(MASK_VALUE))
-    m_new = jnp.maximum(m, jnp.max(s))
-    corr = jnp.exp(m - m_new)
-    p = jnp.exp(s - m_new)
-    v = v_ref[at, :].astype(cd).astype(f32)
-    pv = jnp.sum(p.astype(cd).astype(f32)[:, None] * v, axis=0)
-    return m_new, total * corr + jnp.sum(p), acc * corr + pv
+    start = pl.multiple_of(i * CHUNK, CHUNK)
+    at = pl.ds(start, CHUNK)
+    if halves:
+      k1, k2 = r(k_ref[at, lo]), r(k_ref[at, hi])
+    else:
+      k = r(k_ref[at, :])
+    v = r(v_ref[at, :])
+    ok = allowed(start)
+    out = []
+    for q, (m, total, acc) in zip(qs, carry):
+      if halves:
+        s = jnp.sum(k1 * q[0][None, :], axis=1) + jnp.sum(k2 * q[1][None, :], axis=1)
+      else:
+        s = jnp.sum(k * q[None, :], axis=1)
+      s = jnp.where(ok, s * f32(scale), f32(MASK_VALUE))
+      m_new = jnp.maximum(m, jnp.max(s))
+      corr = jnp.exp(m - m_new)
+      p = jnp.exp(s - m_new)
+      pv = jnp.sum(r(p)[:, None] * v, axis=0)
+      out.append((m_new, total * corr + jnp.sum(p), acc * corr + pv))
+    return tuple(out)
 
-  dh = q.shape[0]
-  init = (f32(MASK_VALUE), f32(0.0), jnp.zeros((dh,), f32))
-  _, total, acc = jax.lax.fori_loop(0, n_chunks, body, init)
-  o_ref[...] = (acc / total).astype(o_ref.dtype)
+  final = jax.lax.fori_loop(0, n_chunks, body, tuple(init))
+  return [(total, acc) for _, total, acc in final]
+
+
+def _kernel(q_ref, k_ref, v_ref, m_ref, o_ref, *, g: int, n_chunks: int, scale: float, cd):
+  f32 = jnp.float32
+  dh = q_ref.shape[-1]
+  qs = [q_ref[j].astype(cd).astype(f32) for j in range(g)]  # the group's heads, [Dh] each
+  init = [(f32(MASK_VALUE), f32(0.0), jnp.zeros((dh,), f32))] * g
+  allowed = lambda start: m_ref[pl.ds(start, CHUNK)] != 0
+  for j, (total, acc) in enumerate(
+    _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks, scale, cd, init)
+  ):
+    o_ref[j] = (acc / total).astype(o_ref.dtype)
 
 
 def decode_attention(
@@ -81,17 +111,18 @@ def decode_attention(
       f"{s} slots and a power-of-two head size; got q {q.shape}, n_slots {n_slots}"
     )
   g = h // hkv
+  group = pl.BlockSpec((None, g, dh), lambda i, j: (i, j, 0))  # kv head j's query heads
   out = pl.pallas_call(
-    functools.partial(_kernel, n_chunks=n_slots // CHUNK, scale=float(dh**-0.5), cd=cd),
+    functools.partial(_kernel, g=g, n_chunks=n_slots // CHUNK, scale=float(dh**-0.5), cd=cd),
     out_shape=jax.ShapeDtypeStruct((b, h, dh), cd),
-    grid=(b, h),
+    grid=(b, hkv),
     in_specs=[
-      pl.BlockSpec((None, None, dh), lambda i, j: (i, j, 0)),
-      pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j // g, 0, 0)),
-      pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j // g, 0, 0)),
+      group,
+      pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j, 0, 0)),
+      pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j, 0, 0)),
       pl.BlockSpec((None, s), lambda i, j: (i, 0)),
     ],
-    out_specs=pl.BlockSpec((None, None, dh), lambda i, j: (i, j, 0)),
+    out_specs=group,
     compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     interpret=interpret,
     name=f"decode_attention_{n_slots}slots",  # read by jetrl.aot.kernels
@@ -115,61 +146,54 @@ def _step_kernel(*refs, g: int, n_chunks: int, scale: float, cd, bias: bool, qua
   cos_ref, sin_ref, idx_ref, m_ref, k_ref, v_ref = take(6)
   outs = refs[:-2]  # (o,) or (q, s_t): the attention output; the caches' outputs follow
   ko_ref, vo_ref = refs[-2:]
-  dh = yq_ref.shape[-1]
+  dh = yk_ref.shape[-1]
   half = dh // 2
   lo, hi = pl.ds(0, half), pl.ds(half, half)
   r = lambda a: a.astype(cd).astype(f32)
 
-  def head(y_ref, b_ref, part):
-    x = y_ref[part].astype(f32)
-    return x if b_ref is None else r(x + b_ref[part].astype(f32))  # y + bias, in cd
+  def head(y_ref, b_ref, *at):
+    """A head's part (at: [j,] columns) of the projection, with its bias, as float32."""
+    x = y_ref[at].astype(f32)
+    return x if b_ref is None else r(x + b_ref[at].astype(f32))  # y + bias, in cd
 
   c1, c2 = cos_ref[lo].astype(f32), cos_ref[hi].astype(f32)
   s1, s2 = sin_ref[lo].astype(f32), sin_ref[hi].astype(f32)
-  q1, q2 = _rope_halves(head(yq_ref, bq_ref, lo), head(yq_ref, bq_ref, hi), c1, c2, s1, s2, cd)
   k1, k2 = _rope_halves(head(yk_ref, bk_ref, lo), head(yk_ref, bk_ref, hi), c1, c2, s1, s2, cd)
   v_new = head(yv_ref, bv_ref, pl.ds(0, dh))
   idx = idx_ref[0]
 
-  # The new token's key and value go into slot idx of its kv head, written once (by the
-  # group's first query head); every query head takes them from registers, not the cache.
-  @pl.when(pl.program_id(1) % g == 0)
-  def _():
-    row = pl.ds(idx, 1)
-    ko_ref[row, lo] = k1[None, :].astype(ko_ref.dtype)
-    ko_ref[row, hi] = k2[None, :].astype(ko_ref.dtype)
-    vo_ref[row, :] = v_new[None, :].astype(vo_ref.dtype)
+  # The new token's key and value go into slot idx of the kv head, written once; every query
+  # head of the group takes them from registers, not the cache.
+  row = pl.ds(idx, 1)
+  ko_ref[row, lo] = k1[None, :].astype(ko_ref.dtype)
+  ko_ref[row, hi] = k2[None, :].astype(ko_ref.dtype)
+  vo_ref[row, :] = v_new[None, :].astype(vo_ref.dtype)
 
-  # The new slot first (an online softmax's first term), masked as its own mask says.
-  s_new = (jnp.sum(q1 * r(k1)) + jnp.sum(q2 * r(k2))) * f32(scale)
-  s_new = jnp.where(m_ref[idx] != 0, s_new, f32(MASK_VALUE))
-  init = (s_new, f32(1.0), r(v_new))
-
-  def body(i, carry):
-    m, total, acc = carry
-    start = pl.multiple_of(i * CHUNK, CHUNK)
-    at = pl.ds(start, CHUNK)
-    s = jnp.sum(r(k_ref[at, lo]) * q1[None, :], axis=1) + jnp.sum(
-      r(k_ref[at, hi]) * q2[None, :], axis=1
+  qs, init = [], []
+  new_ok = m_ref[idx] != 0
+  for j in range(g):
+    q1, q2 = _rope_halves(
+      head(yq_ref, bq_ref, j, lo), head(yq_ref, bq_ref, j, hi), c1, c2, s1, s2, cd
     )
-    s = s * f32(scale)
-    slots = start + jax.lax.broadcasted_iota(jnp.int32, (CHUNK,), 0)
-    s = jnp.where((m_ref[at] != 0) & (slots != idx), s, f32(MASK_VALUE))
-    m_new = jnp.maximum(m, jnp.max(s))
-    corr = jnp.exp(m - m_new)
-    p = jnp.exp(s - m_new)
-    pv = jnp.sum(r(p)[:, None] * r(v_ref[at, :]), axis=0)
-    return m_new, total * corr + jnp.sum(p), acc * corr + pv
+    qs.append((q1, q2))
+    # The new slot first (an online softmax's first term), masked as its own mask says.
+    s_new = (jnp.sum(q1 * r(k1)) + jnp.sum(q2 * r(k2))) * f32(scale)
+    init.append((jnp.where(new_ok, s_new, f32(MASK_VALUE)), f32(1.0), r(v_new)))
 
-  _, total, acc = jax.lax.fori_loop(0, n_chunks, body, init)
-  o = (acc / total).astype(cd)
-  if quant is None:
-    outs[0][...] = o
-    return
-  q_ref, st_ref = outs
-  q, s = _qk.quantize_groups(o.astype(f32)[None, :], quant, interpret)  # the head: one group
-  q_ref[...] = q[0]
-  st_ref[...] = s.reshape(1, 1)
+  def allowed(start):
+    slots = start + jax.lax.broadcasted_iota(jnp.int32, (CHUNK,), 0)
+    return (m_ref[pl.ds(start, CHUNK)] != 0) & (slots != idx)
+
+  results = _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks, scale, cd, init)
+  for j, (total, acc) in enumerate(results):
+    o = (acc / total).astype(cd)
+    if quant is None:
+      outs[0][j] = o
+      continue
+    q_ref, st_ref = outs
+    q, s = _qk.quantize_groups(o.astype(f32)[None, :], quant, interpret)  # the head: one group
+    q_ref[j] = q[0]
+    st_ref[pl.ds(j, 1), :] = s.reshape(1, 1)
 
 
 def fuses_layer(layer, config) -> bool:
@@ -225,15 +249,23 @@ def decode_step_attention(
   if quant is not None and dh != 128:
     raise ValueError(f"decode_step_attention: quant needs a head size of 128, got {dh}")
   g = h // hkv
+  # Program (row i, kv head j): its G query heads, then its key and value heads (after the H
+  # query heads and the Hkv key heads); the biases likewise.
   y3 = y.reshape(b, h + 2 * hkv, dh)
-  head = lambda off, per: pl.BlockSpec((None, None, dh), lambda i, j: (i, off + j // per, 0))
-  specs = [head(0, 1), head(h, g), head(h + hkv, g)]
+  specs = [
+    pl.BlockSpec((None, g, dh), lambda i, j: (i, j, 0)),
+    pl.BlockSpec((None, None, dh), lambda i, j: (i, h + j, 0)),
+    pl.BlockSpec((None, None, dh), lambda i, j: (i, h + hkv + j, 0)),
+  ]
   args = [y3, y3, y3]
   if bias is not None:
-    bspec = lambda per: pl.BlockSpec((None, dh), lambda i, j: (j // per, 0))
-    specs += [bspec(1), bspec(g), bspec(g)]
+    specs += [
+      pl.BlockSpec((g, dh), lambda i, j: (j, 0)),
+      pl.BlockSpec((None, dh), lambda i, j: (j, 0)),
+      pl.BlockSpec((None, dh), lambda i, j: (j, 0)),
+    ]
     args += [a.reshape(-1, dh) for a in bias]
-  cache_spec = pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j // g, 0, 0))
+  cache_spec = pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j, 0, 0))
   row = pl.BlockSpec((None, dh), lambda i, j: (i, 0))
   specs += [
     row,
@@ -251,15 +283,13 @@ def decode_step_attention(
     k_cache,
     v_cache,
   ]
+  group = pl.BlockSpec((None, g, dh), lambda i, j: (i, j, 0))
   if quant is None:
     out_shape = [jax.ShapeDtypeStruct((b, h, dh), cd)]
-    out_specs = [pl.BlockSpec((None, None, dh), lambda i, j: (i, j, 0))]
+    out_specs = [group]
   else:
     out_shape = [jax.ShapeDtypeStruct((b, h, dh), quant), jax.ShapeDtypeStruct((h, b), jnp.float32)]
-    out_specs = [
-      pl.BlockSpec((None, None, dh), lambda i, j: (i, j, 0)),
-      pl.BlockSpec((1, 1), lambda i, j: (j, i)),
-    ]
+    out_specs = [group, pl.BlockSpec((g, 1), lambda i, j: (j, i))]
   out_shape += [
     jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
     jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
@@ -278,7 +308,7 @@ def decode_step_attention(
       interpret=interpret,
     ),
     out_shape=tuple(out_shape),
-    grid=(b, h),
+    grid=(b, hkv),
     in_specs=specs,
     out_specs=tuple(out_specs),
     input_output_aliases={n_in - 2: len(out_shape) - 2, n_in - 1: len(out_shape) - 1},

@@ -36,7 +36,12 @@ from jetrl.precision import target as _target
 from jetrl.precision.formats import dtype_from_name, format_dtype
 
 G = _qk.B  # the 1 x 128 group
-ROWS = 8  # rows a program of the fused kernels takes (a decode step has tens of rows)
+ROWS = 8  # rows a program of `swiglu_quant` takes (a decode step has tens of rows)
+# Rows a program of `norm_quant` takes. Its programs are rows alone (a row's statistic needs
+# the whole row), so each is one row: at 8 rows a program a 64-row step ran 8 programs on an
+# H200's 132 multiprocessors, 13.2 us a call, 20% of jet's decode step (docs/device/
+# 2026-12-04-h200-1); one row a program runs 64.
+NORM_ROWS = 1
 
 
 def _r(a, cd):
@@ -76,9 +81,9 @@ def norm_quant(x, delta, weight, eps: float, cd, dtype, *, interpret=False, valu
   cd (delta None: x itself), weight [D], in one kernel. values=True also returns the bf16
   norm output that was quantized (for tests)."""
   m, d = x.shape
-  if m % ROWS or d % G:
-    raise ValueError(f"norm_quant: rows a multiple of {ROWS}, columns of {G}; got {x.shape}")
-  rows = pl.BlockSpec((ROWS, d), lambda i: (i, 0))
+  if m % NORM_ROWS or d % G:
+    raise ValueError(f"norm_quant: rows a multiple of {NORM_ROWS}, columns of {G}; got {x.shape}")
+  rows = pl.BlockSpec((NORM_ROWS, d), lambda i: (i, 0))
   args = [x] + ([delta] if delta is not None else []) + [weight]
   in_specs = [rows] * (2 if delta is not None else 1) + [pl.BlockSpec((d,), lambda i: (0,))]
   out_shape = [
@@ -86,7 +91,7 @@ def norm_quant(x, delta, weight, eps: float, cd, dtype, *, interpret=False, valu
     jax.ShapeDtypeStruct((m, d), dtype),
     jax.ShapeDtypeStruct((d // G, m), jnp.float32),
   ]
-  out_specs = [rows, rows, pl.BlockSpec((d // G, ROWS), lambda i: (0, i))]
+  out_specs = [rows, rows, pl.BlockSpec((d // G, NORM_ROWS), lambda i: (0, i))]
   if values:
     out_shape.append(jax.ShapeDtypeStruct((m, d), cd))
     out_specs.append(rows)
@@ -101,7 +106,7 @@ def norm_quant(x, delta, weight, eps: float, cd, dtype, *, interpret=False, valu
       interpret=interpret,
     ),
     out_shape=tuple(out_shape),
-    grid=(m // ROWS,),
+    grid=(m // NORM_ROWS,),
     in_specs=in_specs,
     out_specs=tuple(out_specs),
     compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
