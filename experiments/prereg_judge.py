@@ -1,0 +1,137 @@
+"""The pre-registered learning test's verdicts (docs/study/prereg_round3.md), from its runs.
+
+  python experiments/prereg_judge.py --runs=docs/study/prereg3/runs \
+      --exploratory=docs/study/dose9/runs --json_out=docs/study/prereg3/verdicts.json
+
+Reads every finished run (a `summary.json` beside its metrics.jsonl and eval.jsonl) under
+--runs/L<length>/<arm>/seed<s>, takes each run's outcomes (`jetrl.study.prereg`: primary, the
+mean training reward over the last 10 steps; secondary, the bf16-scored held-out accuracy over
+the last three evaluations) and applies the committed rules to the primary outcome per arm
+against bf16, paired by seed: drop / no drop / inconclusive with Holm's correction over the
+arms, and the crossover's attribution. The secondary outcome is reported with the same
+intervals, not judged. Arms under --exploratory (not part of the test, e.g. the mismatch
+dose-response) are reported against the same bf16 runs, not judged. A test cut short is
+judged on the seeds it finished (every arm's seeds are listed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from jetrl.study import StudyConfig  # noqa: E402
+from jetrl.study import prereg  # noqa: E402
+from jetrl.study.stats import BASELINE, paired_interval  # noqa: E402
+from jetrl.study.summary import summarize_run  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string(
+  "runs", "docs/study/prereg3/runs", "The test's runs: <dir>/L<len>/<arm>/seed<s>."
+)
+flags.DEFINE_list("exploratory", [], "Directories of runs of other arms, reported, not judged.")
+flags.DEFINE_integer("length", 9, "The task length the test ran at.")
+flags.DEFINE_string("json_out", None, "Write the verdicts and every run's outcomes here.")
+
+_SEED = re.compile(r"^seed(\d+)$")
+
+
+def rows_of(root: str, length: int) -> list[dict]:
+  """One row per finished run under root/L<length>: recipe, seed and `summarize_run`'s fields."""
+  base = os.path.join(root, f"L{length}")
+  if not os.path.isdir(base):
+    raise app.UsageError(f"--runs: no folder {base} (runs are kept as <dir>/L<len>/<arm>/seed<s>)")
+  cfg = StudyConfig()
+  rows = []
+  for arm in sorted(os.listdir(base)):
+    for s in sorted(os.listdir(os.path.join(base, arm))):
+      m = _SEED.match(s)
+      d = os.path.join(base, arm, s)
+      if m and os.path.exists(os.path.join(d, "summary.json")):
+        rows.append(dict(length=length, recipe=arm, seed=int(m.group(1)), **summarize_run(cfg, d)))
+  return rows
+
+
+def _interval_text(v: dict) -> str:
+  pts = lambda x: f"{100 * x:+.1f}"
+  return f"{pts(v['mean'])} [{pts(v['lo'])}, {pts(v['hi'])}]"
+
+
+def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]:
+  out = {"seeds": {}, "primary": {}, "secondary": {}, "exploratory": {}}
+  for r in rows + extra:
+    out["seeds"].setdefault(r["recipe"], []).append(r["seed"])
+  verdict = prereg.judge(rows, length, outcome=prereg.primary)
+  out["primary"] = verdict
+  sec = prereg.judge(rows, length, outcome=prereg.secondary)
+  out["secondary"] = sec["arms"]
+  base = {r["seed"]: r for r in rows if r["recipe"] == BASELINE}
+  for arm in sorted({r["recipe"] for r in extra}):
+    mine = {r["seed"]: r for r in extra if r["recipe"] == arm}
+    seeds = sorted(set(mine) & set(base))
+    out["exploratory"][arm] = {
+      name: paired_interval([fn(mine[s]) - fn(base[s]) for s in seeds])
+      for name, fn in (("primary", prereg.primary), ("secondary", prereg.secondary))
+    }
+  lines = [
+    f"Seeds finished: {', '.join(f'{a} {len(s)}' for a, s in sorted(out['seeds'].items()))}",
+    "",
+    "| arm | n | primary: - bf16, points [95% CI] | p | p (Holm) | call | secondary: - bf16 [95% CI] |",
+    "|---|---:|---|---:|---:|---|---|",
+  ]
+  for arm, v in verdict["arms"].items():
+    s = sec["arms"].get(arm)
+    lines.append(
+      f"| {arm} | {v['n']} | {_interval_text(v)} | {v['p']:.3f} | {v['p_holm']:.3f} | "
+      f"**{v['call']}** | {_interval_text(s) if s else '-'} |"
+    )
+  lines += ["", f"Attribution: **{verdict['attribution']}**"]
+  if out["exploratory"]:
+    lines += [
+      "",
+      "Exploratory (not judged):",
+      "",
+      "| arm | n | primary: - bf16 [95% CI] | p | secondary: - bf16 [95% CI] | p |",
+      "|---|---:|---|---:|---|---:|",
+    ]
+    for arm, v in out["exploratory"].items():
+      p, s = v["primary"], v["secondary"]
+      lines.append(
+        f"| {arm} | {p['n']} | {_interval_text(p)} | {p['p']:.3f} | {_interval_text(s)} | "
+        f"{s['p']:.3f} |"
+      )
+  out["runs"] = [
+    dict(
+      recipe=r["recipe"],
+      seed=r["seed"],
+      primary=prereg.primary(r),
+      secondary=prereg.secondary(r),
+      eval_accuracy_bf16=r["eval_accuracy_bf16"],
+      collapsed="collapsed" in r["diverged_why"],
+      abs_diff_mean=r["abs_diff_mean"],
+    )
+    for r in rows + extra
+  ]
+  return "\n".join(lines), out
+
+
+def main(argv):
+  del argv
+  rows = rows_of(FLAGS.runs, FLAGS.length)
+  if not any(r["recipe"] == BASELINE for r in rows):
+    raise app.UsageError(f"--runs: no finished {BASELINE} run under {FLAGS.runs}")
+  extra = [r for d in FLAGS.exploratory for r in rows_of(d, FLAGS.length)]
+  text, out = report(rows, extra, FLAGS.length)
+  print(text)
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w", encoding="utf-8") as f:
+      json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

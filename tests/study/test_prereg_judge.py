@@ -1,0 +1,55 @@
+"""experiments/prereg_judge.py on hand-made runs whose outcomes are known by hand: jet's
+training reward 20 points under bf16's in every seed (a drop), jet_exact's equal to bf16's (no
+drop), an exploratory arm reported and not judged."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(root, arm, seed, reward, acc):
+  d = root / "L9" / arm / f"seed{seed}"
+  d.mkdir(parents=True)
+  recs = [
+    {"step": s, "reward_mean": reward, "accuracy": reward, "agree/abs_diff_mean": 0.0,
+     "agree/abs_diff_max": 0.0, "agree/seq_abs_sum_mean": 0.0, "agree/seq_abs_sum_max": 0.0,
+     "agree/kl_k3": 0.0, "time/rollout": 1.0, "time/reward": 0.1, "time/update": 1.0}
+    for s in range(1, 31)
+  ]  # fmt: skip
+  (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+  evals = [{"step": s, "eval_accuracy": acc, "eval_accuracy_bf16": acc} for s in (0, 10, 20, 30)]
+  (d / "eval.jsonl").write_text("\n".join(json.dumps(e) for e in evals))
+  (d / "summary.json").write_text("{}")
+
+
+def test_judge_calls_by_hand(tmp_path):
+  runs, extra = tmp_path / "runs", tmp_path / "extra"
+  wobble = [0.00, 0.01, -0.01, 0.02]
+  for s, w in enumerate(wobble):
+    _run(runs, "bf16", s, 0.40 + w, 0.5 + w)
+    _run(runs, "jet", s, 0.20 + w + 0.001 * s, 0.3 + w)  # 20 points lower, nearly constant
+    _run(runs, "jet_exact", s, 0.40 + w, 0.5 + w)  # the same as bf16: differences all 0
+    _run(extra, "fp8_rollout_e5m2", s, 0.35 + w, 0.45 + w)
+  out = tmp_path / "v.json"
+  res = subprocess.run(
+    [sys.executable, "experiments/prereg_judge.py", f"--runs={runs}", f"--exploratory={extra}",
+     f"--json_out={out}"],
+    cwd=ROOT, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert res.returncode == 0, res.stderr[-2000:]
+  v = json.load(open(out))
+  arms = v["primary"]["arms"]
+  assert arms["jet"]["call"] == "drop"
+  assert abs(arms["jet"]["mean"] - (-0.20 + 0.0015)) < 1e-6  # mean of 0.001 s over s = 0..3
+  assert arms["jet_exact"]["call"] == "no drop" and arms["jet_exact"]["mean"] == 0.0
+  # Holm over the two arms: the smaller p doubled (jet_exact's p is 1)
+  assert abs(arms["jet"]["p_holm"] - min(1.0, 2 * arms["jet"]["p"])) < 1e-12
+  assert v["primary"]["attribution"] == "unresolved"  # jet drops; the crossover arms did not run
+  assert abs(v["secondary"]["jet"]["mean"] - (-0.2)) < 1e-9
+  e5 = v["exploratory"]["fp8_rollout_e5m2"]["primary"]
+  assert e5["n"] == 4 and abs(e5["mean"] - (-0.05)) < 1e-9
+  assert "Exploratory (not judged)" in res.stdout
+  assert sorted(v["seeds"]["jet"]) == [0, 1, 2, 3]
