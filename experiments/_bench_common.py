@@ -144,22 +144,32 @@ def random_prompts(vocab_size: int, n: int, length: int) -> list[list[int]]:
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """A recipe as measured: `fused_quant` runs it on cuBLASLt with the one-pass quantization
-  kernel (jetrl.precision.quant_kernel). Its results are labelled "<recipe>+fq"."""
+  kernel (jetrl.precision.quant_kernel), labelled "<recipe>+fq"; `decode_gemm` also runs a
+  decode step's FP8 GEMMs on the Pallas decode kernel (JETRL_DECODE_GEMM=pallas,
+  gemm_pallas.decode_matmul_nt), labelled "<recipe>+fq+pd"."""
 
   recipe: str
   fused_quant: bool = False
+  decode_gemm: bool = False
 
   @property
   def label(self) -> str:
-    return self.recipe + ("+fq" if self.fused_quant else "")
+    return self.recipe + ("+fq" if self.fused_quant else "") + ("+pd" if self.decode_gemm else "")
 
   def row(self) -> dict:
-    return dict(recipe=self.label, fused_quant=self.fused_quant)
+    return dict(recipe=self.label, fused_quant=self.fused_quant, decode_gemm=self.decode_gemm)
 
 
-def variants(recipes: Sequence[str], fused_quant: Sequence[str] = ()) -> tuple[Variant, ...]:
-  """Each recipe, then each of `fused_quant` (recipes too) with the one-pass kernel."""
-  return tuple(Variant(r) for r in recipes) + tuple(Variant(r, True) for r in fused_quant)
+def variants(
+  recipes: Sequence[str], fused_quant: Sequence[str] = (), decode_gemm: Sequence[str] = ()
+) -> tuple[Variant, ...]:
+  """Each recipe, then each of `fused_quant` (recipes too) with the one-pass kernel, then each
+  of `decode_gemm` with the one-pass kernel and the Pallas decode GEMM."""
+  return (
+    tuple(Variant(r) for r in recipes)
+    + tuple(Variant(r, True) for r in fused_quant)
+    + tuple(Variant(r, True, True) for r in decode_gemm)
+  )
 
 
 def recipe_of(variant: Variant, interpret: bool):
@@ -174,6 +184,25 @@ def recipe_of(variant: Variant, interpret: bool):
   if variant.fused_quant:
     return precision.with_gemm_backend(rec, "cublaslt")
   return rec
+
+
+@contextlib.contextmanager
+def decode_gemm(on: bool) -> Iterator[None]:
+  """With `on`, the Pallas decode GEMM while programs are traced inside, JAX's caches cleared
+  on entry and exit (the recipe object is the same as without it, so a cached trace would be
+  reused); else nothing."""
+  if not on:
+    yield
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+
+  jax.clear_caches()
+  gemms.set_decode_gemm("pallas")
+  try:
+    yield
+  finally:
+    gemms.set_decode_gemm(None)
+    jax.clear_caches()
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import numpy as np
 from _bench_common import (
   Variant,
   call_time,
+  decode_gemm,
   fused_quant,
   load_model,
   measure,
@@ -43,22 +44,25 @@ def run_rollout(model: str, settings, interpret: bool, variants=(Variant("bf16")
       rec = recipe_of(v, interpret)
 
       def one(v=v, rec=rec):
-        t0 = time.perf_counter()
-        run = lambda: sample(params, cfg, prompts, jax.random.PRNGKey(1), scfg, rec.rollout).tokens
-        with fused_quant(v.fused_quant):
-          jax.block_until_ready(run())
-        first = time.perf_counter() - t0
-        t = call_time(run, max(1, FLAGS.repeats - 1))
-        res = dict(
-          seconds=t,
-          tokens_per_s=batch * new_tokens / t,
-          ms_per_step=1e3 * t / new_tokens,
-          first_call_s=first,
-          compile_s=max(0.0, first - t),
-        )
-        if FLAGS.profile:  # per decode step: the prefill's kernels count in too
-          res["profile"] = profile(run, new_tokens, f"{v.label} rollout")
-        return res
+        with decode_gemm(v.decode_gemm):
+          t0 = time.perf_counter()
+          run = lambda: (
+            sample(params, cfg, prompts, jax.random.PRNGKey(1), scfg, rec.rollout).tokens
+          )
+          with fused_quant(v.fused_quant):
+            jax.block_until_ready(run())
+          first = time.perf_counter() - t0
+          t = call_time(run, max(1, FLAGS.repeats - 1))
+          res = dict(
+            seconds=t,
+            tokens_per_s=batch * new_tokens / t,
+            ms_per_step=1e3 * t / new_tokens,
+            first_call_s=first,
+            compile_s=max(0.0, first - t),
+          )
+          if FLAGS.profile:  # per decode step: the prefill's kernels count in too
+            res["profile"] = profile(run, new_tokens, f"{v.label} rollout")
+          return res
 
       row = dict(v.row(), batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
       done = f"{v.label} {batch}x{prompt_len}+{new_tokens}"

@@ -18,7 +18,8 @@ peers in one call):
   (d) one RL step (rollout, reward, advantages, update) with the time split.
 A part whose dependency is missing prints "skipped: <reason>" and the rest runs on.
 --rollout_fused_quant / --update_fused_quant also time recipes with the one-pass quantization
-kernel (rows "<recipe>+fq"). The parts live in _bench_gemm.py (a) and _bench_steps.py (b-d),
+kernel (rows "<recipe>+fq"); --rollout_decode_gemm also with the Pallas decode GEMM
+(JETRL_DECODE_GEMM=pallas; rows "<recipe>+fq+pd"). The parts live in _bench_gemm.py (a) and _bench_steps.py (b-d),
 over _bench_common.py.
 
 Without a GPU it exits with code 2 unless --allow_cpu is given; then it runs tiny shapes with the
@@ -87,6 +88,12 @@ flags.DEFINE_list(
   "Recipes whose rollout is also timed on cuBLASLt with the one-pass quantization kernel "
   "(reported as <recipe>+fq).",
 )
+flags.DEFINE_list(
+  "rollout_decode_gemm",
+  [],
+  "Recipes whose rollout is also timed with the one-pass quantization and the Pallas decode "
+  "GEMM (JETRL_DECODE_GEMM=pallas; reported as <recipe>+fq+pd).",
+)
 flags.DEFINE_list("update_recipes", ["bf16", "jet"], "Update recipes.")
 flags.DEFINE_list(
   "update_fused_quant",
@@ -132,6 +139,7 @@ def _check_recipes(fq_flag: str):
 for _name, _fq in (
   ("rollout_recipes", "rollout_fused_quant"),
   ("rollout_fused_quant", "rollout_fused_quant"),
+  ("rollout_decode_gemm", "rollout_decode_gemm"),
   ("update_recipes", "update_fused_quant"),
   ("update_fused_quant", "update_fused_quant"),
 ):
@@ -176,11 +184,13 @@ def setup_xla_flags() -> dict:
   return info
 
 
-def _variants(recipes_flag: str, fq_flag: str):
-  """The variants of two flags: recipes, and recipes also run with the one-pass kernel."""
+def _variants(recipes_flag: str, fq_flag: str, pd_flag: str = ""):
+  """The variants of the flags: recipes, recipes also run with the one-pass kernel, and (the
+  rollout) with the Pallas decode GEMM too."""
   from _bench_common import variants  # pylint: disable=import-outside-toplevel
 
-  return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag))
+  pd = getattr(FLAGS, pd_flag) if pd_flag else ()
+  return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag), pd)
 
 
 def _update_shape():
@@ -205,7 +215,7 @@ def main(argv):
   from _bench_steps import result_line, run_e2e, run_rollout, run_update, settings  # pylint: disable=import-outside-toplevel
   from jetrl.precision import backend, cublaslt  # pylint: disable=import-outside-toplevel
 
-  rollout_variants = _variants("rollout_recipes", "rollout_fused_quant")
+  rollout_variants = _variants("rollout_recipes", "rollout_fused_quant", "rollout_decode_gemm")
   update_variants = _variants("update_recipes", "update_fused_quant")
   on_gpu = jax.default_backend() == "gpu"
   if not on_gpu and not FLAGS.allow_cpu:

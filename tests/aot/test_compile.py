@@ -322,3 +322,36 @@ def test_compile_linear_command():
     assert float(row[8]) <= 0.55
   bad = subprocess.run(cmd[:2] + ["--m=0"], capture_output=True, text=True, env=env, cwd=root)
   assert bad.returncode != 0 and "--m: row counts of at least 1" in bad.stderr
+
+
+@need_cuda
+def test_the_decode_gemm_compiles_as_one_kernel_of_enough_programs():
+  """JETRL_DECODE_GEMM=pallas: a decode step's FP8 GEMM from a QuantizedInput compiles for an
+  H200 as one Pallas kernel of N / 16 programs for a 2048-wide projection (128, where
+  cuBLASLt's 128 x 128 tiles run 16), reading FP8 operands, its FLOPs counted."""
+  from jetrl.precision import QuantizedInput, get_recipe, linear, prequantize_weight
+  from jetrl.precision import gemms
+
+  target = get_target("h200")
+  rep = one_device_sharding(devices(target))
+  rollout = get_recipe("jet").rollout
+  xq = jax.ShapeDtypeStruct((64, 1536), jnp.float8_e4m3fn, sharding=rep)
+  xs = jax.ShapeDtypeStruct((12, 64), jnp.float32, sharding=rep)
+  w = jnp.zeros((1536, 2048), jnp.float32)
+  try:
+    gemms.set_decode_gemm("pallas")
+    with compiling_for(target):
+      wq = prequantize_weight(w, rollout.fprop, k_major=True)
+      wq = gemms.with_gemm_scales(wq, rollout.fprop)
+      spec = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), wq
+      )
+      f = jax.jit(lambda q, s, w_: linear(QuantizedInput(q, s), w_, rollout))
+      c = compile_program(Program("decode_gemm", f, (xq, xs, spec), {}), target)
+  finally:
+    gemms.set_decode_gemm(None)
+  (k,) = [k for k in c.launches.kernels if k.kind == "pallas"]
+  assert k.programs == 2048 // 16
+  assert not any(x.kind == "jetrl_fp8_ffi" for x in c.launches.kernels)
+  assert k.bytes_read >= 1536 * 2048  # the FP8 weight, a byte a value
+  assert k.flops == 2 * 64 * 2048 * 1536 and k.gemm_dtype == "f8"

@@ -37,8 +37,6 @@ CALIBRATION = Path(__file__).parent / "calibration.json"
 # assumption, about what Triton's flash attention reaches on Hopper (0.3 of the bf16 peak,
 # against cuBLAS's fitted gemm_eff_bf16 0.81).
 PALLAS_GEMM_EFF = 0.3
-# Library GEMM kernels (the `gemm_floor_us` floor applies to them on a GPU).
-GEMM_KINDS = ("cublas", "cublaslt_fp8", "jetrl_fp8_ffi", "gemm_fusion")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +50,8 @@ class CostParams:
   bw_eff: float = 0.8
   gemm_eff_bf16: float = 0.7
   gemm_eff_fp8: float = 0.6
-  # Measured, not fitted: the least time a GEMM kernel took. In a decode step on an H200
+  # Measured, not fitted: the least time a GEMM kernel (any kernel with FLOPs) took. In a
+  # decode step on an H200
   # (docs/device/2026-12-04-h200-1, the profile) cuBLAS's bf16 GEMMs of 5 to 7 MB took 5.4 to
   # 5.6 us each, where their bytes at the fitted bandwidth come to 1.8 to 2.2 us: the latency
   # of their K loop, which a bandwidth model does not see.
@@ -90,7 +89,7 @@ def work_seconds(k: Kernel, target: Target, p: CostParams) -> float:
       peak, eff = target.peak_bf16_tflops, p.gemm_eff_bf16
     t_flop = k.flops / (peak * 1e12 * eff)
   t = max(t_mem, t_flop) / occupancy(k, target)
-  if k.flops and k.kind in GEMM_KINDS and target.platform == "gpu":
+  if k.flops and target.platform == "gpu":  # a GEMM kernel, a library's or a Pallas one
     t = max(t, p.gemm_floor_us * 1e-6)
   return t
 

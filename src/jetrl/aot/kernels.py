@@ -158,9 +158,21 @@ def _custom_gemm_flops(ins: Instr, table: dict[str, Instr], target: str) -> floa
 FLASH_MATMULS = {"mha_forward": 2, "mha_backward": 7}
 
 
+# jetrl's Pallas GEMMs (jetrl.precision.gemm_pallas), whose operand a is [P, C] and result
+# [P, Q]: 2 P Q C FLOPs.
+PALLAS_GEMMS = ("fp8_decode_gemm", "fp8_blockwise_gemm")
+
+
 def _pallas_flops(ins: Instr, table: dict[str, Instr]) -> float:
-  """FLOPs of a Pallas flash-attention call (its custom call carries no dot to count): 2 per
-  multiply-add of FLASH_MATMULS[name] matmuls over q's [B, T, H, D], halved (causal)."""
+  """FLOPs of a Pallas call (its custom call carries no dot to count): jetrl's GEMM kernels'
+  (`PALLAS_GEMMS`), and the flash-attention kernels', 2 per multiply-add of
+  FLASH_MATMULS[name] matmuls over q's [B, T, H, D], halved (causal)."""
+  g = re.search(r'name = \\?"(' + "|".join(PALLAS_GEMMS) + r')\\?"', ins.attrs)
+  if g and ins.operands and ins.operands[0] in table:
+    a, out = shapes(table[ins.operands[0]].type), shapes(ins.type)
+    if a and out and len(a[0][1]) == 2 and len(out[0][1]) == 2:
+      return 2.0 * math.prod(out[0][1]) * a[0][1][1]
+    return 0.0
   m = re.search(r'name = \\?"(mha_forward|mha_backward)\\?"', ins.attrs)
   if not m or not ins.operands or ins.operands[0] not in table:
     return 0.0

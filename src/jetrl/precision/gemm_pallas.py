@@ -257,6 +257,95 @@ def scaled_matmul_nt(
   return out[:p, :q]
 
 
+# --- Decode sizes: x [M, K] from its 1 x 128 groups against a rollout's K-major weight -------
+
+DECODE_MAX_ROWS = 256
+# Programs a decode GEMM should run to keep an H100 / H200's 132 multiprocessors busy.
+DECODE_PROGRAMS = 128
+
+
+def decode_bn(n: int) -> int:
+  """Columns a program of `decode_matmul_nt` computes for an N-wide output: 32 where that
+  still gives DECODE_PROGRAMS programs, else 16 (a 2048-wide q / k / v projection: 128
+  programs of 16 columns; a 17920-wide gate / up: 560 of 32)."""
+  return 32 if n % 32 == 0 and n // 32 >= DECODE_PROGRAMS else 16
+
+
+def decode_supported(m: int, n: int, k: int) -> bool:
+  """Whether `decode_matmul_nt` takes x [M, K] @ w [K, N]: M a power of two from 16 to
+  DECODE_MAX_ROWS (the dot's row tile is all of M), K a multiple of 128, N of 16."""
+  return 16 <= m <= DECODE_MAX_ROWS and m & (m - 1) == 0 and k % 128 == 0 and n % 16 == 0
+
+
+def _decode_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, nk: int, fast: bool):
+  """All M rows x bn columns: loop over the contraction blocks, scale each partial (the row's
+  group scale times the column block's weight scale), add."""
+  m, bn = o_ref.shape
+
+  def body(kb, acc):
+    start = pl.multiple_of(kb * 128, 128)
+    part = _block_dot(a_ref[:, pl.ds(start, 128)], b_ref[:, pl.ds(start, 128)], fast, 128)
+    scale = sa_ref[kb, :][:, None] * sb_ref[0, kb]
+    return acc + scale * part
+
+  acc = lax.fori_loop(0, nk, body, jnp.zeros((m, bn), jnp.float32))
+  o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def decode_matmul_nt(
+  a: jax.Array,
+  sa_t: jax.Array,
+  b: jax.Array,
+  sb: jax.Array,
+  *,
+  bn: Optional[int] = None,
+  out_dtype=jnp.bfloat16,
+  interpret: bool = False,
+  num_warps: int = 4,
+  num_stages: int = 4,
+) -> jax.Array:
+  """out [M, N] = sum_kb sa_t[kb] sb[n // 128, kb] * (a[:, kb] @ b[:, kb]^T) for a decode
+  step's few rows: a [M, K] FP8 (a `QuantizedInput`'s values), sa_t [K/128, M] its group
+  scales as `QuantizedInput` holds them, b [N, K] FP8 (a rollout's K-major weight), sb its
+  128 x 128 block scales [ceil(N/128), >= K/128] as stored (cuBLASLt's padding columns are
+  not read). The arithmetic of `scaled_matmul_nt` (K-block dots of FP8 values, each scaled
+  by the product of its two scales and added in float32, block after block), with the scales
+  read where they lie and a program per bn columns (`decode_bn(N)` by default): N / bn
+  programs (128 for a 2048-wide projection at bn = 16), where cuBLASLt's 128 x 128 tiles give
+  a 64-row GEMM N / 128 (docs/benchmarks.md, "The decode step measured").
+  `decode_supported` says which shapes it takes."""
+  (m, k), n = a.shape, b.shape[0]
+  nk = k // 128
+  bn = bn or decode_bn(n)
+  if not decode_supported(m, n, k) or n % bn or 128 % bn or bn < 16 or b.shape[1] != k:
+    raise ValueError(
+      f"decode_matmul_nt: a [M, K] with M a power of two in [16, {DECODE_MAX_ROWS}], K a "
+      f"multiple of 128, b [N, K] with N a multiple of bn = {bn} (16, 32, 64 or 128); got a "
+      f"{a.shape}, b {b.shape}"
+    )
+  if sa_t.shape != (nk, m) or sb.shape[0] != -(-n // 128) or sb.shape[1] < nk:
+    raise ValueError(
+      f"decode_matmul_nt: scales [K/128, M] = {(nk, m)} and [ceil(N/128), >= K/128] = "
+      f"({-(-n // 128)}, >= {nk}) needed, got {sa_t.shape} and {sb.shape}"
+    )
+  per_block = 128 // bn
+  return pl.pallas_call(
+    functools.partial(_decode_kernel, nk=nk, fast=True),
+    out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+    grid=(n // bn,),
+    in_specs=[
+      pl.BlockSpec((m, k), lambda j: (0, 0)),
+      pl.BlockSpec((nk, m), lambda j: (0, 0)),
+      pl.BlockSpec((bn, k), lambda j: (j, 0)),
+      pl.BlockSpec((1, sb.shape[1]), lambda j: (j // per_block, 0)),
+    ],
+    out_specs=pl.BlockSpec((m, bn), lambda j: (0, j)),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+    interpret=interpret,
+    name="fp8_decode_gemm",
+  )(a, sa_t.astype(jnp.float32), b, sb.astype(jnp.float32))
+
+
 # --- The three GEMMs of `linear` ------------------------------------------------------------
 
 

@@ -128,6 +128,39 @@ def set_fused_quant(value: Optional[bool]) -> None:
     os.environ["JETRL_FUSED_QUANT"] = "1" if value else "0"
 
 
+DECODE_GEMMS = ("cublaslt", "pallas")
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_gemm_setting() -> str:
+  return os.environ.get("JETRL_DECODE_GEMM", "").strip()
+
+
+def decode_gemm() -> str:
+  """Which kernel runs a decode step's FP8 GEMMs from a `QuantizedInput` on a GPU
+  (cuBLASLt's blockwise GEMM, or `gemm_pallas.decode_matmul_nt`: a program per 32 columns
+  where cuBLASLt runs 128 x 128 tiles, for rows a power of two from 16 to 256): JETRL_DECODE_GEMM
+  says (read once; `set_decode_gemm` overrides it); unset, "cublaslt". The same FP8 values
+  and scales either way; the sums in another order (docs/numerics.md)."""
+  setting = _decode_gemm_setting() or "cublaslt"
+  if setting not in DECODE_GEMMS:
+    raise ValueError(
+      f"JETRL_DECODE_GEMM must be one of {list(DECODE_GEMMS)} or unset, got {setting!r}"
+    )
+  return setting
+
+
+def set_decode_gemm(value: Optional[str]) -> None:
+  """Use `value` ("cublaslt" or "pallas") for the decode GEMMs of programs traced from now on;
+  None: back to the default."""
+  _decode_gemm_setting.cache_clear()
+  if value is None:
+    os.environ.pop("JETRL_DECODE_GEMM", None)
+  else:
+    os.environ["JETRL_DECODE_GEMM"] = value
+  decode_gemm()  # a bad value is refused here, not at the next trace
+
+
 def _one_by_128(g) -> bool:
   """1 x 128 / 128 x 128 block scaling with plain scales: what the Pallas quantization kernels,
   the cuBLASLt block GEMM and a `QuantizedInput` serve."""
@@ -228,6 +261,8 @@ def fprop_quantized(x: QuantizedInput, w: QuantizedWeight, g, out_dtype) -> jax.
   name = _choose(g, m, n, k, g.fmt, g.fmt, out_dtype, True)
   if name == "cublaslt" and _one_by_128(g):
     q_t, s_t = w.nk_padded()
+    if decode_gemm() == "pallas" and w.k_major and _gp.decode_supported(m, n, k):
+      return _gp.decode_matmul_nt(x.q, x.scale_t, q_t, s_t, out_dtype=out_dtype)
     return _cublaslt.gemm_t(x.q, x.scale_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
   if name == "xla" and g.scaling == "block" and g.block == _qk.B:
     # fake_quant(x) is dequantize(quantize(x)): the same product from the given groups.
