@@ -37,6 +37,11 @@ flags.DEFINE_string(
 flags.DEFINE_list("exploratory", [], "Directories of runs of other arms, reported, not judged.")
 flags.DEFINE_integer("length", 9, "The task length the test ran at.")
 flags.DEFINE_string("json_out", None, "Write the verdicts and every run's outcomes here.")
+flags.DEFINE_list(
+  "dose", [], "Rollout-only arms of the dose-response (bf16 training), in the order to plot."
+)
+flags.DEFINE_string("gradients", None, "experiments/gradient_study.py's JSON (cosines to plot).")
+flags.DEFINE_string("dose_plot", None, "Write the dose-response figure (PNG) here.")
 
 _SEED = re.compile(r"^seed(\d+)$")
 
@@ -120,6 +125,52 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
   return "\n".join(lines), out
 
 
+def dose_points(rows, out, arms, length: int, gradients) -> list[dict]:
+  """Per rollout-only arm: its mismatch in the learning runs (mean over runs of each run's
+  mean over steps), its paired primary difference from bf16, and the gradient study's cosine
+  at the same length."""
+  grads = {}
+  if gradients:
+    for res in json.load(open(gradients, encoding="utf-8"))["results"]:
+      if res["length"] == length:
+        grads = {k: v["vs_own_cosine"]["mean"] for k, v in res["recipes"].items()}
+  points = []
+  for arm in arms:
+    mine = [r for r in rows if r["recipe"] == arm]
+    if not mine:
+      raise app.UsageError(f"--dose: no finished run of {arm!r}")
+    v = out["primary"]["arms"].get(arm) or out["exploratory"].get(arm, {}).get("primary")
+    mean = lambda k: float(sum(r[k] for r in mine) / len(mine))
+    points.append(
+      dict(
+        label=arm,
+        runs=len(mine),
+        kl=mean("kl_k3"),
+        abs_diff=mean("abs_diff_mean"),
+        diff=v["mean"],
+        lo=v["lo"],
+        hi=v["hi"],
+        grad_cosine=grads.get(arm),
+      )
+    )
+  return points
+
+
+def dose_table(points) -> str:
+  lines = [
+    "| rollout (bf16 training) | runs | k3 KL per token | mean \\|Δ\\| | primary - bf16 [95% CI] "
+    "| gradient cosine (one batch) |",
+    "|---|---:|---:|---:|---|---:|",
+  ]
+  for p in points:
+    cos = "-" if p["grad_cosine"] is None else f"{p['grad_cosine']:.3f}"
+    lines.append(
+      f"| {p['label']} | {p['runs']} | {p['kl']:.2e} | {p['abs_diff']:.2e} | "
+      f"{_interval_text(dict(mean=p['diff'], lo=p['lo'], hi=p['hi']))} | {cos} |"
+    )
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
   rows = rows_of(FLAGS.runs, FLAGS.length)
@@ -128,6 +179,13 @@ def main(argv):
   extra = [r for d in FLAGS.exploratory for r in rows_of(d, FLAGS.length)]
   text, out = report(rows, extra, FLAGS.length)
   print(text)
+  if FLAGS.dose:
+    out["dose"] = dose_points(rows + extra, out, FLAGS.dose, FLAGS.length, FLAGS.gradients)
+    print("\n" + dose_table(out["dose"]))
+    if FLAGS.dose_plot:
+      from jetrl.study.plots import dose_response_figure  # pylint: disable=import-outside-toplevel
+
+      dose_response_figure(out["dose"], FLAGS.dose_plot)
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w", encoding="utf-8") as f:
       json.dump(out, f, indent=1)

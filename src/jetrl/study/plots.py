@@ -215,3 +215,36 @@ def gradient_figure(results: Sequence[dict], path: str) -> str:
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return path
+
+
+def dose_response_figure(points: Sequence[dict], path: str) -> str:
+  """The mismatch dose-response with the trainer fixed at bf16: per rollout (one dict each:
+  `label`, `kl` (k3 KL of its rows under the trainer, mean over the learning runs), `diff`,
+  `lo`, `hi` (the paired difference of the test's primary outcome from bf16, with its 95%
+  interval) and optionally `grad_cosine` (experiments/gradient_study.py's cosine to the
+  gradient on the trainer's own rows at the same length)), against the dose on a log axis."""
+  plt = off_screen()
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  for i, p in enumerate(points):
+    c = plt.cm.tab10(i % 10)
+    y, lo, hi = 100 * p["diff"], 100 * p["lo"], 100 * p["hi"]
+    axes[0].errorbar([p["kl"]], [y], yerr=[[y - lo], [hi - y]], fmt="o", capsize=4, color=c,
+                     label=p["label"])  # fmt: skip
+    if p.get("grad_cosine") is not None:
+      axes[1].plot([p["kl"]], [p["grad_cosine"]], "o", color=c, label=p["label"])
+  axes[0].axhline(0, color="k", lw=0.8)
+  axes[0].axhline(-5, color="grey", ls=":", lw=0.8, label="-5 points (the test's margin)")
+  axes[0].set_ylabel("training reward, last 10 steps: - bf16 (points)")
+  axes[0].set_title("learning, paired over seeds (95% CI)", fontsize=10)
+  axes[1].set_ylabel("cosine to the gradient on bf16's own rows")
+  axes[1].set_title("one batch's gradient (149 tokens)", fontsize=10)
+  for ax in axes:
+    ax.set_xscale("log")
+    ax.set_xlabel("mismatch: k3 KL(rollout || bf16 trainer) per token")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return path
