@@ -51,10 +51,9 @@ class CostParams:
   gemm_eff_bf16: float = 0.7
   gemm_eff_fp8: float = 0.6
   # Measured, not fitted: the least time a GEMM kernel (any kernel with FLOPs) took. In a
-  # decode step on an H200
-  # (docs/device/2026-12-04-h200-1, the profile) cuBLAS's bf16 GEMMs of 5 to 7 MB took 5.4 to
-  # 5.6 us each, where their bytes at the fitted bandwidth come to 1.8 to 2.2 us: the latency
-  # of their K loop, which a bandwidth model does not see.
+  # decode step on an H200 (docs/device/2026-12-04-h200-1, the profile) cuBLAS's bf16 GEMMs
+  # of 5 to 7 MB took 5.4 to 5.6 us each, where their bytes at the fitted bandwidth come to
+  # 1.8 to 2.2 us: the latency of their K loop, which a bandwidth model does not see.
   gemm_floor_us: float = 5.5
 
   def as_dict(self) -> dict:

@@ -138,10 +138,10 @@ def _decode_gemm_setting() -> str:
 
 def decode_gemm() -> str:
   """Which kernel runs a decode step's FP8 GEMMs from a `QuantizedInput` on a GPU
-  (cuBLASLt's blockwise GEMM, or `gemm_pallas.decode_matmul_nt`: a program per 32 columns
-  where cuBLASLt runs 128 x 128 tiles, for rows a power of two from 16 to 256): JETRL_DECODE_GEMM
-  says (read once; `set_decode_gemm` overrides it); unset, "cublaslt". The same FP8 values
-  and scales either way; the sums in another order (docs/numerics.md)."""
+  (cuBLASLt's blockwise GEMM, or `gemm_pallas.decode_matmul_nt`: a program per 16 or 32
+  columns where cuBLASLt runs 128 x 128 tiles, for rows a power of two from 16 to 256):
+  JETRL_DECODE_GEMM says (read once; `set_decode_gemm` overrides it); unset, "cublaslt".
+  The same FP8 values and scales either way; the sums in another order (docs/numerics.md)."""
   setting = _decode_gemm_setting() or "cublaslt"
   if setting not in DECODE_GEMMS:
     raise ValueError(
