@@ -10,8 +10,10 @@ the last three evaluations) and applies the committed rules to the primary outco
 against bf16, paired by seed: drop / no drop / inconclusive with Holm's correction over the
 arms, and the crossover's attribution. The secondary outcome is reported with the same
 intervals, not judged. Arms under --exploratory (not part of the test, e.g. the mismatch
-dose-response) are reported against the same bf16 runs, not judged. A test cut short is
-judged on the seeds it finished (every arm's seeds are listed).
+dose-response) are reported against the same bf16 runs, not judged; bf16 runs under
+--exploratory pair with them at seeds the test's bf16 has not run (they are not part of the
+test). A test cut short is judged on its whole seeds, the seeds that every arm finished
+(`prereg.whole_seeds`; every arm's seeds are listed).
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
   out["primary"] = verdict
   sec = prereg.judge(rows, length, outcome=prereg.secondary)
   out["secondary"] = sec["arms"]
-  base = {r["seed"]: r for r in rows if r["recipe"] == BASELINE}
-  for arm in sorted({r["recipe"] for r in extra}):
+  out["whole_seeds"] = verdict["seeds"]
+  base = {r["seed"]: r for r in extra if r["recipe"] == BASELINE}
+  base.update({r["seed"]: r for r in rows if r["recipe"] == BASELINE})  # the test's own first
+  for arm in sorted({r["recipe"] for r in extra} - {BASELINE}):
     mine = {r["seed"]: r for r in extra if r["recipe"] == arm}
     seeds = sorted(set(mine) & set(base))
     out["exploratory"][arm] = {
@@ -85,6 +89,7 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
     }
   lines = [
     f"Seeds finished: {', '.join(f'{a} {len(s)}' for a, s in sorted(out['seeds'].items()))}",
+    f"Judged on the whole seeds (every arm of the test finished): {verdict['seeds']}",
     "",
     "| arm | n | primary: - bf16, points [95% CI] | p | p (Holm) | call | secondary: - bf16 [95% CI] |",
     "|---|---:|---|---:|---:|---|---|",

@@ -102,3 +102,21 @@ def test_attribution_follows_the_training_step():
     for r in rows
   ]
   assert prereg.judge(wide, 9)["arms"]["jet"]["call"] == "inconclusive"
+
+
+def test_a_test_cut_short_is_judged_on_its_whole_seeds():
+  # Seeds 0-2 for every arm; seed 3 for bf16 and jet only (cut in the middle of seed 3); an
+  # exploratory arm at seed 4 does not count. jet is 10 points low at seeds 0-2 and 50 points
+  # high at seed 3: judged on the whole seeds, the mean is the -10 points of seeds 0-2.
+  rows = []
+  for s in range(3):
+    rows.append(_row("bf16", s, 0.4 + 0.01 * s))
+    rows.append(_row("jet", s, 0.3 + 0.01 * s + 0.001 * s))
+    rows.append(_row("jet_exact", s, 0.4 + 0.01 * s))
+  rows += [_row("bf16", 3, 0.4), _row("jet", 3, 0.9), _row("fp8_rollout_e5m2", 4, 0.1)]
+  assert prereg.whole_seeds(rows, 9) == [0, 1, 2]
+  assert prereg.whole_seeds(rows, 3) == []
+  out = prereg.judge(rows, 9)
+  assert out["seeds"] == [0, 1, 2]
+  assert out["arms"]["jet"]["n"] == 3
+  assert out["arms"]["jet"]["mean"] == pytest.approx(-0.10 + 0.001)  # mean of 0.001 s, s=0..2

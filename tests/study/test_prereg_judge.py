@@ -1,6 +1,6 @@
 """experiments/prereg_judge.py on hand-made runs whose outcomes are known by hand: jet's
 training reward 20 points under bf16's in every seed (a drop), jet_exact's equal to bf16's (no
-drop), an exploratory arm reported and not judged."""
+drop), an exploratory arm reported and not judged, a seed cut short left out."""
 
 import json
 import os
@@ -34,6 +34,13 @@ def test_judge_calls_by_hand(tmp_path):
     _run(runs, "jet_exact", s, 0.40 + w, 0.5 + w)  # the same as bf16: differences all 0
     _run(extra, "fp8_rollout_e5m2", s, 0.35 + w, 0.45 + w, kl=0.08)
     _run(runs, "fp8_rollout", s, 0.40 + w, 0.5 + w, kl=0.001 * (s + 1))
+  # Cut short in seed 5: bf16 and jet finished it, the other arms did not. The test is judged
+  # on seeds 0-3; jet's 50-point gain at seed 5 must not count.
+  _run(runs, "bf16", 5, 0.40, 0.5)
+  _run(runs, "jet", 5, 0.90, 0.9)
+  # A bf16 run kept beside the exploratory arm pairs with it at a seed the test has not run.
+  _run(extra, "bf16", 4, 0.40, 0.5)
+  _run(extra, "fp8_rollout_e5m2", 4, 0.35, 0.45, kl=0.08)
   out = tmp_path / "v.json"
   res = subprocess.run(
     [sys.executable, "experiments/prereg_judge.py", f"--runs={runs}", f"--exploratory={extra}",
@@ -44,6 +51,7 @@ def test_judge_calls_by_hand(tmp_path):
   assert res.returncode == 0, res.stderr[-2000:]
   v = json.load(open(out))
   arms = v["primary"]["arms"]
+  assert v["whole_seeds"] == [0, 1, 2, 3] and arms["jet"]["n"] == 4
   assert arms["jet"]["call"] == "drop"
   assert abs(arms["jet"]["mean"] - (-0.20 + 0.0015)) < 1e-6  # mean of 0.001 s over s = 0..3
   assert arms["jet_exact"]["call"] == "no drop" and arms["jet_exact"]["mean"] == 0.0
@@ -52,9 +60,10 @@ def test_judge_calls_by_hand(tmp_path):
   assert v["primary"]["attribution"] == "unresolved"  # jet drops; the crossover arms did not run
   assert abs(v["secondary"]["jet"]["mean"] - (-0.2)) < 1e-9
   e5 = v["exploratory"]["fp8_rollout_e5m2"]["primary"]
-  assert e5["n"] == 4 and abs(e5["mean"] - (-0.05)) < 1e-9
+  assert e5["n"] == 5 and abs(e5["mean"] - (-0.05)) < 1e-9  # seed 4 against the kept bf16
+  assert "bf16" not in v["exploratory"]
   assert "Exploratory (not judged)" in res.stdout
-  assert sorted(v["seeds"]["jet"]) == [0, 1, 2, 3]
+  assert sorted(v["seeds"]["jet"]) == [0, 1, 2, 3, 5]
   # the dose-response: each rollout's k3 KL, the mean of its runs' (by hand), and its interval
   fp8, e5 = v["dose"]
   assert fp8["label"] == "fp8_rollout" and abs(fp8["kl"] - 0.0025) < 1e-12

@@ -21,6 +21,10 @@ Attribution (the 2 x 2 crossover; arms named by their recipe):
                        jet_exact_rollout (the bitwise rollout) shows no drop
   neither              jet shows no drop
   unresolved           anything else
+
+A test cut short is judged on its whole seeds (`whole_seeds`): the seeds that every arm with
+a finished run finished. The runs go in the order seed, then arm, so those are the seeds
+before the cut.
 """
 
 from __future__ import annotations
@@ -72,9 +76,23 @@ def holm(pvalues: dict) -> dict:
   return out
 
 
+def whole_seeds(rows: Sequence[dict], length: int) -> list[int]:
+  """The seeds at `length` that every arm of the test (bf16 and ARMS) with a finished run there
+  has finished: a test cut short is judged on these. Rows of other recipes are ignored."""
+  at = [r for r in rows if r["length"] == length and r["recipe"] in (BASELINE, *ARMS)]
+  per_arm = {}
+  for r in at:
+    per_arm.setdefault(r["recipe"], set()).add(r["seed"])
+  if not per_arm:
+    return []
+  return sorted(set.intersection(*per_arm.values()))
+
+
 def judge(rows: Sequence[dict], length: int, outcome=primary, margin: float = MARGIN) -> dict:
-  """{"arms": {arm: {interval..., "p_holm", "call"}}, "attribution": str} at one length."""
-  at = [r for r in rows if r["length"] == length]
+  """{"arms": {arm: {interval..., "p_holm", "call"}}, "attribution": str, "seeds": [...]} at
+  one length, on the whole seeds only (`whole_seeds`)."""
+  whole = set(whole_seeds(rows, length))
+  at = [r for r in rows if r["length"] == length and r["seed"] in whole]
   by = lambda arm: {r["seed"]: outcome(r) for r in at if r["recipe"] == arm}
   base = by(BASELINE)
   arms = {}
@@ -109,4 +127,4 @@ def judge(rows: Sequence[dict], length: int, outcome=primary, margin: float = MA
     attribution = "mismatch"
   else:
     attribution = "unresolved"
-  return dict(arms=arms, attribution=attribution)
+  return dict(arms=arms, attribution=attribution, seeds=sorted(whole))
