@@ -280,7 +280,7 @@ def test_the_loops_hooks_fire_on_their_steps(tmp_path, start):
   assert tree == {"state": "s"}
   assert meta == {"step": 7, "data_pos": 28, "kind": "rl", "config": cfg.to_dict()}
   assert list(meta) == ["step", "data_pos", "kind", "config"]
-  assert hooks.eval.last == {"eval_accuracy": 2.8}
+  assert hooks.evaluation.last == {"eval_accuracy": 2.8}
   assert hooks.plot.paths == [f"{tmp_path}/plots/p.png"]
   assert any("eval @ step 7: accuracy at temperature 0.5 (x2) 2.800" in line for line in lines)
   # The console line counts from the run's first step.

@@ -212,7 +212,7 @@ class HookSpec:
 @dataclasses.dataclass
 class Hooks:
   all: list[Hook]
-  eval: EvalHook
+  evaluation: EvalHook  # the held-out evaluation (not text evaluation)
   plot: PlotHook
 
 

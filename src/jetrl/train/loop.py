@@ -247,14 +247,14 @@ def _run(cfg: TrainConfig, log, given=None, reward=None, *, user=()) -> dict:
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state, data_pos=data_pos)
   if start == 0:
-    hooks.eval(0, loop)
+    hooks.evaluation(0, loop)
   driver.run_steps(cfg, out, hooks, loop, start, functools.partial(_step, rl_step, start, log))
   parallel.barrier("jetrl:run-end")  # the primary's last records are written
   return _finish(cfg, out, hooks, loop)
 
 
 def _finish(cfg: TrainConfig, out: driver.Outputs, hooks: driver.Hooks, loop: LoopState) -> dict:
-  evals = hooks.eval.writer.records()
+  evals = hooks.evaluation.writer.records()
   summary = dict(
     workdir=cfg.workdir,
     steps=cfg.steps,

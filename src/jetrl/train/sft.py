@@ -287,6 +287,6 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
 
 def _finish(cfg: SFTConfig, p, out: driver.Outputs, hooks: driver.Hooks, loop, log) -> dict:
   """The last evaluation (run now if no step ran), logged and written as sft_summary.json."""
-  res = hooks.eval.last if hooks.eval.last is not None else _evaluate(cfg, p, loop)
+  res = hooks.evaluation.last if hooks.evaluation.last is not None else _evaluate(cfg, p, loop)
   log(f"SFT done: {cfg.eval.label} {res['eval_accuracy']:.3f} on {cfg.eval.size} held-out problems")
   return driver.finish(out, hooks, dict(workdir=cfg.workdir, **res))
