@@ -71,8 +71,9 @@ def _interval_text(v: dict) -> str:
 
 def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]:
   out = {"seeds": {}, "primary": {}, "secondary": {}, "exploratory": {}}
-  for r in rows + extra:
+  for r in rows + [r for r in extra if r["recipe"] != BASELINE]:
     out["seeds"].setdefault(r["recipe"], []).append(r["seed"])
+  out["baseline_seeds_beside"] = sorted(r["seed"] for r in extra if r["recipe"] == BASELINE)
   verdict = prereg.judge(rows, length, outcome=prereg.primary)
   out["primary"] = verdict
   sec = prereg.judge(rows, length, outcome=prereg.secondary)
@@ -90,6 +91,7 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
   lines = [
     f"Seeds finished: {', '.join(f'{a} {len(s)}' for a, s in sorted(out['seeds'].items()))}",
     f"Judged on the whole seeds (every arm of the test finished): {verdict['seeds']}",
+    f"bf16 runs kept beside the exploratory arms: seeds {out['baseline_seeds_beside']}",
     "",
     "| arm | n | primary: - bf16, points [95% CI] | p | p (Holm) | call | secondary: - bf16 [95% CI] |",
     "|---|---:|---|---:|---:|---|---|",

@@ -62,6 +62,7 @@ def test_judge_calls_by_hand(tmp_path):
   e5 = v["exploratory"]["fp8_rollout_e5m2"]["primary"]
   assert e5["n"] == 5 and abs(e5["mean"] - (-0.05)) < 1e-9  # seed 4 against the kept bf16
   assert "bf16" not in v["exploratory"]
+  assert sorted(v["seeds"]["bf16"]) == [0, 1, 2, 3, 5] and v["baseline_seeds_beside"] == [4]
   assert "Exploratory (not judged)" in res.stdout
   assert sorted(v["seeds"]["jet"]) == [0, 1, 2, 3, 5]
   # the dose-response: each rollout's k3 KL, the mean of its runs' (by hand), and its interval
