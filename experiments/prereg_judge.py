@@ -12,7 +12,7 @@ arms, and the crossover's attribution. The secondary outcome is reported with th
 intervals, not judged. Arms under --exploratory (not part of the test, e.g. the mismatch
 dose-response) are reported against the same bf16 runs, not judged; bf16 runs under
 --exploratory pair with them at seeds the test's bf16 has not run (they are not part of the
-test). A test cut short is judged on its whole seeds, the seeds that every arm finished
+test; at seeds the test's bf16 has run, the test's run is the one used, once). A test cut short is judged on its whole seeds, the seeds that every arm finished
 (`prereg.whole_seeds`; every arm's seeds are listed).
 """
 
@@ -73,6 +73,10 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
   out = {"seeds": {}, "primary": {}, "secondary": {}, "exploratory": {}}
   for r in rows + [r for r in extra if r["recipe"] != BASELINE]:
     out["seeds"].setdefault(r["recipe"], []).append(r["seed"])
+  # A bf16 run kept beside the exploratory arms at a seed the test has run too (e.g. copied
+  # into the test's folder) is the test's: it is neither listed apart nor counted twice.
+  test_base = {r["seed"] for r in rows if r["recipe"] == BASELINE}
+  extra = [r for r in extra if r["recipe"] != BASELINE or r["seed"] not in test_base]
   out["baseline_seeds_beside"] = sorted(r["seed"] for r in extra if r["recipe"] == BASELINE)
   verdict = prereg.judge(rows, length, outcome=prereg.primary)
   out["primary"] = verdict

@@ -41,6 +41,8 @@ def test_judge_calls_by_hand(tmp_path):
   # A bf16 run kept beside the exploratory arm pairs with it at a seed the test has not run.
   _run(extra, "bf16", 4, 0.40, 0.5)
   _run(extra, "fp8_rollout_e5m2", 4, 0.35, 0.45, kl=0.08)
+  # A bf16 run beside them at a seed the test ran too: the test's run is used, and only once.
+  _run(extra, "bf16", 0, 0.90, 0.9)
   out = tmp_path / "v.json"
   res = subprocess.run(
     [sys.executable, "experiments/prereg_judge.py", f"--runs={runs}", f"--exploratory={extra}",
@@ -64,6 +66,8 @@ def test_judge_calls_by_hand(tmp_path):
   assert "bf16" not in v["exploratory"]
   assert sorted(v["seeds"]["bf16"]) == [0, 1, 2, 3, 5] and v["baseline_seeds_beside"] == [4]
   assert "Exploratory (not judged)" in res.stdout
+  bf16_runs = sorted(r["seed"] for r in v["runs"] if r["recipe"] == "bf16")
+  assert bf16_runs == [0, 1, 2, 3, 4, 5] and "seeds [4]" in res.stdout
   assert sorted(v["seeds"]["jet"]) == [0, 1, 2, 3, 5]
   # the dose-response: each rollout's k3 KL, the mean of its runs' (by hand), and its interval
   fp8, e5 = v["dose"]
