@@ -13,7 +13,9 @@ intervals, not judged. Arms under --exploratory (not part of the test, e.g. the 
 dose-response) are reported against the same bf16 runs, not judged; bf16 runs under
 --exploratory pair with them at seeds the test's bf16 has not run (they are not part of the
 test; at seeds the test's bf16 has run, the test's run is the one used, once). A test cut short is judged on its whole seeds, the seeds that every arm finished
-(`prereg.whole_seeds`; every arm's seeds are listed).
+(`prereg.whole_seeds`; every arm's seeds are listed). The crossover's contrasts within itself
+(`prereg.crossover_contrasts`: jet's training step against the exact one, jet's rollout against
+the bitwise one, their interaction) are reported as post hoc, not judged.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
   sec = prereg.judge(rows, length, outcome=prereg.secondary)
   out["secondary"] = sec["arms"]
   out["whole_seeds"] = verdict["seeds"]
+  out["crossover_post_hoc"] = {
+    name: prereg.crossover_contrasts(rows, length, outcome=fn)
+    for name, fn in (("primary", prereg.primary), ("secondary", prereg.secondary))
+  }
   base = {r["seed"]: r for r in extra if r["recipe"] == BASELINE}
   base.update({r["seed"]: r for r in rows if r["recipe"] == BASELINE})  # the test's own first
   for arm in sorted({r["recipe"] for r in extra} - {BASELINE}):
@@ -107,6 +113,27 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
       f"**{v['call']}** | {_interval_text(s) if s else '-'} |"
     )
   lines += ["", f"Attribution: **{verdict['attribution']}**"]
+  xo = out["crossover_post_hoc"]
+  if xo["primary"]:
+    lines += [
+      "",
+      "Within the crossover (post hoc, not a committed rule; paired by seed):",
+      "",
+      "| contrast | primary, points [95% CI] | p | secondary, points [95% CI] | p | primary per seed |",
+      "|---|---|---:|---|---:|---|",
+    ]
+    names = {
+      "training": "jet's training step - the exact one",
+      "rollout": "jet's rollout - the bitwise one",
+      "interaction": "interaction",
+    }
+    for k, label in names.items():
+      p, s = xo["primary"][k], xo["secondary"][k]
+      per = ", ".join(f"{100 * x:+.1f}" for x in p["per_seed"])
+      lines.append(
+        f"| {label} | {_interval_text(p)} | {p['p']:.3f} | {_interval_text(s)} | {s['p']:.3f} "
+        f"| {per} |"
+      )
   if out["exploratory"]:
     lines += [
       "",

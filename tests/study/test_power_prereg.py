@@ -120,3 +120,31 @@ def test_a_test_cut_short_is_judged_on_its_whole_seeds():
   assert out["seeds"] == [0, 1, 2]
   assert out["arms"]["jet"]["n"] == 3
   assert out["arms"]["jet"]["mean"] == pytest.approx(-0.10 + 0.001)  # mean of 0.001 s, s=0..2
+
+
+def test_crossover_contrasts_by_hand():
+  # Seed s: jet 0.30, jet_exact_rollout 0.34, jet_exact_train 0.42, jet_exact 0.40 (+0.01 s
+  # each, + 0.02 s on jet alone). Per seed, by hand: training step (0.30 + 0.34)/2 - (0.42 +
+  # 0.40)/2 = -0.09 (+0.01 s); rollout (0.30 + 0.42)/2 - (0.34 + 0.40)/2 = -0.01 (+0.01 s);
+  # interaction (0.30 - 0.34) - (0.42 - 0.40) = -0.06 (+0.02 s). A seed missing one cell
+  # (seed 3) is not a whole seed and does not count.
+  rows = []
+  for s in range(3):
+    rows += [
+      _row("bf16", s, 0.4),
+      _row("fp8_rollout", s, 0.4),
+      _row("jet", s, 0.30 + 0.01 * s + 0.02 * s),
+      _row("jet_exact_rollout", s, 0.34 + 0.01 * s),
+      _row("jet_exact_train", s, 0.42 + 0.01 * s),
+      _row("jet_exact", s, 0.40 + 0.01 * s),
+    ]
+  rows += [_row("bf16", 3, 0.4), _row("jet", 3, 0.9), _row("jet_exact", 3, 0.1)]
+  out = prereg.crossover_contrasts(rows, 9)
+  want = {"training": -0.09, "rollout": -0.01, "interaction": -0.06}
+  step = {"training": 0.01, "rollout": 0.01, "interaction": 0.02}
+  for k in want:
+    assert out[k]["seeds"] == [0, 1, 2]
+    assert out[k]["per_seed"] == pytest.approx([want[k] + step[k] * s for s in range(3)])
+    assert out[k]["mean"] == pytest.approx(want[k] + step[k])
+  # An arm of the crossover with no run: nothing to contrast.
+  assert prereg.crossover_contrasts([r for r in rows if r["recipe"] != "jet_exact"], 9) == {}

@@ -128,3 +128,41 @@ def judge(rows: Sequence[dict], length: int, outcome=primary, margin: float = MA
   else:
     attribution = "unresolved"
   return dict(arms=arms, attribution=attribution, seeds=sorted(whole))
+
+
+# The crossover's cells: (training step, rollout) -> arm.
+CROSSOVER = {
+  ("jet", "jet"): "jet",
+  ("jet", "exact"): "jet_exact_rollout",
+  ("exact", "jet"): "jet_exact_train",
+  ("exact", "exact"): "jet_exact",
+}
+
+
+def crossover_contrasts(rows: Sequence[dict], length: int, outcome=primary) -> dict:
+  """The 2 x 2 crossover's contrasts within itself, paired by seed over the whole seeds: NOT a
+  committed rule (docs/study/prereg_round3.md judges each arm against bf16 only); reported as
+  post hoc. Per seed, with a = jet, b = jet_exact_rollout, c = jet_exact_train, d = jet_exact:
+    "training": (a + b) / 2 - (c + d) / 2  (jet's training step - the exact one),
+    "rollout":  (a + c) / 2 - (b + d) / 2  (jet's rollout - the bitwise one),
+    "interaction": (a - b) - (c - d).
+  Each is `paired_interval` over the seeds plus "per_seed"; {} when a cell has no run."""
+  whole = set(whole_seeds(rows, length))
+  cell = {}
+  for (train, roll), arm in CROSSOVER.items():
+    cell[train, roll] = {
+      r["seed"]: outcome(r)
+      for r in rows
+      if r["length"] == length and r["recipe"] == arm and r["seed"] in whole
+    }
+  seeds = sorted(set.intersection(*(set(v) for v in cell.values())))
+  if len(seeds) < 2:
+    return {}
+  a, b = cell["jet", "jet"], cell["jet", "exact"]
+  c, d = cell["exact", "jet"], cell["exact", "exact"]
+  per = {
+    "training": [(a[s] + b[s]) / 2 - (c[s] + d[s]) / 2 for s in seeds],
+    "rollout": [(a[s] + c[s]) / 2 - (b[s] + d[s]) / 2 for s in seeds],
+    "interaction": [(a[s] - b[s]) - (c[s] - d[s]) for s in seeds],
+  }
+  return {k: dict(paired_interval(v), per_seed=v, seeds=seeds) for k, v in per.items()}
