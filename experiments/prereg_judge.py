@@ -46,6 +46,12 @@ flags.DEFINE_list(
 )
 flags.DEFINE_string("gradients", None, "experiments/gradient_study.py's JSON (cosines to plot).")
 flags.DEFINE_string("dose_plot", None, "Write the dose-response figure (PNG) here.")
+flags.DEFINE_list(
+  "seen_seeds",
+  [],
+  "Seeds whose outcomes were seen when the crossover's contrasts were chosen: the contrasts are "
+  "reported again on the whole seeds not among them.",
+)
 
 _SEED = re.compile(r"^seed(\d+)$")
 
@@ -71,7 +77,9 @@ def _interval_text(v: dict) -> str:
   return f"{pts(v['mean'])} [{pts(v['lo'])}, {pts(v['hi'])}]"
 
 
-def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]:
+def report(
+  rows: list[dict], extra: list[dict], length: int, seen: tuple[int, ...] = ()
+) -> tuple[str, dict]:
   out = {"seeds": {}, "primary": {}, "secondary": {}, "exploratory": {}}
   for r in rows + [r for r in extra if r["recipe"] != BASELINE]:
     out["seeds"].setdefault(r["recipe"], []).append(r["seed"])
@@ -85,10 +93,16 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
   sec = prereg.judge(rows, length, outcome=prereg.secondary)
   out["secondary"] = sec["arms"]
   out["whole_seeds"] = verdict["seeds"]
+  outcomes = (("primary", prereg.primary), ("secondary", prereg.secondary))
   out["crossover_post_hoc"] = {
-    name: prereg.crossover_contrasts(rows, length, outcome=fn)
-    for name, fn in (("primary", prereg.primary), ("secondary", prereg.secondary))
+    name: prereg.crossover_contrasts(rows, length, outcome=fn) for name, fn in outcomes
   }
+  unseen = [s for s in verdict["seeds"] if s not in set(seen)]
+  if seen:
+    out["crossover_unseen_seeds"] = {
+      name: prereg.crossover_contrasts(rows, length, outcome=fn, seeds=unseen)
+      for name, fn in outcomes
+    }
   base = {r["seed"]: r for r in extra if r["recipe"] == BASELINE}
   base.update({r["seed"]: r for r in rows if r["recipe"] == BASELINE})  # the test's own first
   for arm in sorted({r["recipe"] for r in extra} - {BASELINE}):
@@ -113,20 +127,25 @@ def report(rows: list[dict], extra: list[dict], length: int) -> tuple[str, dict]
       f"**{v['call']}** | {_interval_text(s) if s else '-'} |"
     )
   lines += ["", f"Attribution: **{verdict['attribution']}**"]
-  xo = out["crossover_post_hoc"]
-  if xo["primary"]:
+  names = {
+    "training": "jet's training step - the exact one",
+    "rollout": "jet's rollout - the bitwise one",
+    "interaction": "interaction",
+  }
+  for key, title in (
+    ("crossover_post_hoc", "Within the crossover (post hoc, not a committed rule; paired by seed)"),
+    ("crossover_unseen_seeds", f"The same on the seeds not seen when it was chosen ({unseen})"),
+  ):
+    xo = out.get(key)
+    if not xo or not xo["primary"]:
+      continue
     lines += [
       "",
-      "Within the crossover (post hoc, not a committed rule; paired by seed):",
+      f"{title}:",
       "",
       "| contrast | primary, points [95% CI] | p | secondary, points [95% CI] | p | primary per seed |",
       "|---|---|---:|---|---:|---|",
     ]
-    names = {
-      "training": "jet's training step - the exact one",
-      "rollout": "jet's rollout - the bitwise one",
-      "interaction": "interaction",
-    }
     for k, label in names.items():
       p, s = xo["primary"][k], xo["secondary"][k]
       per = ", ".join(f"{100 * x:+.1f}" for x in p["per_seed"])
@@ -215,7 +234,11 @@ def main(argv):
   if not any(r["recipe"] == BASELINE for r in rows):
     raise app.UsageError(f"--runs: no finished {BASELINE} run under {FLAGS.runs}")
   extra = [r for d in FLAGS.exploratory for r in rows_of(d, FLAGS.length)]
-  text, out = report(rows, extra, FLAGS.length)
+  try:
+    seen = tuple(int(x) for x in FLAGS.seen_seeds)
+  except ValueError:
+    raise app.UsageError(f"--seen_seeds: {FLAGS.seen_seeds} (accepted: integers, e.g. 0,1,2,3)")
+  text, out = report(rows, extra, FLAGS.length, seen)
   print(text)
   if FLAGS.dose:
     out["dose"] = dose_points(rows + extra, out, FLAGS.dose, FLAGS.length, FLAGS.gradients)

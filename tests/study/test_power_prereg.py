@@ -148,3 +148,8 @@ def test_crossover_contrasts_by_hand():
     assert out[k]["mean"] == pytest.approx(want[k] + step[k])
   # An arm of the crossover with no run: nothing to contrast.
   assert prereg.crossover_contrasts([r for r in rows if r["recipe"] != "jet_exact"], 9) == {}
+  # Only some of the whole seeds (those not seen when a contrast was chosen): seeds 1 and 2.
+  part = prereg.crossover_contrasts(rows, 9, seeds=[1, 2, 3])
+  assert part["training"]["seeds"] == [1, 2]
+  assert part["training"]["mean"] == pytest.approx(-0.09 + 0.01 * 1.5)
+  assert prereg.crossover_contrasts(rows, 9, seeds=[2, 3]) == {}  # one seed: no interval

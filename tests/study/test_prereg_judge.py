@@ -47,7 +47,7 @@ def test_judge_calls_by_hand(tmp_path):
   res = subprocess.run(
     [sys.executable, "experiments/prereg_judge.py", f"--runs={runs}", f"--exploratory={extra}",
      f"--json_out={out}", "--dose=fp8_rollout,fp8_rollout_e5m2",
-     f"--dose_plot={tmp_path / 'dose.png'}"],
+     f"--dose_plot={tmp_path / 'dose.png'}", "--seen_seeds=0,1"],
     cwd=ROOT, capture_output=True, text=True, timeout=300,
   )  # fmt: skip
   assert res.returncode == 0, res.stderr[-2000:]
@@ -64,6 +64,8 @@ def test_judge_calls_by_hand(tmp_path):
   e5 = v["exploratory"]["fp8_rollout_e5m2"]["primary"]
   assert e5["n"] == 5 and abs(e5["mean"] - (-0.05)) < 1e-9  # seed 4 against the kept bf16
   assert "bf16" not in v["exploratory"]
+  # the crossover's contrasts need all four of its arms; two ran here
+  assert v["crossover_post_hoc"]["primary"] == {} and v["crossover_unseen_seeds"]["primary"] == {}
   assert sorted(v["seeds"]["bf16"]) == [0, 1, 2, 3, 5] and v["baseline_seeds_beside"] == [4]
   assert "Exploratory (not judged)" in res.stdout
   bf16_runs = sorted(r["seed"] for r in v["runs"] if r["recipe"] == "bf16")

@@ -139,15 +139,21 @@ CROSSOVER = {
 }
 
 
-def crossover_contrasts(rows: Sequence[dict], length: int, outcome=primary) -> dict:
+def crossover_contrasts(
+  rows: Sequence[dict], length: int, outcome=primary, seeds: Sequence[int] | None = None
+) -> dict:
   """The 2 x 2 crossover's contrasts within itself, paired by seed over the whole seeds: NOT a
   committed rule (docs/study/prereg_round3.md judges each arm against bf16 only); reported as
   post hoc. Per seed, with a = jet, b = jet_exact_rollout, c = jet_exact_train, d = jet_exact:
     "training": (a + b) / 2 - (c + d) / 2  (jet's training step - the exact one),
     "rollout":  (a + c) / 2 - (b + d) / 2  (jet's rollout - the bitwise one),
     "interaction": (a - b) - (c - d).
-  Each is `paired_interval` over the seeds plus "per_seed"; {} when a cell has no run."""
+  Each is `paired_interval` over the seeds plus "per_seed"; {} when fewer than two seeds have
+  every cell. `seeds`: only these of the whole seeds (e.g. those run after the contrast was
+  chosen)."""
   whole = set(whole_seeds(rows, length))
+  if seeds is not None:
+    whole &= set(seeds)
   cell = {}
   for (train, roll), arm in CROSSOVER.items():
     cell[train, roll] = {
