@@ -12,8 +12,9 @@ arms, and the crossover's attribution. The secondary outcome is reported with th
 intervals, not judged. Arms under --exploratory (not part of the test, e.g. the mismatch
 dose-response) are reported against the same bf16 runs, not judged; bf16 runs under
 --exploratory pair with them at seeds the test's bf16 has not run (they are not part of the
-test; at seeds the test's bf16 has run, the test's run is the one used, once). A test cut short is judged on its whole seeds, the seeds that every arm finished
-(`prereg.whole_seeds`; every arm's seeds are listed). The crossover's contrasts within itself
+test; at seeds the test's bf16 has run, the test's run is the one used, once). A test cut
+short is judged on its whole seeds, the seeds that every arm finished (`prereg.whole_seeds`;
+every arm's seeds are listed). The crossover's contrasts within itself
 (`prereg.crossover_contrasts`: jet's training step against the exact one, jet's rollout against
 the bitwise one, their interaction) are reported as post hoc, not judged.
 """
