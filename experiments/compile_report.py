@@ -31,6 +31,7 @@ from jetrl.aot.compile import setup_environment  # noqa: E402
 setup_environment()
 
 from jetrl.aot.targets import TARGETS  # noqa: E402
+from jetrl.rl.update_config import OLD_LOGP_SOURCES  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("target", "h200", list(TARGETS), "Compile-only device (and how many).")
@@ -50,6 +51,12 @@ flags.DEFINE_integer(
 flags.DEFINE_float("lora_alpha", 16.0, "--lora.alpha of the LoRA update.")
 flags.DEFINE_enum(
   "master_dtype", "float32", ["float32", "bfloat16"], "The update's --update.master_dtype."
+)
+flags.DEFINE_enum(
+  "old_logp",
+  "auto",
+  list(OLD_LOGP_SOURCES),
+  "--update.old_logp of the update (recompute: the pre-update forward of the earlier reports).",
 )
 flags.DEFINE_string("param_dtype", "bfloat16", "Stored dtype of the params the rollout reads.")
 flags.DEFINE_integer("top", 5, "Top kernels listed by bytes and by FLOPs.")
@@ -205,7 +212,7 @@ def main(argv):
           prompt_len=prompt_len,
           completion_len=completion_len,
           mesh=FLAGS.mesh,
-          update=UpdateConfig(master_dtype=FLAGS.master_dtype),
+          update=UpdateConfig(master_dtype=FLAGS.master_dtype, old_logp=FLAGS.old_logp),
           lora=LoraConfig(rank=FLAGS.lora_rank, alpha=FLAGS.lora_alpha),
         )
       )
@@ -248,6 +255,7 @@ def main(argv):
         mesh=FLAGS.mesh,
         lora_rank=FLAGS.lora_rank,
         master_dtype=FLAGS.master_dtype,
+        old_logp=FLAGS.old_logp,
       ),
       cost_params=params.as_dict(),
       programs=rows,

@@ -89,7 +89,9 @@ class GradientLengthConfig(Tree):
   )
   lengths: tuple[int, ...] = field((128, 256, 512), "Generated-token prefixes to measure.", lo=1)
   recipes: tuple[str, ...] = recipes_field(("bf16", "fp8_rollout", "jet"))
-  update: UpdateConfig = node(UpdateConfig, "The update whose gradient is measured.")
+  update: UpdateConfig = node(  # recompute: as the committed measurements ran
+    UpdateConfig(old_logp="recompute"), "The update whose gradient is measured."
+  )
   seed: int = field(0, "Seed of the samples and of the random rewards.", lo=0, hi=SEED_MAX)
   json_out: Optional[str] = json_out_field()
   plot: Optional[str] = field(None, "Optional path for the figure (PNG).")

@@ -81,7 +81,9 @@ class GradientStudyConfig(Tree):
   lengths: tuple[int, ...] = field((3, 9), "Task lengths to measure at.")
   token_margin: int = field(8, "Generation budget beyond the longest gold completion.", lo=0)
   sampling: SamplingConfig = node(SamplingConfig(temperature=0.5, n=8), "The rollouts.")
-  update: UpdateConfig = node(UpdateConfig, "The update whose gradient is measured.")
+  update: UpdateConfig = node(  # recompute: as the committed measurements ran
+    UpdateConfig(old_logp="recompute"), "The update whose gradient is measured."
+  )
   prompts: int = field(16, "Prompts per batch.", lo=1)
   batches: int = field(4, "Batches (keys and problems) per length.", lo=1)
   recipes: tuple[str, ...] = recipes_field(DEFAULT_RECIPES)

@@ -2,6 +2,8 @@
 the loss's gradient against a float64 numpy derivation of the ratio (PPO's, GSPO's sequence
 ratio, CISPO's clipped weight) and the IS weights."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,7 @@ from jetrl.rl import (
   policy_logprobs,
   update_step,
 )
-from jetrl.rl.update import StepSpec, accumulate, pre_update
+from jetrl.rl.update import StepSpec, accumulate, pre_update, train_step
 from jetrl.sampling import SamplingConfig, sample
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
@@ -263,6 +265,59 @@ def test_update_with_finite_gradients_but_nan_result_is_skipped(setup):
     np.testing.assert_array_equal(np.asarray(a), b)
 
 
+def _dots(fn, *args) -> int:
+  return str(jax.make_jaxpr(fn)(*args)).count("dot_general")
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_auto_old_logp_runs_one_forward_fewer_with_the_same_update_and_metrics(setup, micro):
+  """The default update of one epoch of one minibatch takes the ratio's old log-probs from its
+  own forward: its program holds one forward's GEMMs fewer than `recompute`'s, its new params
+  are recompute's (float32, where the two forwards agree to rounding), and its agreement and
+  IS metrics are those of a rollout shifted from the training forward by a known amount,
+  computed in numpy from that shift alone."""
+  cfg, params, batch = setup
+  prec = get_recipe("fp32").train
+  lp = np.asarray(
+    jax.jit(policy_logprobs, static_argnames=("model_config", "precision"))(
+      params, model_config=cfg, batch=batch, precision=prec
+    )[0]
+  )
+  rng = np.random.default_rng(5)
+  shift = rng.uniform(np.log(0.5), np.log(2.0), lp.shape).astype(np.float32)
+  batch = batch._replace(rollout_logprobs=jnp.asarray(lp - shift))
+  mask = np.asarray(batch.mask).astype(bool)
+  d = shift[mask].astype(np.float64)  # train - rollout, token by token
+  new, metrics, dots = {}, {}, {}
+  for old in ("auto", "recompute"):
+    ucfg = UpdateConfig(old_logp=old, is_method="tis", is_cap=1.5, micro_batches=micro)
+    state = init_train_state(params, ucfg)
+    fn = functools.partial(
+      train_step, model_config=cfg, cfg=ucfg, optimizer=OptimizerConfig(lr=1e-3), precision=prec
+    )
+    dots[old] = _dots(fn, state, batch, jax.random.PRNGKey(0))
+    state, m = step(state, batch, jax.random.PRNGKey(0), ucfg, 1e-3, prec, cfg)
+    new[old] = np.concatenate(
+      [np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(state.params)]
+    )
+    metrics[old] = {k: float(np.asarray(v)) for k, v in m.items() if np.ndim(v) == 0}
+  forward = _dots(lambda p: policy_logprobs(p, cfg, batch, prec)[0], params)
+  assert forward > 0 and dots["recompute"] - dots["auto"] == forward, (dots, forward)
+  np.testing.assert_allclose(new["auto"], new["recompute"], rtol=1e-4, atol=1e-6)
+  want = {
+    "agree/abs_diff_mean": np.abs(d).mean(),
+    "agree/abs_diff_max": np.abs(d).max(),
+    "agree/kl_k3": (np.exp(d) - 1 - d).mean(),
+    "is_mean_weight": np.minimum(np.exp(d), 1.5).mean(),
+    "is_frac_truncated": (np.exp(d) > 1.5).mean(),
+  }
+  for old in ("auto", "recompute"):
+    for k, v in want.items():
+      assert abs(metrics[old][k] - v) <= 1e-5 * max(1.0, abs(v)), (old, k, metrics[old][k], v)
+  assert 0 < want["is_frac_truncated"] < 1
+  assert metrics["auto"]["ratio_mean"] == 1.0  # exactly: the ratio's both sides are one forward
+
+
 def test_micro_batch_accumulation_is_exact(setup):
   cfg, params, batch = setup
   outs = {}
@@ -294,7 +349,12 @@ def test_config_errors(setup):
     UpdateConfig(is_method="clip")
   with pytest.raises(ValueError, match="old_logp"):
     UpdateConfig(old_logp="ref")
-  assert UpdateConfig().old_logp == "recompute"
+  assert UpdateConfig().old_logp == "auto"
+  assert UpdateConfig().resolved_old_logp == "same_forward"
+  for kw in (dict(ppo_epochs=2), dict(minibatches=2)):
+    assert UpdateConfig(**kw).resolved_old_logp == "recompute", kw
+  with pytest.raises(ConfigError, match="old_logp: 'same_forward' .* ppo_epochs=1"):
+    UpdateConfig(old_logp="same_forward", ppo_epochs=2)
   for method in ("tis", "mis", "seq_tis", "seq_mis"):
     with pytest.raises(
       ConfigError,

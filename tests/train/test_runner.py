@@ -186,8 +186,14 @@ def test_checkpoint_from_other_config_is_refused(done_run, tmp_path):
   del saved["config"]["lr"]
   saved["config"]["update"]["old_logp"] = "rollout"
   refused(
-    r"(?s)--update.old_logp: checkpoint has 'rollout', this run has 'recompute'.*"
+    r"(?s)--update.old_logp: checkpoint has 'rollout', this run has 'auto'.*"
     r"pass --update.old_logp=rollout to resume this run as it was"
+  )
+  # One from when they defaulted to a recomputed pre-update forward.
+  saved["config"]["update"]["old_logp"] = "recompute"
+  refused(
+    r"(?s)--update.old_logp: checkpoint has 'recompute', this run has 'auto'.*"
+    r"pass --update.old_logp=recompute to resume this run as it was"
   )
 
 

@@ -1,10 +1,12 @@
 """The jitted policy-gradient update: one rollout batch in, new params and metrics out.
 
 Everything runs inside one `jit` under the training precision (`recipe.train`):
-  1. a no-grad training forward over the whole batch gives the pre-update log-probs, log pi_old
-     (`pre_update`): the rollout/training agreement metrics compare them with the rollout's,
-     and they are the PPO ratio's "old" log-probs (old_logp="recompute", the default). The
-     loss is the entry `cfg.loss` of the table `jetrl.rl.objective.LOSS_SPECS`, its terms
+  1. the PPO ratio's "old" log-probs, log pi_old: with one epoch of one minibatch (the
+     default `old_logp="auto"` resolves to "same_forward" there) the differentiated forward's
+     own, detached, and no other forward runs; otherwise (old_logp="recompute") a no-grad
+     training forward over the whole batch before the update (`pre_update`). The
+     rollout/training agreement metrics compare that forward's log-probs with the rollout's.
+     The loss is the entry `cfg.loss` of the table `jetrl.rl.objective.LOSS_SPECS`, its terms
      (policy loss, entropy, KL) combined by `jetrl.rl.objective.total_loss`; for the PPO
      losses (grpo, dapo, dr_grpo) the per-token policy loss is
 
@@ -17,11 +19,12 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
      w, and the policy change once, by r. old_logp="rollout" takes pi_rollout as the old
      policy (r_t = pi_theta / pi_rollout, which already holds the mismatch), so it admits no
      IS correction: the pair is a ConfigError. old_logp="same_forward" takes log pi_old from
-     the differentiated forward itself (one epoch of one minibatch only), so r_t = 1 exactly:
-     the pre-update forward is another program, and where its rounding differs from the
-     differentiated one's (under FP8 a token's log-prob by up to 2 nats, docs/precision_study.md)
-     r_t != 1 before any update, and a negative-advantage token with r_t > 1 + clip_high is
-     not clipped: its gradient is scaled by r_t. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
+     the differentiated forward itself (one epoch of one minibatch only), so r_t = 1 exactly
+     and the update runs one forward fewer: under "recompute" the pre-update forward is
+     another program, and where its rounding differs from the differentiated one's (under FP8
+     a token's log-prob by up to 2 nats, docs/precision_study.md) r_t != 1 before any update,
+     and a negative-advantage token with r_t > 1 + clip_high is not clipped: its gradient is
+     scaled by r_t. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
      the same r and w, GSPO as a sequence ratio, CISPO as a clipped detached weight;
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches (`epoch`), each split into
      `micro_batches` for gradient accumulation (`accumulate`); every (micro-)loss returns
@@ -194,15 +197,18 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   """The pre-update training forward: (per-row extras for the loss, agreement metrics, IS
   metrics). The extras are the PPO ratio's old log-probs, the IS weights
   min(pi_old / pi_rollout, C) (or their masked form) and, with a reference policy, its
-  log-probs."""
+  log-probs. Where the old log-probs come from the differentiated forward itself
+  (`same_forward`) no pre-update forward runs: `micro_loss` forms the old log-probs and IS
+  weights, and both metrics are None here (`train_step` computes them after the step from
+  that forward's log-probs, `forward_metrics`)."""
   cfg = spec.cfg
-  pre_logp = no_grad_logprobs(spec.policy(state.params, state.frozen), batch, spec)
-  agree = agreement_metrics(batch.rollout_logprobs, pre_logp, batch.mask, bin_edges=bin_edges)
-  is_w, is_metrics = importance_weights(
-    pre_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
-  )
-  old_logp = batch.rollout_logprobs if cfg.old_logp == "rollout" else pre_logp
-  extra = dict(old_logp=old_logp, is_w=is_w)
+  if cfg.resolved_old_logp == "same_forward":
+    extra, agree, is_metrics = {}, None, None
+  else:
+    pre_logp = no_grad_logprobs(spec.policy(state.params, state.frozen), batch, spec)
+    agree, is_w, is_metrics = forward_metrics(pre_logp, batch, cfg, bin_edges)
+    old_logp = batch.rollout_logprobs if cfg.resolved_old_logp == "rollout" else pre_logp
+    extra = dict(old_logp=old_logp, is_w=is_w)
   if has_reference(cfg) and spec.lora is not None:  # the frozen base is the reference
     extra["ref_logp"] = no_grad_logprobs(state.frozen, batch, spec)
   elif has_reference(cfg):
@@ -215,40 +221,61 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   return extra, agree, is_metrics
 
 
+def forward_metrics(train_logp, batch: TrainBatch, cfg: UpdateConfig, bin_edges):
+  """(agreement metrics, IS weights, IS metrics) of a training forward's log-probs against
+  the rollout's."""
+  agree = agreement_metrics(batch.rollout_logprobs, train_logp, batch.mask, bin_edges=bin_edges)
+  is_w, is_metrics = importance_weights(
+    train_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
+  )
+  return agree, is_w, is_metrics
+
+
 def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=None):
-  """(loss, aux) of one micro-batch; `den` is its minibatch's fixed denominator; `frozen`, a
-  LoRA run's base (no gradient: `params` are the adapters)."""
+  """(loss, (aux, log-probs)) of one micro-batch; `den` is its minibatch's fixed denominator;
+  `frozen`, a LoRA run's base (no gradient: `params` are the adapters). The log-probs
+  (detached) are this forward's under `same_forward`, else None."""
   logp, ent = spec.logprobs(spec.policy(params, frozen), mb, remat=spec.remat)
-  if spec.cfg.old_logp == "same_forward":
+  own = None
+  if spec.cfg.resolved_old_logp == "same_forward":
     # The ratio's denominator from this very forward (the loss stops its gradient): exactly 1
-    # on the one step, where a separate pre-update program may round a token differently.
-    extra = dict(extra, old_logp=logp)
+    # on the one step, where a separate pre-update program may round a token differently;
+    # the IS weights compare the same values with the rollout's.
+    own = jax.lax.stop_gradient(logp)
+    is_w, _ = importance_weights(
+      own, mb.rollout_logprobs, mb.mask, method=spec.cfg.is_method, cap=spec.cfg.is_cap
+    )
+    extra = dict(extra, old_logp=own, is_w=is_w)
   nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
   aux = {k: v / den for k, v in nums.items()}
   aux.update({k: pm[k] * pm["n_tokens"] for k in TOKEN_METRICS}, n_tokens=pm["n_tokens"])
-  return total_loss(nums, spec.cfg) / den, aux
+  return total_loss(nums, spec.cfg) / den, (aux, own)
 
 
 def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec, frozen=None):
-  """(gradients, loss, aux) of a minibatch, summed over its micro-batches."""
+  """(gradients, loss, aux) of a minibatch, summed over its micro-batches; under
+  `same_forward` aux["logp"] holds the differentiated forward's log-probs [rows, T]
+  (detached, the minibatch's row order)."""
   cfg = spec.cfg
   _, den = spec.aggregate(jnp.zeros_like(mb.mask), mb.mask)
   den = jnp.maximum(den, 1e-8)
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
   def add(carry, micro):
-    g, aux = grad_fn(params, micro[0], micro[1], den, spec, frozen)
+    g, (aux, own) = grad_fn(params, micro[0], micro[1], den, spec, frozen)
     return (
       jax.tree_util.tree_map(jnp.add, carry[0], g),
       carry[1] + total_loss(aux, cfg),
       jax.tree_util.tree_map(jnp.add, carry[2], aux),
-    ), None
+    ), own
 
   zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
   aux0 = {k: jnp.float32(0.0) for k in term_keys(cfg) + TOKEN_METRICS + ("n_tokens",)}
-  (grads, loss, aux), _ = jax.lax.scan(
+  (grads, loss, aux), own = jax.lax.scan(
     add, (zeros, jnp.float32(0), aux0), _split((mb, extra), cfg.micro_batches)
   )
+  if own is not None:
+    aux = dict(aux, logp=own.reshape(mb.targets.shape))
   return grads, loss, aux
 
 
@@ -359,7 +386,13 @@ def train_step(
   extra, agree, is_metrics = pre_update(state, batch, spec, bin_edges)
   skipped_before = state.skipped
   run_epoch = functools.partial(epoch, batch=batch, extra=extra, spec=spec, opt=opt)
-  state, outs = jax.lax.scan(run_epoch, state, jax.random.split(key, cfg.ppo_epochs))
+  keys = jax.random.split(key, cfg.ppo_epochs)
+  state, outs = jax.lax.scan(run_epoch, state, keys)
+  if agree is None:  # same_forward: the metrics of the differentiated forward (one epoch, one
+    # minibatch: its rows in the order `epoch` shuffled them to)
+    perm = jax.random.permutation(keys[0], rows)
+    own = outs.pop("logp").reshape(batch.targets.shape)
+    agree, _, is_metrics = forward_metrics(own, _take(batch, perm), cfg, bin_edges)
   return state, summarize(outs, state, skipped_before, agree, is_metrics, learning_rate)
 
 

@@ -13,7 +13,7 @@ from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 from jetrl.rl.objective import LOSS_HELP, LOSSES, LossFields
 from jetrl.rl.remat import REMAT_POLICIES
 
-OLD_LOGP_SOURCES = ("rollout", "recompute", "same_forward")
+OLD_LOGP_SOURCES = ("auto", "rollout", "recompute", "same_forward")
 MASTER_DTYPES = ("float32", "bfloat16")
 
 
@@ -64,11 +64,12 @@ class UpdateConfig(LossFields):
     2.0, "Cap C of the importance-sampling correction.", lo=1.0, hi=1e6, former=("is_cap",)
   )
   old_logp: str = field(
-    "recompute",
-    "Source of the PPO ratio's old log-probs: the pre-update training forward (recompute), "
-    "the rollout's (rollout; no IS correction then), or the differentiated forward's own "
-    "values (same_forward: the ratio is exactly 1, whatever the rounding of the two "
-    "programs; one epoch of one minibatch only).",
+    "auto",
+    "Source of the PPO ratio's old log-probs: the differentiated forward's own values "
+    "(same_forward: the ratio is exactly 1, and no pre-update forward runs; one epoch of one "
+    "minibatch only), a pre-update training forward (recompute), or the rollout's (rollout; "
+    "no IS correction then). auto: same_forward for one epoch of one minibatch, else "
+    "recompute.",
     choices=OLD_LOGP_SOURCES,
     former=("old_logp",),
   )
@@ -120,6 +121,16 @@ class UpdateConfig(LossFields):
         f"ppo_epochs=1 and minibatches=1, got ppo_epochs={self.ppo_epochs}, "
         f"minibatches={self.minibatches} (use 'recompute' for several steps per batch)",
       )
+
+  @property
+  def resolved_old_logp(self) -> str:
+    """The old log-probs' source `old_logp` names: 'auto' is same_forward for one epoch of
+    one minibatch (the policy before the update is the one being differentiated), else
+    recompute."""
+    if self.old_logp != "auto":
+      return self.old_logp
+    one_step = self.ppo_epochs == 1 and self.minibatches == 1
+    return "same_forward" if one_step else "recompute"
 
   def optimizer_steps(self, steps: int) -> int:
     """Optimizer steps of a run of `steps` RL steps (what its schedule runs over)."""

@@ -122,8 +122,11 @@ class StudyConfig(TrainConfig):
     SamplingConfig(n=8, temperature=0.5), "Rollouts (the budget follows from each length)."
   )
   optimizer: OptimizerConfig = node(OptimizerConfig(lr=5e-5), "The RL optimizer.")
+  # The studies ran with the old log-probs recomputed (the update's default until 2026-12-06):
+  # their commands keep it.
   update: UpdateConfig = node(
-    UpdateConfig, "The policy-gradient update (its correction: from each arm)."
+    UpdateConfig(old_logp="recompute"),
+    "The policy-gradient update (its correction: from each arm).",
   )
   eval: EvalConfig = node(
     EvalConfig(every=None, size=256, temperature=0.5, samples=4, batch=256),

@@ -81,8 +81,15 @@ def check_compatible(meta: dict, config, path: str, kind: str = "rl") -> None:
 
 
 def _old_logp_hint(meta: dict) -> str:
-  """The note for a checkpoint written when `update.old_logp` defaulted to 'rollout'."""
+  """The note for a checkpoint written when `update.old_logp` defaulted to 'rollout', or to
+  'recompute'."""
   update = meta.get("config", {}).get("update", {})
+  if update.get("old_logp") == "recompute":
+    return (
+      "\n(--update.old_logp defaults to 'auto' since the update of one epoch of one minibatch "
+      "takes the old log-probs from its own forward; pass --update.old_logp=recompute to "
+      "resume this run as it was)"
+    )
   if update.get("old_logp") != "rollout":
     return ""
   if update.get("is_method", "none") != "none":
