@@ -32,7 +32,11 @@ def fwd():
   return jax.jit(M.forward, static_argnames=("config", "precision"))
 
 
-def test_every_projection_calls_linear_with_the_precision(params, tokens, monkeypatch):
+@pytest.mark.parametrize("recipe", ["jet", "fp8_tensor"])
+def test_every_projection_calls_linear_with_the_precision(params, tokens, monkeypatch, recipe):
+  """Under jet's 128-blocks q / k / v (256, 128, 128 wide) run as one GEMM on their weights
+  concatenated (gate and up stay apart in training); one scale per tensor (fp8_tensor) keeps
+  all seven apart (a shared scale would change each part's values)."""
   calls = []
   real = layers.linear
 
@@ -41,14 +45,19 @@ def test_every_projection_calls_linear_with_the_precision(params, tokens, monkey
     return real(x, w, precision)
 
   monkeypatch.setattr(layers, "linear", spy)
-  precision = get_recipe("jet").train
+  precision = get_recipe(recipe).train
   jax.make_jaxpr(lambda p: M.forward(p, CONFIG, tokens, precision=precision))(params)
   per_layer = {
     name: shape[1:]
     for name, shape in M.param_shapes(CONFIG)["layers"].items()
     if name.startswith("w")
   }
-  assert sorted(c[0] for c in calls) == sorted(per_layer.values())
+  assert per_layer["wq"] == (256, 256) and per_layer["wk"] == per_layer["wv"] == (256, 128)
+  if recipe == "jet":
+    want = [(256, 512), (256, 256), (256, 512), (256, 512), (512, 256)]  # qkv, o, gate, up, down
+  else:
+    want = list(per_layer.values())
+  assert sorted(c[0] for c in calls) == sorted(want)
   assert all(c[2] is precision for c in calls)
   # The stored weights themselves (float32 here), never a bf16 copy, reach the quantizer.
   assert all(c[1] == jnp.float32 for c in calls)
@@ -144,3 +153,40 @@ def test_jet_gradient_close_to_bf16(params, tokens):
   assert np.all(np.isfinite(g_jet))
   cos = float(g_jet @ g_bf16 / (np.linalg.norm(g_jet) * np.linalg.norm(g_bf16)))
   assert cos > 0.95, f"cosine(jet grad, bf16 grad) = {cos:.4f}"
+
+
+def test_fused_gemm_is_each_parts_own_under_jet(params):
+  """Why q / k / v may run as one GEMM under jet: with every part's width a multiple of the
+  128-block, the concatenated weight's tiles and the output gradient's 1 x 128 groups never
+  straddle two parts, so the fused fprop, dgrad and wgrad equal the separate ones to float32
+  accumulation order (a shared tile would rescale a part: errors of FP8's size, ~1e-2)."""
+  from jetrl.precision import linear
+
+  prec = get_recipe("jet").train
+  layer = jax.tree_util.tree_map(lambda a: a[0], params["layers"])
+  parts = ("wq", "wk", "wv")
+  assert layers.fusable(layer, parts, prec)
+  assert not layers.fusable(layer, parts, get_recipe("fp8_tensor").train)
+  assert not layers.fusable(dict(layer, wk=layer["wk"][:, :64]), parts, prec)  # 64 < a block
+  ws = [layer[p] for p in parts]
+  kx, kg = jax.random.split(jax.random.PRNGKey(7))
+  x = jax.random.normal(kx, (2, 32, CONFIG.d_model), jnp.float32).astype(jnp.bfloat16)
+  dy = jax.random.normal(kg, (2, 32, sum(w.shape[1] for w in ws)), jnp.float32)
+
+  def fused(x, *ws):
+    return linear(x, jnp.concatenate(ws, axis=-1), prec).astype(jnp.float32)
+
+  def separate(x, *ws):
+    return jnp.concatenate([linear(x, w, prec).astype(jnp.float32) for w in ws], axis=-1)
+
+  outs = {}
+  for name, fn in (("fused", fused), ("separate", separate)):
+    y, vjp = jax.vjp(fn, x, *ws)
+    outs[name] = [np.asarray(a, np.float64) for a in (y, *vjp(dy))]
+  for i, (a, b) in enumerate(zip(outs["fused"], outs["separate"])):
+    rel = np.abs(a - b).max() / np.abs(b).max()
+    # dx (i = 1) leaves the dgrad GEMM in bf16, as x is: one bf16 rounding apart at most.
+    assert rel < (8e-3 if i == 1 else 1e-5), (i, rel)
+  # FP8's own error, for scale: the fused forward against float32's x @ w.
+  ref = np.asarray(x, np.float64) @ np.concatenate([np.asarray(w, np.float64) for w in ws], -1)
+  assert np.abs(outs["fused"][0] - ref).max() / np.abs(ref).max() > 1e-3

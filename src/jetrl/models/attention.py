@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jetrl.models import decode_attention as _da
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
-from jetrl.models.layers import apply_rope, project, rms_norm
+from jetrl.models.layers import apply_rope, fused_weight, project, rms_norm
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision
@@ -37,9 +37,12 @@ def qkv(
 ):
   """q [B, T, H, Dh], k and v [B, T, Hkv, Dh] for x [B, T, D], with RoPE applied to q and k."""
   b, t, _ = x.shape
-  if "wqkv" in layer:  # a rollout's fused projection (jetrl.models.rollout_weights)
+  # One GEMM: a rollout's fused projection (jetrl.models.rollout_weights), or the three
+  # weights concatenated where the precision allows (layers.fused_weight).
+  w = fused_weight(layer, "wqkv", ("wq", "wk", "wv"), precision)
+  if w is not None:
     qd, kvd = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    y = project(x, layer["wqkv"], precision, cd)
+    y = project(x, w, precision, cd)
     q, k, v = y[..., :qd], y[..., qd : qd + kvd], y[..., qd + kvd :]
     if "bq" in layer:
       q, k, v = q + layer["bq"].astype(cd), k + layer["bk"].astype(cd), v + layer["bv"].astype(cd)

@@ -20,7 +20,7 @@ from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.lora import LoraWeight, lora_linear
 from jetrl.models.params import LM_HEAD_GRID
-from jetrl.precision import Precision, linear
+from jetrl.precision import Precision, QuantizedWeight, linear
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, dtype_from_name
 
@@ -95,8 +95,43 @@ def project(
   return y
 
 
+def fusable(layer, parts, precision: Optional[Precision]) -> bool:
+  """Whether the projections `parts` of `layer` (weights [..., D, N_i] reading the same x)
+  can run as one GEMM on their weights concatenated along the output, with each part's
+  values exactly as its own GEMM quantizes them: plain weights (not a LoRA run's adapters on
+  a frozen base, not weights quantized once), and under FP8 block scaling in every GEMM of
+  the precision (fprop, dgrad, wgrad) each part's width a multiple of the block, so that no
+  weight tile and no group of an output gradient straddles two parts. One scale per tensor
+  (`scaling="tensor"`) would change every part's scale: never fused."""
+  if not all(p in layer for p in parts):
+    return False
+  if any(isinstance(layer[p], (LoraWeight, QuantizedWeight)) for p in parts):
+    return False
+  gemms = () if precision is None else (precision.fprop, precision.dgrad, precision.wgrad)
+  for g in (g for g in gemms if g is not None):
+    if g.scaling != "block" or any(layer[p].shape[-1] % g.block for p in parts):
+      return False
+  return True
+
+
+def fused_weight(layer, fused: str, parts, precision: Optional[Precision]):
+  """`layer[fused]` (a rollout's fused weight), else the parts' weights concatenated along
+  the output where `fusable`, else None. Concatenated inside the differentiated forward, the
+  parts' gradients are the fused gradient's slices: one GEMM for fprop, dgrad and wgrad where
+  there were len(parts), and one quantization of x."""
+  if fused in layer:
+    return layer[fused]
+  if fusable(layer, parts, precision):
+    return jnp.concatenate([layer[p] for p in parts], axis=-1)
+  return None
+
+
 def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array:
-  """down(silu(gate(x)) * up(x)); gate and up may come fused ("w_gate_up", a rollout's)."""
+  """down(silu(gate(x)) * up(x)); gate and up may come fused ("w_gate_up", a rollout's).
+  The training forward keeps them apart (unlike q / k / v, `fused_weight`): compiled for an
+  H200, the fused backward's gradient [M, 2F] is a concatenation that XLA cannot fuse with the
+  recomputed silu(gate) * up, which costs more than the shared quantization of x saves
+  (docs/benchmarks.md, 2026-12-06)."""
   if "w_gate_up" in layer:
     gu = project(x, layer["w_gate_up"], precision, cd)
     gate, up = jnp.split(gu, 2, axis=-1)

@@ -28,7 +28,7 @@ from typing import Optional
 import jax.numpy as jnp
 
 from jetrl.models import exact_ops
-from jetrl.models.layers import activation_dtype
+from jetrl.models.layers import activation_dtype, fusable
 from jetrl.models.lora import LoraWeight
 from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
 from jetrl.precision import Precision, QuantizedWeight, is_batch_invariant, prequantize_weight
@@ -56,24 +56,11 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
   return dict(params, layers=layers)
 
 
-def _fusable(layers, parts, precision: Optional[Precision]) -> bool:
-  if not all(p in layers for p in parts):
-    return False
-  if any(isinstance(layers[p], (LoraWeight, QuantizedWeight)) for p in parts):
-    return False  # a LoRA run's projections: adapters and a frozen base, kept apart
-  g = None if precision is None else precision.fprop
-  if g is None:
-    return True
-  if g.scaling != "block":
-    return False  # one scale per tensor: fusing would change every part's scale
-  return all(layers[p].shape[-1] % g.block == 0 for p in parts)
-
-
 def fuse_projections(params, precision: Optional[Precision]):
   """params with q / k / v and gate / up fused where the precision allows (see module doc)."""
   layers = dict(params["layers"])
   for fused, parts in FUSED_PROJECTIONS.items():
-    if _fusable(layers, parts, precision):
+    if fusable(layers, parts, precision):
       layers[fused] = jnp.concatenate([layers.pop(p) for p in parts], axis=-1)
   return dict(params, layers=layers)
 
