@@ -98,7 +98,7 @@ def report(
   out["crossover_post_hoc"] = {
     name: prereg.crossover_contrasts(rows, length, outcome=fn) for name, fn in outcomes
   }
-  unseen = [s for s in verdict["seeds"] if s not in set(seen)]
+  unseen = [s for s in verdict["seeds"] if s not in seen]
   if seen:
     out["crossover_unseen_seeds"] = {
       name: prereg.crossover_contrasts(rows, length, outcome=fn, seeds=unseen)

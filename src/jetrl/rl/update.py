@@ -293,12 +293,17 @@ def minibatch_step(
 
 
 def epoch(state: TrainState, key, batch: TrainBatch, extra: dict, spec: StepSpec, opt):
-  """A pass over the batch in shuffled minibatches."""
+  """A pass over the batch in shuffled minibatches. Under `same_forward` (one minibatch)
+  outs["logp"] holds the differentiated forward's log-probs [rows, T] in the batch's order."""
   rows = batch.inputs.shape[0]
   perm = jax.random.permutation(key, rows)
   shuffled = _split((_take(batch, perm), _take(extra, perm)), spec.cfg.minibatches)
   step = functools.partial(minibatch_step, spec=spec, opt=opt)
-  return jax.lax.scan(step, state, shuffled)
+  state, outs = jax.lax.scan(step, state, shuffled)
+  if "logp" in outs:
+    own = outs["logp"].reshape(batch.targets.shape)
+    outs = dict(outs, logp=jnp.zeros_like(own).at[perm].set(own))
+  return state, outs
 
 
 def summarize(
@@ -386,13 +391,10 @@ def train_step(
   extra, agree, is_metrics = pre_update(state, batch, spec, bin_edges)
   skipped_before = state.skipped
   run_epoch = functools.partial(epoch, batch=batch, extra=extra, spec=spec, opt=opt)
-  keys = jax.random.split(key, cfg.ppo_epochs)
-  state, outs = jax.lax.scan(run_epoch, state, keys)
-  if agree is None:  # same_forward: the metrics of the differentiated forward (one epoch, one
-    # minibatch: its rows in the order `epoch` shuffled them to)
-    perm = jax.random.permutation(keys[0], rows)
+  state, outs = jax.lax.scan(run_epoch, state, jax.random.split(key, cfg.ppo_epochs))
+  if agree is None:  # same_forward: the metrics of the differentiated forward (one epoch)
     own = outs.pop("logp").reshape(batch.targets.shape)
-    agree, _, is_metrics = forward_metrics(own, _take(batch, perm), cfg, bin_edges)
+    agree, _, is_metrics = forward_metrics(own, batch, cfg, bin_edges)
   return state, summarize(outs, state, skipped_before, agree, is_metrics, learning_rate)
 
 
