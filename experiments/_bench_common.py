@@ -151,24 +151,40 @@ class Variant:
   recipe: str
   fused_quant: bool = False
   decode_gemm: bool = False
+  fused_mlp: bool = True  # False: the update's MLP unfused (JETRL_FUSED_MLP=0), "+fq-mlp"
 
   @property
   def label(self) -> str:
-    return self.recipe + ("+fq" if self.fused_quant else "") + ("+pd" if self.decode_gemm else "")
+    return (
+      self.recipe
+      + ("+fq" if self.fused_quant else "")
+      + ("+pd" if self.decode_gemm else "")
+      + ("" if self.fused_mlp else "-mlp")
+    )
 
   def row(self) -> dict:
-    return dict(recipe=self.label, fused_quant=self.fused_quant, decode_gemm=self.decode_gemm)
+    return dict(
+      recipe=self.label,
+      fused_quant=self.fused_quant,
+      decode_gemm=self.decode_gemm,
+      fused_mlp=self.fused_mlp,
+    )
 
 
 def variants(
-  recipes: Sequence[str], fused_quant: Sequence[str] = (), decode_gemm: Sequence[str] = ()
+  recipes: Sequence[str],
+  fused_quant: Sequence[str] = (),
+  decode_gemm: Sequence[str] = (),
+  unfused_mlp: Sequence[str] = (),
 ) -> tuple[Variant, ...]:
   """Each recipe, then each of `fused_quant` (recipes too) with the one-pass kernel, then each
-  of `decode_gemm` with the one-pass kernel and the Pallas decode GEMM."""
+  of `decode_gemm` with the one-pass kernel and the Pallas decode GEMM, then each of
+  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.precision.mlp off)."""
   return (
     tuple(Variant(r) for r in recipes)
     + tuple(Variant(r, True) for r in fused_quant)
     + tuple(Variant(r, True, True) for r in decode_gemm)
+    + tuple(Variant(r, True, False, False) for r in unfused_mlp)
   )
 
 
@@ -202,6 +218,25 @@ def decode_gemm(on: bool) -> Iterator[None]:
     yield
   finally:
     gemms.set_decode_gemm(None)
+    jax.clear_caches()
+
+
+@contextlib.contextmanager
+def unfused_mlp(on: bool) -> Iterator[None]:
+  """With `on`, the MLP's unfused path (JETRL_FUSED_MLP=0) while programs are traced inside,
+  JAX's caches cleared on entry and exit (as `decode_gemm`); else nothing."""
+  if not on:
+    yield
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  from jetrl.precision import mlp  # pylint: disable=import-outside-toplevel
+
+  jax.clear_caches()
+  mlp.set_fused_mlp(False)
+  try:
+    yield
+  finally:
+    mlp.set_fused_mlp(None)
     jax.clear_caches()
 
 

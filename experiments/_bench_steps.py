@@ -22,6 +22,7 @@ from _bench_common import (
   random_prompts,
   recipe_of,
   speedup_text,
+  unfused_mlp,
 )
 from jetrl.rl import metrics as M
 
@@ -121,12 +122,13 @@ def run_update(
     def one(v=v, step=step):
       state = init_train_state(params, ucfg)
       times = []
-      for i in range(max(2, FLAGS.repeats)):
-        t0 = time.perf_counter()
-        with fused_quant(v.fused_quant and i == 0):
-          state, metrics = step(state, i)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - t0)
+      with unfused_mlp(not v.fused_mlp):
+        for i in range(max(2, FLAGS.repeats)):
+          t0 = time.perf_counter()
+          with fused_quant(v.fused_quant and i == 0):
+            state, metrics = step(state, i)
+          jax.block_until_ready(metrics)
+          times.append(time.perf_counter() - t0)
       t = float(np.median(times[1:]))
       res = dict(
         seconds=t,

@@ -19,7 +19,8 @@ peers in one call):
 A part whose dependency is missing prints "skipped: <reason>" and the rest runs on.
 --rollout_fused_quant / --update_fused_quant also time recipes with the one-pass quantization
 kernel (rows "<recipe>+fq"); --rollout_decode_gemm also with the Pallas decode GEMM
-(JETRL_DECODE_GEMM=pallas; rows "<recipe>+fq+pd"). The parts live in _bench_gemm.py (a) and _bench_steps.py (b-d),
+(JETRL_DECODE_GEMM=pallas; rows "<recipe>+fq+pd"); --update_unfused_mlp with the one-pass
+kernel but the MLP unfused (JETRL_FUSED_MLP=0; rows "<recipe>+fq-mlp"). The parts live in _bench_gemm.py (a) and _bench_steps.py (b-d),
 over _bench_common.py.
 
 Without a GPU it exits with code 2 unless --allow_cpu is given; then it runs tiny shapes with the
@@ -101,6 +102,13 @@ flags.DEFINE_list(
   "Recipes whose update step is also timed on cuBLASLt with the one-pass quantization "
   "kernel (reported as <recipe>+fq).",
 )
+flags.DEFINE_list(
+  "update_unfused_mlp",
+  [],
+  "Recipes whose update step is also timed with the one-pass quantization kernel but the "
+  "MLP unfused (JETRL_FUSED_MLP=0; reported as <recipe>+fq-mlp): against <recipe>+fq, what "
+  "SwiGLU's FP8 kernels (jetrl.precision.mlp) save.",
+)
 flags.DEFINE_float("update_budget_fraction", 0.85, "Budget share by which updates end.")
 flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
 flags.DEFINE_float("time_budget_s", 240.0, "Stop starting new measurements after this long.")
@@ -142,6 +150,7 @@ for _name, _fq in (
   ("rollout_decode_gemm", "rollout_decode_gemm"),
   ("update_recipes", "update_fused_quant"),
   ("update_fused_quant", "update_fused_quant"),
+  ("update_unfused_mlp", "update_unfused_mlp"),
 ):
   flags.register_validator(_name, _check_recipes(_fq))
 
@@ -184,13 +193,14 @@ def setup_xla_flags() -> dict:
   return info
 
 
-def _variants(recipes_flag: str, fq_flag: str, pd_flag: str = ""):
-  """The variants of the flags: recipes, recipes also run with the one-pass kernel, and (the
-  rollout) with the Pallas decode GEMM too."""
+def _variants(recipes_flag: str, fq_flag: str, pd_flag: str = "", mlp_flag: str = ""):
+  """The variants of the flags: recipes, recipes also run with the one-pass kernel, (the
+  rollout) with the Pallas decode GEMM too, and (the update) with the MLP unfused."""
   from _bench_common import variants  # pylint: disable=import-outside-toplevel
 
   pd = getattr(FLAGS, pd_flag) if pd_flag else ()
-  return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag), pd)
+  mlp = getattr(FLAGS, mlp_flag) if mlp_flag else ()
+  return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag), pd, mlp)
 
 
 def _update_shape():
@@ -216,7 +226,7 @@ def main(argv):
   from jetrl.precision import backend, cublaslt  # pylint: disable=import-outside-toplevel
 
   rollout_variants = _variants("rollout_recipes", "rollout_fused_quant", "rollout_decode_gemm")
-  update_variants = _variants("update_recipes", "update_fused_quant")
+  update_variants = _variants("update_recipes", "update_fused_quant", mlp_flag="update_unfused_mlp")
   on_gpu = jax.default_backend() == "gpu"
   if not on_gpu and not FLAGS.allow_cpu:
     print(

@@ -167,9 +167,9 @@ def test_lora_update_holds_a_float8_base_and_adapter_state_only():
   assert 1 * n_proj + 4 * (n - n_proj) <= c.memory["argument"] < 6 * n
 
 
-def _report(tmp_path, *flags):
+def _report(tmp_path, *flags, env=None):
   out = tmp_path / "report.json"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
   r = subprocess.run(
     [sys.executable, "experiments/compile_report.py", *flags, f"--json_out={out}"],
     capture_output=True,
@@ -301,6 +301,25 @@ def test_a_decode_step_is_eight_kernels_a_layer_under_bf16_and_jet(tmp_path):
   assert bf16["cublas"] == 2 * 4 + 1 and bf16["pallas"] == 2  # + the LM head; attention
   assert jet["jetrl_fp8_ffi"] == 2 * 4 and jet["pallas"] == 2 * 4  # + 2 norms and SwiGLU
   assert steps["jet"]["mb"] < steps["bf16"]["mb"]  # FP8 weights (the bf16 LM head dominates)
+
+
+@need_cuda
+def test_swiglu_kernels_take_the_mlp_quantization_out_of_the_jet_update(tmp_path):
+  """qwen2.5-1.5b's shapes, one layer, 2 x 256 tokens: with SwiGLU's FP8 kernels
+  (jetrl.precision.mlp, on by default) jet's update runs fewer kernels and moves fewer bytes
+  than with the MLP unfused (JETRL_FUSED_MLP=0): the five quantizations of the backward's
+  widest arrays and the forward's h are written by the two kernels."""
+  flags = ("--target=h200", "--model=qwen2.5-1.5b", "--layers=1", "--recipe=jet")
+  flags += ("--programs=update", "--rows=2", "--seq=257")
+  runs = {}
+  for fused in ("1", "0"):
+    r, data = _report(tmp_path, *flags, env={"JETRL_FUSED_MLP": fused})
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs[fused] = next(p for p in data["programs"] if p["program"] == "update")
+  on, off = runs["1"], runs["0"]
+  assert on["kernels"] <= off["kernels"] - 5, (on["kernels"], off["kernels"])
+  mb = lambda p: p["read_gb"] + p["written_gb"]
+  assert mb(on) < mb(off) and on["est_ms"] < off["est_ms"]
 
 
 @need_cuda

@@ -51,6 +51,8 @@ def test_the_one_pass_quantization_default_and_a_bad_setting(monkeypatch):
       assert not gemms.fused_quant_enabled()
     finally:
       _target.pop()
+    # unset before monkeypatch records it, which would restore the "0" set above after the test
+    gemms.set_fused_quant(None)
     monkeypatch.setenv("JETRL_FUSED_QUANT", "yes")
     gemms._fused_quant_setting.cache_clear()
     with pytest.raises(ValueError, match="JETRL_FUSED_QUANT must be 0, 1 or unset"):

@@ -32,6 +32,7 @@ from jetrl.models.config import ModelConfig
 from jetrl.precision import QuantizedInput, QuantizedWeight, linear
 from jetrl.precision import gemms as _gemms
 from jetrl.precision import quant_kernel as _qk
+from jetrl.precision import swiglu_kernel as _sk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dtype_from_name, format_dtype
 
@@ -117,19 +118,6 @@ def norm_quant(x, delta, weight, eps: float, cd, dtype, *, interpret=False, valu
   return result + (outs[3],) if values else result
 
 
-def _swiglu_kernel(g_ref, u_ref, q_ref, s_ref, *h_refs, cd, dtype, interpret: bool):
-  f32 = jnp.float32
-  gate = g_ref[...].astype(f32)
-  # jax.nn.silu in cd, operation for operation: x * (1 / (1 + exp(-x))), each rounded to cd
-  sig = _r(f32(1.0) / _r(f32(1.0) + _r(jnp.exp(-gate), cd), cd), cd)
-  h = _r(_r(gate * sig, cd) * u_ref[...].astype(f32), cd)
-  q, s = _qk.quantize_groups(h, dtype, interpret)
-  q_ref[...] = q
-  s_ref[...] = s[None, :]
-  if h_refs:
-    h_refs[0][...] = h.astype(h_refs[0].dtype)
-
-
 def swiglu_quant(gate_up, cd, dtype, *, interpret=False, values=False):
   """The QuantizedInput of silu(gate) * up for the fused gate / up output [M, 2F] (gate the
   first F columns, as `layers.swiglu` splits it), in one kernel. values=True also returns
@@ -149,7 +137,7 @@ def swiglu_quant(gate_up, cd, dtype, *, interpret=False, values=False):
     out_shape.append(jax.ShapeDtypeStruct((m, f), cd))
     out_specs.append(block(0))
   outs = pl.pallas_call(
-    functools.partial(_swiglu_kernel, cd=cd, dtype=dtype, interpret=interpret),
+    functools.partial(_sk.swiglu_rows_kernel, cd=cd, dtype=dtype, interpret=interpret),
     out_shape=tuple(out_shape),
     grid=(m // ROWS, nf),
     in_specs=[block(0), block(nf)],

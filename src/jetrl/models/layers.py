@@ -21,6 +21,7 @@ from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.lora import LoraWeight, lora_linear
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import Precision, QuantizedWeight, linear
+from jetrl.precision import mlp as _mlp
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, dtype_from_name
 
@@ -131,7 +132,13 @@ def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array
   The training forward keeps them apart (unlike q / k / v, `fused_weight`): compiled for an
   H200, the fused backward's gradient [M, 2F] is a concatenation that XLA cannot fuse with the
   recomputed silu(gate) * up, which costs more than the shared quantization of x saves
-  (docs/benchmarks.md, 2026-12-06)."""
+  (docs/benchmarks.md, 2026-12-06). Under a blockwise FP8 recipe compiled for a GPU the MLP
+  is `jetrl.precision.mlp.swiglu_mlp`: the same GEMMs, its FP8 groups written by SwiGLU's
+  forward and backward kernels."""
+  if "w_gate" in layer and "w_down" in layer:
+    wg, wu, wd = layer["w_gate"], layer["w_up"], layer["w_down"]
+    if _mlp.applies(math.prod(x.shape[:-1]), wg, wu, wd, precision):
+      return _mlp.swiglu_mlp(x, wg, wu, wd, precision)  # its quantization in its operators
   if "w_gate_up" in layer:
     gu = project(x, layer["w_gate_up"], precision, cd)
     gate, up = jnp.split(gu, 2, axis=-1)

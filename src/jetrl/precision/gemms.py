@@ -320,3 +320,36 @@ def wgrad(x2: jax.Array, dy2: jax.Array, g, out_dtype) -> jax.Array:
     dq, ds_t = _quant_rows_t(dy2.T, g, g.grad_fmt)
     return _cublaslt.gemm_t(xq, xs_t, dq, ds_t, b_blocks=False, out_dtype=out_dtype)
   return _gp.wgrad(x2, dy2, g, out_dtype, interpret=name == "pallas_interpret")
+
+
+def _dequant_t(q: jax.Array, s_t: jax.Array) -> jax.Array:
+  """float32 values of q [P, C] from 1 x 128 scales transposed, s_t [C/128, P]."""
+  return dequantize(q, s_t.T, (1, _qk.B))
+
+
+def gemm_groups(a, a_scale_t, b, b_scale, *, b_blocks: bool, out_dtype) -> jax.Array:
+  """out [P, Q] = a [P, C] . b [Q, C] from operands already quantized as the cuBLASLt kernel
+  reads them (`cublaslt.gemm_t`): a in 1 x 128 groups along C, scales transposed
+  [C/128, P]; b in 128 x 128 blocks (scales [Q/128, C/128]) or 1 x 128 groups (scales
+  transposed, [C/128, Q]). On a GPU the cuBLASLt kernel; a GPU program run here
+  (`target.interpreting`) dequantizes and multiplies in float32 (the XLA backend's product
+  of the same FP8 values)."""
+  if _target.platform() == "gpu" and not _target.interpreting():
+    return _cublaslt.gemm_t(a, a_scale_t, b, b_scale, b_blocks=b_blocks, out_dtype=out_dtype)
+  if b_blocks:
+    bd = dequantize(b, b_scale[:, : -(-b.shape[1] // _qk.B)], (_qk.B, _qk.B))
+  else:
+    bd = _dequant_t(b, b_scale)
+  return matmul_f32(_dequant_t(a, a_scale_t), bd, transpose_b=True)
+
+
+def runs_groups_gemm(
+  g, p: int, q: int, c: int, a_fmt: str, b_fmt: str, out_dtype, b_blocks
+) -> bool:
+  """Whether `gemm_groups` serves this GEMM as `fprop` / `dgrad` / `wgrad` would run it: 1 x 128
+  block scaling with the one-pass quantization on, on cuBLASLt (on XLA in a GPU program run
+  here, `target.interpreting`)."""
+  if g is None or not _fused(g):
+    return False
+  want = "xla" if _target.interpreting() else "cublaslt"
+  return _choose(g, p, q, c, a_fmt, b_fmt, out_dtype, b_blocks) == want

@@ -79,21 +79,31 @@ def quantize_groups(x, dtype, interpret: bool):
   return jnp.clip(x * inv[:, None], -fmax, fmax).astype(dtype), s
 
 
-def _kernel(x_ref, *out_refs, rows: bool, cols: bool, fmax: float, dtype, interpret: bool):
+def emit_rows(x, q_ref, s_ref, dtype, interpret: bool) -> None:
+  """Inside a kernel: x [R, 128] (float32, a tile's 1 x 128 groups) quantized to q_ref [R, 128]
+  and its scales to s_ref [1, R] (the transposed layout cuBLASLt reads)."""
+  q, s = quantize_groups(x, dtype, interpret)
+  q_ref[...] = q
+  s_ref[...] = s[None, :]
+
+
+def emit_cols(x, q_ref, s_ref, dtype, interpret: bool) -> None:
+  """Inside a kernel: x [128, C] (float32, a tile's 128 x 1 groups) quantized, transposed, to
+  q_ref [C, 128] and its scales to s_ref [1, C]."""
+  fmax = fp8_max(dtype)
+  s = _scale(_amax(jnp.abs(x), 0), fmax)
+  inv = _reciprocal(s, interpret)
+  q_ref[...] = jnp.clip(x * inv[None, :], -fmax, fmax).astype(dtype).T
+  s_ref[...] = s[None, :]
+
+
+def _kernel(x_ref, *out_refs, rows: bool, cols: bool, dtype, interpret: bool):
   x = x_ref[...].astype(jnp.float32)
-  ax = jnp.abs(x)
   refs = list(out_refs)
   if rows:
-    q_ref, s_ref = refs.pop(0), refs.pop(0)
-    q, s = quantize_groups(x, dtype, interpret)
-    q_ref[...] = q
-    s_ref[...] = s[None, :]
+    emit_rows(x, refs.pop(0), refs.pop(0), dtype, interpret)
   if cols:
-    q_ref, s_ref = refs.pop(0), refs.pop(0)
-    s = _scale(_amax(ax, 0), fmax)
-    inv = _reciprocal(s, interpret)
-    q_ref[...] = jnp.clip(x * inv[None, :], -fmax, fmax).astype(dtype).T
-    s_ref[...] = s[None, :]
+    emit_cols(x, refs.pop(0), refs.pop(0), dtype, interpret)
 
 
 def quantize_rows_cols(
@@ -128,9 +138,7 @@ def quantize_rows_cols(
       pl.BlockSpec((1, B), lambda i, j: (i, j)),
     ]
   outs = pl.pallas_call(
-    functools.partial(
-      _kernel, rows=rows, cols=cols, fmax=fp8_max(dtype), dtype=dtype, interpret=interpret
-    ),
+    functools.partial(_kernel, rows=rows, cols=cols, dtype=dtype, interpret=interpret),
     out_shape=tuple(out_shape),
     grid=(mb, kb),
     in_specs=[pl.BlockSpec((B, B), lambda i, j: (i, j))],
@@ -178,9 +186,7 @@ def quantize_rows_t(x: jax.Array, dtype, *, interpret: bool = False):
       f"quantize_rows_t: needs rows a multiple of 8 and columns a multiple of {B}, got {x.shape}"
     )
   return pl.pallas_call(
-    functools.partial(
-      _kernel, rows=True, cols=False, fmax=fp8_max(dtype), dtype=dtype, interpret=interpret
-    ),
+    functools.partial(_kernel, rows=True, cols=False, dtype=dtype, interpret=interpret),
     out_shape=(
       jax.ShapeDtypeStruct((m, k), dtype),
       jax.ShapeDtypeStruct((k // B, m), jnp.float32),
