@@ -303,3 +303,82 @@ def test_exact_recipe_sampler_on_a_data_mesh_equals_one_device_training_forward(
   diff = np.abs(lp - out.logprobs)[out.mask]
   print(f"jet_exact sampler {mesh_spec}: {out.mask.sum()} tokens, max |dlogp| {diff.max()}")
   assert out.mask.sum() > 40 and diff.max() == 0.0
+
+
+# --- custom calls partitioned as their operands (jetrl.precision.partition) -------------------
+
+
+def _blockwise_gemm(a, sa_t, b, sb):
+  """a [P, C] in 1 x 128 groups (scales transposed), b [Q, C] in 128 x 128 blocks, as jnp."""
+  ad = a * jnp.repeat(sa_t.T, 128, axis=1)
+  return ad @ (b * jnp.repeat(jnp.repeat(sb, 128, 0), 128, 1)).T
+
+
+def test_a_partitioned_gemm_shards_rows_and_sums_a_split_contraction():
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jetrl.precision import partition
+
+  f = partition.sharded(
+    _blockwise_gemm,
+    "p c, cb p, q c, qb cb -> p q",
+    ties={"cb": "c", "qb": "q"},
+    block={"c": 128, "q": 128},
+  )
+  mesh = parallel.make_mesh("data:4,tensor:2")
+  rng = np.random.default_rng(0)
+  p_, c_, q_ = 1024, 512, 256
+  a, b = rng.normal(size=(p_, c_)), rng.normal(size=(q_, c_))
+  sa, sb = rng.uniform(1, 2, (c_ // 128, p_)), rng.uniform(1, 2, (q_ // 128, c_ // 128))
+  # the float64 blockwise formula, block by block
+  ref = sum(
+    np.outer(sa[k], np.repeat(sb[:, k], 128)) * (a[:, 128 * k : 128 * (k + 1)] @ b[:, 128 * k : 128 * (k + 1)].T)
+    for k in range(c_ // 128)
+  )  # fmt: skip
+  args = [jnp.asarray(v, jnp.float32) for v in (a, sa, b, sb)]
+  cases = {  # operands' specs -> (all-gathers expected, all-reduces expected, result spec)
+    "rows": ((P("data"), P(None, "data"), P(), P()), False, False, P("data")),
+    "rows, tensor-split b": (
+      (P("data"), P(None, "data"), P("tensor"), P("tensor")), False, False, P("data", "tensor")
+    ),
+    "split contraction": ((P(None, "data"), P("data"), P(None, "data"), P(None, "data")), False, True, P()),
+    # 512 columns over 8 devices: 64 a device, not whole 128-groups: gathered, still right
+    "ragged contraction": ((P(None, ("data", "tensor")), P(), P(), P()), True, False, P()),
+  }  # fmt: skip
+  for name, (specs, gather, reduce, out_spec) in cases.items():
+    g = jax.jit(f, in_shardings=tuple(NamedSharding(mesh, s) for s in specs))
+    y = g(*args)
+    hlo = g.lower(*args).compile().as_text()
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=2e-5, atol=2e-3, err_msg=name)
+    assert ("all-gather" in hlo) == gather and ("all-reduce" in hlo) == reduce, name
+    assert y.sharding.spec == out_spec, (name, y.sharding.spec)
+
+
+def test_the_quantization_and_swiglu_kernels_run_on_their_shards():
+  """Interpret mode: a row-sharded activation's groups, and SwiGLU's backward, bit for bit as
+  on one device, each device's kernel on its own rows."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jetrl.precision import quant_kernel, swiglu_kernel
+
+  mesh = parallel.make_mesh("data:8")
+  rows = NamedSharding(mesh, P("data"))
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(1024, 256)) * np.exp(rng.normal(size=(1024, 1))), jnp.bfloat16)
+  e4 = jnp.float8_e4m3fn
+
+  def quant(v):
+    return quant_kernel.quantize_rows_cols(v, e4, interpret=True)
+
+  def swiglu(g, u, d):
+    return swiglu_kernel.swiglu_backward(g, u, d, jnp.bfloat16, e4, e4, e4, interpret=True)
+
+  gu = [jnp.asarray(rng.normal(size=(1024, 256)), jnp.bfloat16) for _ in range(3)]
+  for fn, args in ((quant, (x,)), (swiglu, tuple(gu))):
+    one = jax.jit(fn)(*args)
+    g = jax.jit(fn, in_shardings=(rows,) * len(args))
+    sharded = g(*args)
+    # no device holds a whole input: each kernel reads its own 128 rows
+    assert "bf16[1024,256]" not in g.lower(*args).compile().as_text()
+    for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(sharded)):
+      np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))

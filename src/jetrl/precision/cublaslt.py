@@ -324,6 +324,32 @@ def gemm_t(
     )
   if p == 0 or q == 0:
     return jnp.zeros((p, q), out_dtype)
+  padded_scales = b_blocks and b_scale.shape[1] != cb
+  call = _partitioned(bool(b_blocks), jnp.dtype(out_dtype).name, padded_scales)
+  return call(a, a_scale_t, b, b_scale)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned(b_blocks: bool, out_dtype: str, padded_scales: bool):
+  """`_gemm_local` sharded as its operands are on a mesh (jetrl.precision.partition): rows of
+  a and b pass through, a contraction split into whole 128-blocks is summed across devices.
+  Scales padded to cuBLASLt's leading dimension (a rollout's weight) keep K unsplit."""
+  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
+
+  fn = functools.partial(_gemm_local, b_blocks=b_blocks, out_dtype=jnp.dtype(out_dtype))
+  if b_blocks:
+    rule = "p c, cb p, q c, qb " + ("cl" if padded_scales else "cb") + " -> p q"
+    ties = {"cb": "c", "qb": "q"}
+  else:
+    rule, ties = "p c, cb p, q c, cb q -> p q", {"cb": "c"}
+  whole = (1 << 62) if padded_scales else BLOCK  # padded scales: K never split
+  block = {"c": whole, "cl": whole, "q": BLOCK if b_blocks else 1}
+  return partition.sharded(fn, rule, ties=ties, block=block)
+
+
+def _gemm_local(a, a_scale_t, b, b_scale, *, b_blocks: bool, out_dtype):
+  """`gemm_t` on one device's operands (their shapes checked by the caller)."""
+  (p, c), q = a.shape, b.shape[0]
   pp, qp, cp = _padded(p, q, c)
   cbp = cp // BLOCK
   a = _pad2(a, pp, cp)

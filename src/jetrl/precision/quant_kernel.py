@@ -115,6 +115,28 @@ def quantize_rows_cols(
     raise ValueError(f"quantize_rows_cols: x must be 2-D, got shape {x.shape}")
   if not (rows or cols):
     raise ValueError("quantize_rows_cols: ask for rows, cols or both")
+  flat = _rows_cols_partitioned(jnp.dtype(dtype).name, rows, cols, interpret)(x)
+  return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
+
+
+@functools.lru_cache(maxsize=None)
+def _rows_cols_partitioned(dtype: str, rows: bool, cols: bool, interpret: bool):
+  """`_rows_cols_local` sharded as x is on a mesh (jetrl.precision.partition): 1 x 128 groups
+  need whole groups of columns per device, 128 x 1 groups whole groups of rows."""
+  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
+
+  outs = (["m k", "kb m"] if rows else []) + (["k m", "mb k"] if cols else [])
+  fn = functools.partial(
+    _rows_cols_local, dtype=jnp.dtype(dtype), rows=rows, cols=cols, interpret=interpret
+  )
+  block = {"k": B if rows else 1, "m": B if cols else 1}
+  return partition.sharded(
+    fn, "m k -> " + ", ".join(outs), ties={"kb": "k", "mb": "m"}, block=block
+  )
+
+
+def _rows_cols_local(x, *, dtype, rows: bool, cols: bool, interpret: bool):
+  """`quantize_rows_cols` of one device's x, its pairs flattened."""
   m, k = x.shape
   mb, kb = _cdiv(m, B), _cdiv(k, B)
   xp = x if (m, k) == (mb * B, kb * B) else jnp.pad(x, ((0, mb * B - m), (0, kb * B - k)))
@@ -151,10 +173,10 @@ def quantize_rows_cols(
   outs = list(outs)
   if rows:
     q, s = outs.pop(0), outs.pop(0)
-    result.append((q[:m, :k], s[:, :m]))
+    result += [q[:m, :k], s[:, :m]]
   if cols:
     q, s = outs.pop(0), outs.pop(0)
-    result.append((q[:k, :m], s[:, :k]))
+    result += [q[:k, :m], s[:, :k]]
   return tuple(result)
 
 
@@ -180,11 +202,26 @@ def quantize_rows_t(x: jax.Array, dtype, *, interpret: bool = False):
   if x.ndim != 2:
     raise ValueError(f"quantize_rows_t: x must be 2-D, got shape {x.shape}")
   m, k = x.shape
-  bm = row_block(m)
-  if not bm or k % B:
+  if not row_block(m) or k % B:
     raise ValueError(
       f"quantize_rows_t: needs rows a multiple of 8 and columns a multiple of {B}, got {x.shape}"
     )
+  return _rows_t_partitioned(jnp.dtype(dtype).name, interpret)(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _rows_t_partitioned(dtype: str, interpret: bool):
+  """`_rows_t_local` sharded as x is on a mesh: whole groups of columns and rows in eights
+  per device."""
+  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
+
+  fn = functools.partial(_rows_t_local, dtype=jnp.dtype(dtype), interpret=interpret)
+  return partition.sharded(fn, "m k -> m k, kb m", ties={"kb": "k"}, block={"k": B, "m": 8})
+
+
+def _rows_t_local(x, *, dtype, interpret: bool):
+  m, k = x.shape
+  bm = row_block(m)
   return pl.pallas_call(
     functools.partial(_kernel, rows=True, cols=False, dtype=dtype, interpret=interpret),
     out_shape=(

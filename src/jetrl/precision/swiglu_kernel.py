@@ -79,7 +79,34 @@ def _params():
 def swiglu_rows(gate, up, cd, dtype, *, interpret: bool = False, values: bool = False):
   """(q [M, F], s_t [F/128, M]): h = silu(gate) * up in 1 x 128 groups, one kernel.
   values=True also returns the bf16 h that was quantized (for tests)."""
-  m, f = _check("swiglu_rows", gate, up)
+  _check("swiglu_rows", gate, up)
+  if values:
+    return _rows_local(gate, up, cd=cd, dtype=dtype, interpret=interpret, values=True)
+  names = (jnp.dtype(cd).name, jnp.dtype(dtype).name)
+  return _partitioned("rows", names, interpret)(gate, up)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned(kind: str, dtypes: tuple, interpret: bool):
+  """The kernel sharded as its operands are on a mesh (jetrl.precision.partition): whole
+  128 x 128 tiles per device."""
+  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
+
+  dt = [jnp.dtype(d) for d in dtypes]
+  ties, block = {"mb": "m", "fb": "f"}, {"m": B, "f": B}
+  if kind == "rows":
+    fn = functools.partial(_rows_local, cd=dt[0], dtype=dt[1], interpret=interpret)
+    return partition.sharded(fn, "m f, m f -> m f, fb m", ties=ties, block=block)
+  fn = functools.partial(
+    _backward_local, cd=dt[0], act_dtype=dt[1], row_dtype=dt[2], col_dtype=dt[3],
+    interpret=interpret,
+  )  # fmt: skip
+  outs = ", ".join(["f m, mb f"] + ["m f, fb m, f m, mb f"] * 2)
+  return partition.sharded(fn, "m f, m f, m f -> " + outs, ties=ties, block=block)
+
+
+def _rows_local(gate, up, *, cd, dtype, interpret: bool, values: bool = False):
+  m, f = gate.shape
   tile = pl.BlockSpec((B, B), lambda i, j: (i, j))
   out_shape = [jax.ShapeDtypeStruct((m, f), dtype), jax.ShapeDtypeStruct((f // B, m), jnp.float32)]
   out_specs = [tile, pl.BlockSpec((1, B), lambda i, j: (j, i))]
@@ -138,7 +165,23 @@ def swiglu_backward(
     d*_q [M, F] row_dtype, d*_s_t [F/128, M]   1 x 128 groups, scales transposed
     d*_q_t [F, M] col_dtype, d*_s [M/128, F]   128 x 1 groups, transposed
   """
-  m, f = _check("swiglu_backward", gate, up, dh)
+  _check("swiglu_backward", gate, up, dh)
+  if values:
+    outs = _backward_local(
+      gate, up, dh, cd=cd, act_dtype=act_dtype, row_dtype=row_dtype, col_dtype=col_dtype,
+      interpret=interpret, values=True,
+    )  # fmt: skip
+  else:
+    names = tuple(jnp.dtype(d).name for d in (cd, act_dtype, row_dtype, col_dtype))
+    outs = _partitioned("backward", names, interpret)(gate, up, dh)
+  pairs = tuple((outs[2 * i], outs[2 * i + 1]) for i in range(5))
+  return pairs + (tuple(outs[10:]),) if values else pairs
+
+
+def _backward_local(
+  gate, up, dh, *, cd, act_dtype, row_dtype, col_dtype, interpret: bool, values: bool = False
+):
+  m, f = gate.shape
   tile = pl.BlockSpec((B, B), lambda i, j: (i, j))
   tile_t = pl.BlockSpec((B, B), lambda i, j: (j, i))
   rows_s = pl.BlockSpec((1, B), lambda i, j: (j, i))
@@ -181,5 +224,4 @@ def swiglu_backward(
     interpret=interpret,
     name="fp8_swiglu_backward",
   )(gate, up, dh)
-  pairs = tuple((outs[2 * i], outs[2 * i + 1]) for i in range(5))
-  return pairs + (tuple(outs[10:]),) if values else pairs
+  return tuple(outs)
