@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jetrl.models import decode_attention as _da
 from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
+from jetrl.models.flash import flash_attention
 from jetrl.models.layers import apply_rope, fused_weight, project, rms_norm
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.precision import target as _target
@@ -174,10 +175,9 @@ def attend_flash(
   `causal_mask`; a pad query sees the pads before it instead of nothing (its output is
   ignored either way). Softmax in float32, online; kv heads are repeated to the query heads
   (the kernel takes one kv head per query head) and their gradients summed back by JAX. T is
-  padded at the end to whole tiles: causal, no real query sees those keys.
+  padded at the end to whole tiles: causal, no real query sees those keys. On a mesh each
+  device attends over its own rows and heads (`jetrl.models.flash`).
   """
-  from jax.experimental.pallas.ops.gpu import attention as _flash  # noqa: PLC0415
-
   b, t, h, dh = q.shape
   g = h // k.shape[2]
   tp = -(-t // FLASH_BLOCK) * FLASH_BLOCK
@@ -188,7 +188,7 @@ def attend_flash(
   seg = None
   if attention_mask is not None:
     seg = jnp.pad(attention_mask.astype(jnp.int32), ((0, 0), (0, tp - t)))
-  out = _flash.mha(q, k, v, seg, sm_scale=float(dh**-0.5), causal=True, interpret=interpret)
+  out = flash_attention(q, k, v, seg, float(dh**-0.5), interpret)  # partitioned on a mesh
   return out[:, :t].reshape(b, t, h * dh)
 
 
