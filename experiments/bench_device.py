@@ -20,7 +20,7 @@ A part whose dependency is missing prints "skipped: <reason>" and the rest runs 
 --rollout_fused_quant / --update_fused_quant also time recipes with the one-pass quantization
 kernel (rows "<recipe>+fq"); --rollout_decode_gemm also with the Pallas decode GEMM
 (JETRL_DECODE_GEMM=pallas; rows "<recipe>+fq+pd"); --update_unfused_mlp with the one-pass
-kernel but the MLP unfused (JETRL_FUSED_MLP=0; rows "<recipe>+fq-mlp"). The parts live in _bench_gemm.py (a) and _bench_steps.py (b-d),
+kernel but the MLP and the norms unfused (JETRL_FUSED_MLP=0; rows "<recipe>+fq-mlp"). The parts live in _bench_gemm.py (a) and _bench_steps.py (b-d),
 over _bench_common.py.
 
 Without a GPU it exits with code 2 unless --allow_cpu is given; then it runs tiny shapes with the
@@ -106,7 +106,8 @@ flags.DEFINE_list(
   "update_unfused_mlp",
   [],
   "Recipes whose update step is also timed with the one-pass quantization kernel but the "
-  "MLP unfused (JETRL_FUSED_MLP=0; reported as <recipe>+fq-mlp): against <recipe>+fq, what "
+  "MLP and the norms unfused (JETRL_FUSED_MLP=0; reported as <recipe>+fq-mlp): against "
+  "<recipe>+fq, what "
   "SwiGLU's FP8 kernels (jetrl.precision.mlp) save.",
 )
 flags.DEFINE_float("update_budget_fraction", 0.85, "Budget share by which updates end.")

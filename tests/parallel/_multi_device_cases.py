@@ -412,3 +412,34 @@ def test_flash_attention_runs_on_each_devices_rows_forward_and_backward():
   np.testing.assert_allclose(float(l1), float(l2), rtol=1e-5)  # the test's sum, split
   for a, c in zip(rest1, rest2):  # the output, dq, dk, dv
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(c, np.float32))
+
+
+def test_the_norm_kernel_on_rows_or_columns_of_a_mesh():
+  """Interpret mode: x split by rows, each device's kernel gives one device's bits; split by
+  columns (each device 128 of them), the statistic is summed across devices first, and the
+  groups agree with one device's up to a last-bit change of the norm (another sum order)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jetrl.precision.norm_kernel import norm_rows_cols
+
+  mesh = parallel.make_mesh("data:8")
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(1024, 1024)) * 2, jnp.bfloat16)
+  w = jnp.asarray(1 + 0.1 * rng.normal(size=(1024,)), jnp.float32)
+  e4 = jnp.float8_e4m3fn
+
+  def fn(a, b):
+    return norm_rows_cols(a, b, 1e-6, jnp.bfloat16, e4, e4, interpret=True)
+
+  one = jax.tree_util.tree_leaves(jax.jit(fn)(x, w))
+  for spec, exact in ((P("data"), True), (P(None, "data"), False)):
+    g = jax.jit(fn, in_shardings=(NamedSharding(mesh, spec), NamedSharding(mesh, P())))
+    got = jax.tree_util.tree_leaves(g(x, w))
+    assert "bf16[1024,1024]" not in g.lower(x, w).compile().as_text()  # nothing gathered
+    for a, b in zip(one, got):
+      a, b = np.asarray(a), np.asarray(b)
+      if exact:
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+      else:  # an FP8 value moved by a last-bit change of its norm: one E4M3 step at most
+        assert np.mean(a.view(np.uint8) == b.view(np.uint8)) > 0.97
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=0.07)

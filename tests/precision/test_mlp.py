@@ -107,6 +107,7 @@ def test_where_it_applies():
   layer = _layer(np.random.default_rng(0))
   wg, wu, wd = layer["w_gate"], layer["w_up"], layer["w_down"]
   assert not mlp.applies(M, wg, wu, wd, JET)  # a CPU program: the XLA path
+  assert not mlp.norm_applies(M, jnp.ones((D,)), wg, JET)
   with _Gpu():
     assert mlp.applies(M, wg, wu, wd, JET)
     assert not mlp.applies(256, wg, wu, wd, JET)  # a decode step's rows
@@ -117,6 +118,11 @@ def test_where_it_applies():
     assert not mlp.applies(M, wg, wu, wd, get_recipe("jet_exact").train)  # batch-invariant
     frozen = prequantize_weight(wg, JET.fprop)
     assert not mlp.applies(M, frozen, wu, wd, JET)
+    norm = jnp.ones((D,), jnp.float32)
+    assert mlp.norm_applies(M, norm, wg, JET)
+    assert not mlp.norm_applies(M, norm[:128], wg, JET)  # a norm of another width
+    assert not mlp.norm_applies(M, norm, frozen, JET)
+    assert not mlp.norm_applies(M, norm, wg, get_recipe("bf16").train)
     mlp.set_fused_mlp(False)
     assert not mlp.applies(M, wg, wu, wd, JET)
 
@@ -130,3 +136,82 @@ def test_a_bad_setting_is_refused(monkeypatch):
   finally:
     monkeypatch.delenv("JETRL_FUSED_MLP")
     mlp._setting.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def norm_runs():
+  """The MLP and one projection behind their RMSNorm (mlp.swiglu_mlp(norm=...), mlp.norm_linear),
+  against the unfused path: layers.rms_norm, then layers.swiglu and layers.project."""
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.normal(size=(M, D)) * 2, jnp.bfloat16)
+  layer = dict(_layer(rng), mlp_norm=jnp.asarray(1 + 0.1 * rng.normal(size=(D,)), jnp.float32))
+  layer["w"] = jnp.asarray(rng.normal(size=(D, 512)) / 16, jnp.float32)
+  r1 = jnp.asarray(rng.normal(size=(M, D)), jnp.float32)
+  r2 = jnp.asarray(rng.normal(size=(M, 512)), jnp.float32)
+  mlp_w = ("w_gate", "w_up", "w_down")
+
+  def loss(x, layer, fused):
+    if fused:
+      norm = (layer["mlp_norm"], 1e-6)
+      y = mlp.swiglu_mlp(x, *(layer[k] for k in mlp_w), JET, norm=norm)
+      z = mlp.norm_linear(x, layer["mlp_norm"], 1e-6, layer["w"], JET)
+    else:
+      h = layers.rms_norm(x, layer["mlp_norm"], 1e-6, jnp.bfloat16)
+      y = layers.swiglu(h, {k: layer[k] for k in mlp_w}, JET, jnp.bfloat16)
+      z = layers.project(h, layer["w"], JET, jnp.bfloat16)
+    return jnp.sum(y.astype(jnp.float32) * r1) + jnp.sum(z.astype(jnp.float32) * r2)
+
+  out = {}
+  for fused in (True, False):
+    with _Gpu():
+      jaxpr = str(
+        jax.make_jaxpr(jax.grad(lambda a, b: loss(a, b, fused), argnums=(0, 1)))(x, layer)
+      )
+      out[fused] = (
+        jaxpr,
+        jax.jit(jax.grad(lambda a, b: loss(a, b, fused), argnums=(0, 1)))(x, layer),
+      )
+  return (x, layer, r1, r2), out
+
+
+def _norm_reference(x, layer, r1, r2):
+  """float64 gradients of sum(mlp(h) r1) + sum((h @ w) r2), h = x / rms(x) * bf16(norm weight):
+  dh by hand, then the norm's backward, dx = s (g - x s^2 mean(g x)), g = dh * weight."""
+  X, R1, R2 = (np.asarray(a, np.float64) for a in (x, r1, r2))
+  Wn = np.asarray(jnp.asarray(layer["mlp_norm"], jnp.bfloat16), np.float64)
+  Wg, Wu, Wd, W = (np.asarray(layer[k], np.float64) for k in ("w_gate", "w_up", "w_down", "w"))
+  s = 1 / np.sqrt(np.mean(X * X, axis=1, keepdims=True) + 1e-6)
+  H = X * s * Wn
+  G, U = H @ Wg, H @ Wu
+  sig = 1 / (1 + np.exp(-G))
+  dHid = R1 @ Wd.T
+  dG, dU = dHid * U * sig * (1 + G * (1 - sig)), dHid * G * sig
+  dH = dG @ Wg.T + dU @ Wu.T + R2 @ W.T
+  g = dH * Wn
+  dX = s * (g - X * s * s * np.mean(g * X, axis=1, keepdims=True))
+  return {
+    "x": dX,
+    "mlp_norm": np.sum(dH * X * s, axis=0),
+    "w_gate": H.T @ dG,
+    "w_up": H.T @ dU,
+    "w_down": (G * sig * U).T @ R1,
+    "w": H.T @ R2,
+  }
+
+
+def test_the_norms_kernel_feeds_the_gemms_and_the_gradients_hold(norm_runs):
+  (x, layer, r1, r2), out = norm_runs
+  fused_jaxpr, (dx1, dw1) = out[True]
+  _, (dx2, dw2) = out[False]
+  assert fused_jaxpr.count("name=fp8_norm_rows_cols") == 2  # the MLP's and the projection's
+  ref = _norm_reference(x, layer, r1, r2)
+  got = {"x": dx1, **dw1}
+  plain = {"x": dx2, **dw2}
+  err = lambda a, want: np.linalg.norm(np.asarray(a, np.float64) - want) / np.linalg.norm(want)
+  for name, want in ref.items():
+    e1, e2 = err(got[name], want), err(plain[name], want)
+    assert e1 < 0.1 and e1 <= 1.02 * e2, (name, e1, e2)
+  # the projection's and up's / down's weight gradients read the same FP8 groups as the
+  # unfused path's (the norm's value bit for bit here): equal to float32 sums
+  for name in ("w", "w_up", "w_down"):
+    assert err(got[name], np.asarray(plain[name], np.float64)) < 1e-5, name

@@ -37,20 +37,33 @@ def qkv(
   sin: jax.Array,
 ):
   """q [B, T, H, Dh], k and v [B, T, Hkv, Dh] for x [B, T, D], with RoPE applied to q and k."""
-  b, t, _ = x.shape
   # One GEMM: a rollout's fused projection (jetrl.models.rollout_weights), or the three
   # weights concatenated where the precision allows (layers.fused_weight).
-  w = fused_weight(layer, "wqkv", ("wq", "wk", "wv"), precision)
+  w = qkv_weight(layer, precision)
   if w is not None:
-    qd, kvd = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    y = project(x, w, precision, cd)
-    q, k, v = y[..., :qd], y[..., qd : qd + kvd], y[..., qd + kvd :]
-    if "bq" in layer:
-      q, k, v = q + layer["bq"].astype(cd), k + layer["bk"].astype(cd), v + layer["bv"].astype(cd)
-  else:
-    q = project(x, layer["wq"], precision, cd, layer.get("bq"))
-    k = project(x, layer["wk"], precision, cd, layer.get("bk"))
-    v = project(x, layer["wv"], precision, cd, layer.get("bv"))
+    return qkv_from(project(x, w, precision, cd), layer, config, precision, cd, cos, sin)
+  q = project(x, layer["wq"], precision, cd, layer.get("bq"))
+  k = project(x, layer["wk"], precision, cd, layer.get("bk"))
+  v = project(x, layer["wv"], precision, cd, layer.get("bv"))
+  return _heads(q, k, v, layer, config, precision, cd, cos, sin)
+
+
+def qkv_weight(layer, precision: Optional[Precision]):
+  """The q / k / v projections' one weight [D, q + 2 kv] where they run as one GEMM, else None."""
+  return fused_weight(layer, "wqkv", ("wq", "wk", "wv"), precision)
+
+
+def qkv_from(y, layer, config: ModelConfig, precision, cd, cos, sin):
+  """`qkv` from the one GEMM's output y [B, T, q + 2 kv] (`qkv_weight`)."""
+  qd, kvd = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+  q, k, v = y[..., :qd], y[..., qd : qd + kvd], y[..., qd + kvd :]
+  if "bq" in layer:
+    q, k, v = q + layer["bq"].astype(cd), k + layer["bk"].astype(cd), v + layer["bv"].astype(cd)
+  return _heads(q, k, v, layer, config, precision, cd, cos, sin)
+
+
+def _heads(q, k, v, layer, config: ModelConfig, precision, cd, cos, sin):
+  b, t, _ = q.shape
   q = q.reshape(b, t, config.n_heads, config.head_dim)
   k = k.reshape(b, t, config.n_kv_heads, config.head_dim)
   v = v.reshape(b, t, config.n_kv_heads, config.head_dim)
@@ -188,6 +201,7 @@ def attend_flash(
   seg = None
   if attention_mask is not None:
     seg = jnp.pad(attention_mask.astype(jnp.int32), ((0, 0), (0, tp - t)))
+  interpret = interpret or _target.interpreting()  # a GPU program run here
   out = flash_attention(q, k, v, seg, float(dh**-0.5), interpret)  # partitioned on a mesh
   return out[:, :t].reshape(b, t, h * dh)
 

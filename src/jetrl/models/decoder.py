@@ -6,6 +6,7 @@ weights (never a cast copy), so a recipe's FP8 quantizers see the params themsel
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import chex
@@ -20,6 +21,7 @@ from jetrl.models.config import ModelConfig
 from jetrl.models.layers import activation_dtype, lm_head, project, rms_norm, rope_tables, swiglu
 from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision, is_batch_invariant
+from jetrl.precision import mlp as _mlp
 from jetrl.precision import target as _target
 
 
@@ -42,17 +44,39 @@ def _embed(params, tokens: jax.Array, cd) -> jax.Array:
   return jnp.take(params["embed"], tokens, axis=0).astype(cd)
 
 
+def _rows(x) -> int:
+  return math.prod(x.shape[:-1])
+
+
 def _mlp_residual(x, layer, config: ModelConfig, precision, cd):
+  wg, wu, wd = (layer.get(n) for n in ("w_gate", "w_up", "w_down"))
+  if (
+    wg is not None
+    and _mlp.applies(_rows(x), wg, wu, wd, precision)
+    and _mlp.norm_applies(_rows(x), layer["mlp_norm"], wg, precision)
+  ):  # a GPU training step under blockwise FP8: the norm's kernel writes gate / up's groups
+    norm = (layer["mlp_norm"], config.rms_eps)
+    return x + _mlp.swiglu_mlp(x, wg, wu, wd, precision, norm=norm).astype(x.dtype)
   h = rms_norm(x, layer["mlp_norm"], config.rms_eps, cd, is_batch_invariant(precision))
   return x + swiglu(h, layer, precision, cd)
+
+
+def _qkv(x, layer, config: ModelConfig, precision, cd, cos, sin):
+  """q, k, v of the layer's attention from the residual stream x (its RMSNorm first)."""
+  w = attn.qkv_weight(layer, precision)
+  if w is not None and _mlp.norm_applies(_rows(x), layer["attn_norm"], w, precision):
+    # a GPU training step under blockwise FP8: the norm's kernel writes the GEMM's groups
+    y = _mlp.norm_linear(x, layer["attn_norm"], config.rms_eps, w, precision)
+    return attn.qkv_from(y, layer, config, precision, cd, cos, sin)
+  h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, is_batch_invariant(precision))
+  return attn.qkv(h, layer, config, precision, cd, cos, sin)
 
 
 def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed, flash_mask=None):
   """One layer; `flash_mask` = (attention_mask,) when the forward attends with
   `attn.attend_flash` (`attn.use_flash`), else None."""
   exact = is_batch_invariant(precision)
-  h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
-  q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
+  q, k, v = _qkv(x, layer, config, precision, cd, cos, sin)
   if flash_mask is not None:
     out = attn.attend_flash(q, k, v, flash_mask[0], cd)
   else:

@@ -22,6 +22,7 @@ from jetrl.models.lora import LoraWeight, lora_linear
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import Precision, QuantizedWeight, linear
 from jetrl.precision import mlp as _mlp
+from jetrl.precision.norm_kernel import rms_norm_cd
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, dtype_from_name
 
@@ -40,10 +41,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, exact: bool = Fals
   """
   if exact:
     return exact_ops.rms_norm(x, weight, eps, cd, reference=rms_norm)
-  x32 = x.astype(jnp.float32)
-  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-  y = (x32 * jax.lax.rsqrt(var + eps)).astype(cd)
-  return y * weight.astype(cd)
+  return rms_norm_cd(x, weight, eps, cd)  # one formula with the fused kernels' backward
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -> np.ndarray:

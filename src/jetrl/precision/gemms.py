@@ -353,3 +353,20 @@ def runs_groups_gemm(
     return False
   want = "xla" if _target.interpreting() else "cublaslt"
   return _choose(g, p, q, c, a_fmt, b_fmt, out_dtype, b_blocks) == want
+
+
+def fprop_groups(xq, xs_t, w: QuantizedWeight, cd) -> jax.Array:
+  """y = x @ w in cd from x's 1 x 128 groups (`gemm_groups`), w quantized K-major."""
+  q_t, s_t = w.nk() if _target.interpreting() else w.nk_padded()
+  return gemm_groups(xq, xs_t, q_t, s_t, b_blocks=True, out_dtype=cd).astype(cd)
+
+
+def dgrad_groups(dq, ds_t, w: QuantizedWeight, cd) -> jax.Array:
+  """dx = dy @ w^T in cd from dy's 1 x 128 groups, with the forward's weight blocks."""
+  q, s = w.kn()  # [K, N]: contiguous along N, the contraction axis of dgrad
+  return gemm_groups(dq, ds_t, q, s, b_blocks=True, out_dtype=cd).astype(cd)
+
+
+def wgrad_groups(x_cols, dy_cols, out_dtype) -> jax.Array:
+  """dw = x^T @ dy from both operands' 128 x 1 groups, transposed ((q_t, s) pairs)."""
+  return gemm_groups(*x_cols, *dy_cols, b_blocks=False, out_dtype=out_dtype).astype(out_dtype)

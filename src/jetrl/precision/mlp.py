@@ -20,10 +20,16 @@ computed in float32 and rounded once (swiglu_kernel's doc); so the MLP's outputs
 equal the unfused path's up to FP8 roundings that a bf16 ulp of dgate moves
 (tests/precision/test_mlp.py, against it and against float64).
 
-It runs where the kernels serve every GEMM (`applies`): compiled for a GPU, 1 x 128 block
+With norm=(weight, eps), `swiglu_mlp` also takes the RMSNorm before gate and up: its kernel
+(`norm_kernel.norm_rows_cols`) writes x's groups in both layouts in one pass, and its backward
+is JAX's autodiff of the same formula (`rms_norm_cd`). `norm_linear` does the same for one
+projection (the fused q / k / v).
+
+It runs where the kernels serve every GEMM (`applies`, `norm_applies`): compiled for a GPU, 1 x 128 block
 scaling in fprop, dgrad and wgrad with the one-pass quantization on (JETRL_FUSED_QUANT), the
 GEMMs on cuBLASLt, whole 128-tiles (tokens, model and MLP widths), more rows than a decode
-step's. JETRL_FUSED_MLP=0 keeps the unfused path (read once; `set_fused_mlp` overrides it).
+step's. JETRL_FUSED_MLP=0 keeps the unfused path, the norms' too (read once; `set_fused_mlp`
+overrides it).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Optional
 import jax
 
 from jetrl.precision import gemms as _gemms
+from jetrl.precision import norm_kernel as _nk
 from jetrl.precision import swiglu_kernel as _sk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dtype_from_name, format_dtype
@@ -70,79 +77,122 @@ def _plain(w) -> bool:
   return isinstance(w, jax.Array) and w.ndim == 2  # not a LoRA or pre-quantized weight
 
 
-def applies(m: int, wg, wu, wd, precision: Optional[Precision]) -> bool:
-  """Whether the MLP of m token rows runs here (the module doc's conditions)."""
+def _gemms_run(precision: Precision, m: int, k: int, n: int, w_dtype) -> bool:
+  """Whether fprop, dgrad and wgrad of x [m, k] @ w [k, n] all run on the groups' GEMM."""
+  fp, dg, wgr = precision.fprop, precision.dgrad, precision.wgrad
+  cd = dtype_from_name(precision.compute_dtype)
+  ok = _gemms.runs_groups_gemm
+  return (
+    ok(fp, m, n, k, fp.fmt, fp.fmt, cd, True)
+    and ok(dg, m, k, n, dg.grad_fmt, dg.fmt, cd, True)
+    and ok(wgr, k, n, m, wgr.fmt, wgr.grad_fmt, w_dtype, False)
+  )
+
+
+def _precision_applies(precision) -> bool:
   if _target.platform() != "gpu" or not isinstance(precision, Precision):
     return False
   fp, dg, wgr = precision.fprop, precision.dgrad, precision.wgrad
   if precision.batch_invariant or fp is None or dg is None or wgr is None:
     return False
-  if not (_plain(wg) and _plain(wu) and _plain(wd)) or not fused_mlp_enabled():
+  # dgrad reads fprop's weight blocks
+  return fused_mlp_enabled() and (dg.scaling, dg.block, dg.fmt, dg.pow2_scale) == (
+    fp.scaling,
+    fp.block,
+    fp.fmt,
+    fp.pow2_scale,
+  )
+
+
+def applies(m: int, wg, wu, wd, precision: Optional[Precision]) -> bool:
+  """Whether the MLP of m token rows runs here (the module doc's conditions)."""
+  if not _precision_applies(precision) or not (_plain(wg) and _plain(wu) and _plain(wd)):
     return False
   d, f = wg.shape
   if wu.shape != (d, f) or wd.shape != (f, d):
     return False
   if m <= _gemms.ONE_PASS_MAX_ROWS or m % B or d % B or f % B:
     return False
-  if (dg.scaling, dg.block, dg.fmt, dg.pow2_scale) != (fp.scaling, fp.block, fp.fmt, fp.pow2_scale):
-    return False  # dgrad reads fprop's weight blocks
-  cd = dtype_from_name(precision.compute_dtype)
-  ok = _gemms.runs_groups_gemm
-  return (
-    ok(fp, m, f, d, fp.fmt, fp.fmt, cd, True)
-    and ok(fp, m, d, f, fp.fmt, fp.fmt, cd, True)
-    and ok(dg, m, f, d, dg.grad_fmt, dg.fmt, cd, True)
-    and ok(dg, m, d, f, dg.grad_fmt, dg.fmt, cd, True)
-    and ok(wgr, f, d, m, wgr.fmt, wgr.grad_fmt, wd.dtype, False)
-    and ok(wgr, d, f, m, wgr.fmt, wgr.grad_fmt, wg.dtype, False)
-  )
+  return _gemms_run(precision, m, d, f, wg.dtype) and _gemms_run(precision, m, f, d, wd.dtype)
 
 
-def swiglu_mlp(x: jax.Array, wg, wu, wd, precision: Precision) -> jax.Array:
-  """down(silu(x @ wg) * (x @ wu)) in the precision's compute dtype, x [..., D]; where
-  `applies` holds for x's rows (the caller checks)."""
+def norm_applies(m: int, norm_weight, w, precision: Optional[Precision]) -> bool:
+  """Whether RMSNorm before a projection w [D, N] (`norm_linear`, or the MLP's norm) of m
+  token rows writes its FP8 groups itself: the MLP's conditions for that GEMM."""
+  if not _precision_applies(precision) or not (_plain(w) and isinstance(norm_weight, jax.Array)):
+    return False
+  d, n = w.shape
+  if norm_weight.shape != (d,) or m <= _gemms.ONE_PASS_MAX_ROWS or m % B or d % B or n % B:
+    return False
+  return _gemms_run(precision, m, d, n, w.dtype)
+
+
+def swiglu_mlp(x: jax.Array, wg, wu, wd, precision: Precision, norm=None) -> jax.Array:
+  """down(silu(h @ wg) * (h @ wu)) in the precision's compute dtype, x [..., D], where h is x,
+  or with norm = (weight, eps) the RMSNorm of x, whose kernel writes h's FP8 groups
+  (`norm_kernel`); where `applies` (and `norm_applies`) hold (the caller checks)."""
   cd = dtype_from_name(precision.compute_dtype)
   lead, d = x.shape[:-1], x.shape[-1]
-  y = _mlp(x.reshape(-1, d).astype(cd), wg, wu, wd, precision)
+  nw, eps = norm if norm is not None else (None, 0.0)
+  y = _mlp(x.reshape(-1, d).astype(cd), nw, wg, wu, wd, precision, float(eps))
   return y.reshape(*lead, d)
+
+
+def norm_linear(x: jax.Array, norm_weight, eps: float, w, precision: Precision) -> jax.Array:
+  """rms_norm(x) @ w in the precision's compute dtype, x [..., D]: the norm's kernel writes
+  the GEMM's FP8 groups in both layouts (fprop's and wgrad's), one pass over x; where
+  `norm_applies` holds (the caller checks)."""
+  cd = dtype_from_name(precision.compute_dtype)
+  lead, d = x.shape[:-1], x.shape[-1]
+  y = _norm_linear(x.reshape(-1, d).astype(cd), norm_weight, w, precision, float(eps))
+  return y.reshape(*lead, w.shape[1])
 
 
 def _interpret() -> bool:
   return _target.interpreting()
 
 
-def _fprop(aq, as_t, wq, cd):
-  q_t, s_t = wq.nk() if _interpret() else wq.nk_padded()
-  return _gemms.gemm_groups(aq, as_t, q_t, s_t, b_blocks=True, out_dtype=cd).astype(cd)
+def _input_groups(x2, nw, eps: float, precision: Precision):
+  """x's 1 x 128 groups for fprop, and its 128 x 1 groups for wgrad where the norm's kernel
+  writes them with the rows (else None: the backward quantizes x itself)."""
+  cd = dtype_from_name(precision.compute_dtype)
+  fp, wgr = precision.fprop, precision.wgrad
+  if nw is None:
+    return _gemms._rows_cols(x2, fp.fmt, rows=True), None
+  rows, cols = _nk.norm_rows_cols(
+    x2, nw, eps, cd, format_dtype(fp.fmt), format_dtype(wgr.fmt), interpret=_interpret()
+  )
+  return rows, cols
 
 
-def _dgrad(aq, as_t, wq, cd):
-  q, s = wq.kn()  # [K, N]: contiguous along N, the contraction axis of dgrad
-  return _gemms.gemm_groups(aq, as_t, q, s, b_blocks=True, out_dtype=cd).astype(cd)
+def _input_backward(x2, nw, eps: float, precision: Precision, dh):
+  """(dx, dnorm_weight) from the gradient of the projections' input h (x itself, or the norm
+  of x: the norm's backward by JAX's autodiff of `rms_norm_cd`)."""
+  if nw is None:
+    return dh, None
+  cd = dtype_from_name(precision.compute_dtype)
+  _, vjp = jax.vjp(lambda a, b: _nk.rms_norm_cd(a, b, eps, cd), x2, nw)
+  return vjp(dh)
 
 
-def _wgrad(a_cols, b_cols, out_dtype):
-  return _gemms.gemm_groups(*a_cols, *b_cols, b_blocks=False, out_dtype=out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _mlp(x2, nw, wg, wu, wd, precision, eps):
+  return _mlp_fwd(x2, nw, wg, wu, wd, precision, eps)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _mlp(x2, wg, wu, wd, precision):
-  return _mlp_fwd(x2, wg, wu, wd, precision)[0]
-
-
-def _mlp_fwd(x2, wg, wu, wd, precision: Precision):
+def _mlp_fwd(x2, nw, wg, wu, wd, precision: Precision, eps):
   cd = dtype_from_name(precision.compute_dtype)
   fp = precision.fprop
   wgq, wuq, wdq = (quantize_2d(w, fp, True) for w in (wg, wu, wd))
-  xq, xs_t = _gemms._rows_cols(x2, fp.fmt, rows=True)
-  gate, up = _fprop(xq, xs_t, wgq, cd), _fprop(xq, xs_t, wuq, cd)
+  (xq, xs_t), x_c = _input_groups(x2, nw, eps, precision)
+  gate, up = _gemms.fprop_groups(xq, xs_t, wgq, cd), _gemms.fprop_groups(xq, xs_t, wuq, cd)
   hq, hs_t = _sk.swiglu_rows(gate, up, cd, format_dtype(fp.fmt), interpret=_interpret())
-  y = _fprop(hq, hs_t, wdq, cd)
-  return y, (x2, gate, up, wg, wu, wd, wgq, wuq, wdq)
+  y = _gemms.fprop_groups(hq, hs_t, wdq, cd)
+  return y, (x2, nw, x_c, gate, up, wg, wu, wd, wgq, wuq, wdq)
 
 
-def _mlp_bwd(precision: Precision, res, dy):
-  x2, gate, up, wg, wu, wd, wgq, wuq, wdq = res
+def _mlp_bwd(precision: Precision, eps, res, dy):
+  x2, nw, x_c, gate, up, wg, wu, wd, wgq, wuq, wdq = res
   cd = dtype_from_name(precision.compute_dtype)
   dg, wgr = precision.dgrad, precision.wgrad
   dy2 = dy.astype(cd)
@@ -158,13 +208,40 @@ def _mlp_bwd(precision: Precision, res, dy):
     interpret=_interpret(),
   )
   dy_c = _gemms._rows_cols(dy2, wgr.grad_fmt, rows=False)
-  x_c = _gemms._rows_cols(x2, wgr.fmt, rows=False)
+  if x_c is None:
+    x_c = _gemms._rows_cols(x2, wgr.fmt, rows=False)
   # The two dx's summed in cd, as JAX sums the cotangents of a value two functions read.
-  dx = _dgrad(*dg_r, wgq, cd) + _dgrad(*du_r, wuq, cd)
-  dwg = _wgrad(x_c, dg_c, wg.dtype).astype(wg.dtype)
-  dwu = _wgrad(x_c, du_c, wu.dtype).astype(wu.dtype)
-  dwd = _wgrad(h_c, dy_c, wd.dtype).astype(wd.dtype)
-  return dx, dwg, dwu, dwd
+  dxh = _gemms.dgrad_groups(*dg_r, wgq, cd) + _gemms.dgrad_groups(*du_r, wuq, cd)
+  dx, dnw = _input_backward(x2, nw, eps, precision, dxh)
+  dwg = _gemms.wgrad_groups(x_c, dg_c, wg.dtype)
+  dwu = _gemms.wgrad_groups(x_c, du_c, wu.dtype)
+  dwd = _gemms.wgrad_groups(h_c, dy_c, wd.dtype)
+  return dx, dnw, dwg, dwu, dwd
 
 
 _mlp.defvjp(_mlp_fwd, _mlp_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _norm_linear(x2, nw, w, precision, eps):
+  return _norm_linear_fwd(x2, nw, w, precision, eps)[0]
+
+
+def _norm_linear_fwd(x2, nw, w, precision: Precision, eps):
+  cd = dtype_from_name(precision.compute_dtype)
+  wq = quantize_2d(w, precision.fprop, True)
+  (xq, xs_t), x_c = _input_groups(x2, nw, eps, precision)
+  return _gemms.fprop_groups(xq, xs_t, wq, cd), (x2, nw, x_c, w, wq)
+
+
+def _norm_linear_bwd(precision: Precision, eps, res, dy):
+  x2, nw, x_c, w, wq = res
+  cd = dtype_from_name(precision.compute_dtype)
+  dy2 = dy.astype(cd)
+  dh = _gemms.dgrad(dy2, wq, precision.dgrad, cd).astype(cd)
+  dy_c = _gemms._rows_cols(dy2, precision.wgrad.grad_fmt, rows=False)
+  dx, dnw = _input_backward(x2, nw, eps, precision, dh)
+  return dx, dnw, _gemms.wgrad_groups(x_c, dy_c, w.dtype)
+
+
+_norm_linear.defvjp(_norm_linear_fwd, _norm_linear_bwd)

@@ -92,9 +92,12 @@ def sharded(
   *,
   ties: Optional[Mapping[str, str]] = None,
   block: Optional[Mapping[str, int]] = None,
+  per_shard: Optional[Callable[[Mapping[str, tuple]], Callable]] = None,
 ):
   """`fn` (positional array arguments, an array or a tuple of arrays out, as `rule` lays them
-  out) partitioned by `rule`; see the module doc."""
+  out) partitioned by `rule`; see the module doc. per_shard(chosen), given the mesh axes
+  chosen for each factor, may return another function for each device to run (one that
+  reduces across devices itself); None keeps fn."""
   ties = dict(ties or {})
   block = dict(block or {})
   ins, outs = parse(rule)
@@ -126,9 +129,10 @@ def sharded(
     chosen = _chosen(mesh, arg_shapes)
     arg_shardings = tuple(NamedSharding(mesh, _spec(names, chosen, ties)) for names in ins)
     summed = tuple(a for f in reduce for a in chosen.get(f, ()))
+    local = per_shard(chosen) if per_shard is not None else fn
 
     def lower(*args):
-      y = fn(*args)
+      y = local(*args)
       if summed:
         y = jax.tree_util.tree_map(lambda v: jax.lax.psum(v, summed), y)
       return y

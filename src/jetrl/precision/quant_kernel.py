@@ -87,13 +87,20 @@ def emit_rows(x, q_ref, s_ref, dtype, interpret: bool) -> None:
   s_ref[...] = s[None, :]
 
 
-def emit_cols(x, q_ref, s_ref, dtype, interpret: bool) -> None:
-  """Inside a kernel: x [128, C] (float32, a tile's 128 x 1 groups) quantized, transposed, to
-  q_ref [C, 128] and its scales to s_ref [1, C]."""
+def quantize_col_groups(x, dtype, interpret: bool):
+  """Inside a Pallas kernel: each column of x [128, C] (float32) as one 128 x 1 group, with
+  `quantize`'s arithmetic: (q_t [C, 128] in dtype, the groups transposed; s [C] float32)."""
   fmax = fp8_max(dtype)
   s = _scale(_amax(jnp.abs(x), 0), fmax)
   inv = _reciprocal(s, interpret)
-  q_ref[...] = jnp.clip(x * inv[None, :], -fmax, fmax).astype(dtype).T
+  return jnp.clip(x * inv[None, :], -fmax, fmax).astype(dtype).T, s
+
+
+def emit_cols(x, q_ref, s_ref, dtype, interpret: bool) -> None:
+  """Inside a kernel: x [128, C] (float32, a tile's 128 x 1 groups) quantized, transposed, to
+  q_ref [C, 128] and its scales to s_ref [1, C]."""
+  q_t, s = quantize_col_groups(x, dtype, interpret)
+  q_ref[...] = q_t
   s_ref[...] = s[None, :]
 
 
