@@ -25,10 +25,10 @@ With norm=(weight, eps), `swiglu_mlp` also takes the RMSNorm before gate and up:
 is JAX's autodiff of the same formula (`rms_norm_cd`). `norm_linear` does the same for one
 projection (the fused q / k / v).
 
-It runs where the kernels serve every GEMM (`applies`, `norm_applies`): compiled for a GPU, 1 x 128 block
-scaling in fprop, dgrad and wgrad with the one-pass quantization on (JETRL_FUSED_QUANT), the
-GEMMs on cuBLASLt, whole 128-tiles (tokens, model and MLP widths), more rows than a decode
-step's. JETRL_FUSED_MLP=0 keeps the unfused path, the norms' too (read once; `set_fused_mlp`
+It runs where the kernels serve every GEMM (`applies`, `norm_applies`): compiled for a GPU,
+1 x 128 block scaling in fprop, dgrad and wgrad with the one-pass quantization on
+(JETRL_FUSED_QUANT), the GEMMs on cuBLASLt, whole 128-tiles (tokens, model and MLP widths),
+more rows than a decode step's. JETRL_FUSED_MLP=0 keeps the unfused path, the norms' too (read once; `set_fused_mlp`
 overrides it).
 """
 

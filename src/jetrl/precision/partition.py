@@ -18,8 +18,9 @@ factor decides its sharding; the others are resharded to agree.
 
 The per-device computation is the kernel itself, so the values are those of the kernel on each
 shard: for the row-wise kernels (quantization, SwiGLU) the same bits as unsharded; for a GEMM
-whose contraction is sharded, the float32 partial sums are added across devices in another
-order than within one (as XLA's own partitioned dot adds them).
+whose contraction is sharded, each device's partial result, in the GEMM's output dtype, is
+added across devices in another order than within one (as XLA's own partitioned dot adds
+them).
 """
 
 from __future__ import annotations
