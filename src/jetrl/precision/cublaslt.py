@@ -39,6 +39,7 @@ import numpy as np
 
 from jetrl.precision.ffi_build import build, cache_dir, compiler  # noqa: F401 (re-exported)
 from jetrl.precision.formats import E4M3, E5M2
+from jetrl.precision import partition
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_blockwise_gemm.cc"
 TARGET = "jetrl_fp8_blockwise_gemm"
@@ -334,8 +335,6 @@ def _partitioned(b_blocks: bool, out_dtype: str, padded_scales: bool):
   """`_gemm_local` sharded as its operands are on a mesh (jetrl.precision.partition): rows of
   a and b pass through, a contraction split into whole 128-blocks is summed across devices.
   Scales padded to cuBLASLt's leading dimension (a rollout's weight) keep K unsplit."""
-  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
-
   fn = functools.partial(_gemm_local, b_blocks=b_blocks, out_dtype=jnp.dtype(out_dtype))
   if b_blocks:
     rule = "p c, cb p, q c, qb " + ("cl" if padded_scales else "cb") + " -> p q"

@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jetrl.precision import quant_kernel as _qk
+from jetrl.precision import partition
 
 B = _qk.B
 
@@ -91,8 +92,6 @@ def norm_rows_cols(
 def _partitioned(eps: float, names: tuple, interpret: bool):
   """The kernel sharded as x is on a mesh (jetrl.precision.partition): whole 128-row groups
   per device, each row whole (its statistic needs every column)."""
-  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
-
   cd, row, col = (jnp.dtype(n) for n in names)
   fn = functools.partial(_local, eps=eps, cd=cd, dtypes=(row, col), interpret=interpret)
 

@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jetrl.precision.formats import fp8_max
+from jetrl.precision import partition
 
 B = 128
 
@@ -130,8 +131,6 @@ def quantize_rows_cols(
 def _rows_cols_partitioned(dtype: str, rows: bool, cols: bool, interpret: bool):
   """`_rows_cols_local` sharded as x is on a mesh (jetrl.precision.partition): 1 x 128 groups
   need whole groups of columns per device, 128 x 1 groups whole groups of rows."""
-  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
-
   outs = (["m k", "kb m"] if rows else []) + (["k m", "mb k"] if cols else [])
   fn = functools.partial(
     _rows_cols_local, dtype=jnp.dtype(dtype), rows=rows, cols=cols, interpret=interpret
@@ -220,8 +219,6 @@ def quantize_rows_t(x: jax.Array, dtype, *, interpret: bool = False):
 def _rows_t_partitioned(dtype: str, interpret: bool):
   """`_rows_t_local` sharded as x is on a mesh: whole groups of columns and rows in eights
   per device."""
-  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
-
   fn = functools.partial(_rows_t_local, dtype=jnp.dtype(dtype), interpret=interpret)
   return partition.sharded(fn, "m k -> m k, kb m", ties={"kb": "k"}, block={"k": B, "m": 8})
 

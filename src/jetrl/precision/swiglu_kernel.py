@@ -36,6 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jetrl.precision import quant_kernel as _qk
+from jetrl.precision import partition
 
 B = _qk.B
 
@@ -90,8 +91,6 @@ def swiglu_rows(gate, up, cd, dtype, *, interpret: bool = False, values: bool = 
 def _partitioned(kind: str, dtypes: tuple, interpret: bool):
   """The kernel sharded as its operands are on a mesh (jetrl.precision.partition): whole
   128 x 128 tiles per device."""
-  from jetrl.precision import partition  # pylint: disable=import-outside-toplevel
-
   dt = [jnp.dtype(d) for d in dtypes]
   ties, block = {"mb": "m", "fb": "f"}, {"m": B, "f": B}
   if kind == "rows":
