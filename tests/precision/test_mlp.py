@@ -73,8 +73,8 @@ def test_the_program_holds_the_kernels_and_fewer_quantizations(runs):
   fused, plain = out[True][0], out[False][0]
   assert fused.count("name=fp8_swiglu_rows") == 1 and fused.count("name=fp8_swiglu_backward") == 1
   assert "fp8_swiglu" not in plain
-  # one-pass kernels for x's rows, dy's cols and x's cols (dy's rows: `gemms.dgrad`, XLA's in a
-  # program run here); SwiGLU's kernels write the rest, where the unfused path runs none here
+  # one-pass kernels for x's rows, dy's rows and cols (one pass) and x's cols; SwiGLU's
+  # kernels write the rest, where the unfused path runs none here
   assert fused.count("name=fp8_quantize_rows_cols") == 3
 
 

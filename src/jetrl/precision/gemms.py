@@ -183,6 +183,17 @@ def _rows_cols(x, fmt: str, rows: bool):
   return q, s_t
 
 
+def rows_and_cols(x, row_fmt: str, col_fmt: str):
+  """(x's 1 x 128 groups, x's 128 x 1 groups) as the one-pass kernel writes them (`_rows_cols`),
+  in one pass over x where both are one format."""
+  if row_fmt != col_fmt:
+    return _rows_cols(x, row_fmt, rows=True), _rows_cols(x, col_fmt, rows=False)
+  rows, cols = _qk.quantize_rows_cols(
+    x, format_dtype(row_fmt), interpret=_target.platform() != "gpu" or _target.interpreting()
+  )
+  return rows, cols
+
+
 def _choose(g, p: int, q: int, c: int, a_fmt: str, b_fmt: str, out_dtype, b_blocks: bool) -> str:
   """The backend for one GEMM out[p, q] (contraction c), after per-shape fallbacks."""
   name = _backend.resolve(g)

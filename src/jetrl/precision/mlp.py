@@ -195,8 +195,8 @@ def _mlp_bwd(precision: Precision, eps, res, dy):
   x2, nw, x_c, gate, up, wg, wu, wd, wgq, wuq, wdq = res
   cd = dtype_from_name(precision.compute_dtype)
   dg, wgr = precision.dgrad, precision.wgrad
-  dy2 = dy.astype(cd)
-  dh = _gemms.dgrad(dy2, wdq, dg, cd).astype(cd)
+  dy_r, dy_c = _gemms.rows_and_cols(dy.astype(cd), dg.grad_fmt, wgr.grad_fmt)  # one pass
+  dh = _gemms.dgrad_groups(*dy_r, wdq, cd)
   h_c, dg_r, dg_c, du_r, du_c = _sk.swiglu_backward(
     gate,
     up,
@@ -207,7 +207,6 @@ def _mlp_bwd(precision: Precision, eps, res, dy):
     format_dtype(wgr.grad_fmt),
     interpret=_interpret(),
   )
-  dy_c = _gemms._rows_cols(dy2, wgr.grad_fmt, rows=False)
   if x_c is None:
     x_c = _gemms._rows_cols(x2, wgr.fmt, rows=False)
   # The two dx's summed in cd, as JAX sums the cotangents of a value two functions read.
@@ -237,9 +236,10 @@ def _norm_linear_fwd(x2, nw, w, precision: Precision, eps):
 def _norm_linear_bwd(precision: Precision, eps, res, dy):
   x2, nw, x_c, w, wq = res
   cd = dtype_from_name(precision.compute_dtype)
-  dy2 = dy.astype(cd)
-  dh = _gemms.dgrad(dy2, wq, precision.dgrad, cd).astype(cd)
-  dy_c = _gemms._rows_cols(dy2, precision.wgrad.grad_fmt, rows=False)
+  dy_r, dy_c = _gemms.rows_and_cols(
+    dy.astype(cd), precision.dgrad.grad_fmt, precision.wgrad.grad_fmt
+  )  # one pass over dy for both GEMMs
+  dh = _gemms.dgrad_groups(*dy_r, wq, cd)
   dx, dnw = _input_backward(x2, nw, eps, precision, dh)
   return dx, dnw, _gemms.wgrad_groups(x_c, dy_c, w.dtype)
 

@@ -25,7 +25,6 @@ them).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -147,10 +146,3 @@ def sharded(
     reduction_factors=reduce_rule,
   )
   return call
-
-
-@functools.lru_cache(maxsize=None)
-def cached(fn: Callable, rule: str, ties: tuple = (), block: tuple = ()):
-  """`sharded` built once per (fn, rule, ties, block); fn must be hashable (a module-level
-  function or a functools.partial of one with hashable arguments)."""
-  return sharded(fn, rule, ties=dict(ties), block=dict(block))
