@@ -12,10 +12,13 @@ wgrad, bf16 between operators). Tolerances, measured on the CPU backend:
                    straddle devices (no group crosses a shard).
   greedy sampling  tokens identical; a row may diverge only where the one-device top-2 logit
                    margin is below FWD_TOL (a near-tie). Recorded log-probs within LP_TOL.
-  one update step  data:8: new params bit-identical. Other meshes: params within PARAM_TOL
-                   (AdamW's first step is ~lr * sign(g): a gradient entry that is ~0 and
-                   changes sign with the summation order moves its param by ~2 lr = 2e-6),
-                   loss within LOSS_TOL (3e-4 measured).
+  one update step  params within PARAM_TOL (AdamW's first step is ~lr * sign(g): a gradient
+                   entry that is ~0 and changes sign with the summation order moves its param
+                   by ~2 lr = 2e-6), loss within LOSS_TOL (3e-4 measured). Each device runs
+                   its own rows, so the gradient is a sum across devices in another order than
+                   one device's, data:8 included; and each device computes at most
+                   MAX_FLOPS_SHARE of one device's FLOPs (measured 0.14-0.17 on these meshes;
+                   0.79 under data:8 when XLA was left to place the activations).
 """
 
 import dataclasses
@@ -38,6 +41,7 @@ FWD_TOL = 1e-1  # float32 logits (|logit| <~ 1.5) of an FP8 model: one flipped E
 LP_TOL = 1e-1
 PARAM_TOL = 2.5e-6  # lr = 1e-6 below: a sign flip of a ~0 gradient entry moves it by ~2 lr
 LOSS_TOL = 5e-3
+MAX_FLOPS_SHARE = 0.25  # 1/8 of the model's FLOPs, plus the optimizer (replicated on data:8)
 # d_model 512, kv_dim 256, q_dim 512, d_ff 512: every FP8 shard stays a multiple of 128 on
 # all three meshes (fsdp up to 4, tensor 2).
 CFG = dataclasses.replace(
@@ -165,7 +169,9 @@ def test_update_step_matches_one_device(mesh_spec):
   key = jax.random.PRNGKey(7)
   kw = dict(model_config=CFG, cfg=UCFG, optimizer=OPT, precision=RECIPE.train)
   if "update" not in _REF:
-    st, m = update_step(init_train_state(_params(), UCFG), _batch(), key, **kw)
+    state, batch = init_train_state(_params(), UCFG), _batch()
+    _REF["flops"] = _flops(update_step.lower(state, batch, key, **kw).compile())
+    st, m = update_step(state, batch, key, **kw)
     _REF["update"] = (jax.tree_util.tree_map(np.asarray, st.params), float(m["loss"]))
   ref_params, ref_loss = _REF["update"]
   mesh = parallel.make_mesh(mesh_spec)
@@ -173,7 +179,11 @@ def test_update_step_matches_one_device(mesh_spec):
   state = lay.shard_state(init_train_state(_params(), UCFG))
   shardings = jax.tree_util.tree_map(lambda a: a.sharding, state)
   batch = lay.shard_batch(_batch())
-  st, m = parallel.sharded_update_step(lay)(state, batch, key, **kw)
+  step = parallel.sharded_update_step(lay)
+  # Each device computes its share: the activations keep the batch's rows (Layout.token_split).
+  share = _flops(step.lower(state, batch, key, **kw).compile()) / _REF["flops"]
+  assert share <= MAX_FLOPS_SHARE, f"{mesh_spec}: each device computes {share:.2f} of the FLOPs"
+  st, m = step(state, batch, key, **kw)
   # Explicit out shardings: the state keeps its layout.
   assert jax.tree_util.tree_all(
     jax.tree_util.tree_map(lambda a, s: a.sharding.is_equivalent_to(s, a.ndim), st, shardings)
@@ -183,13 +193,17 @@ def test_update_step_matches_one_device(mesh_spec):
   )
   worst = max(jax.tree_util.tree_leaves(diffs))
   print(
-    f"update {mesh_spec}: max |param diff| {worst:.3g}, loss {float(m['loss'])!r} vs {ref_loss!r}"
+    f"update {mesh_spec}: max |param diff| {worst:.3g}, loss {float(m['loss'])!r} vs "
+    f"{ref_loss!r}, FLOPs a device {share:.3f} of one device's"
   )
   assert worst <= PARAM_TOL, diffs
-  if mesh_spec == "data:8":
-    assert worst == 0.0, diffs
   assert abs(float(m["loss"]) - ref_loss) <= LOSS_TOL
   assert float(m["skipped_updates"]) == 0
+
+
+def _flops(compiled) -> float:
+  cost = compiled.cost_analysis()
+  return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
 def test_checkpoint_saved_under_one_mesh_restores_under_another(tmp_path):

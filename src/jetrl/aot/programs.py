@@ -178,6 +178,7 @@ def update_program(
   else:
     layout = make_layout(make_mesh(mesh, devices=devices), config, "train", recipe)
     fn = jit_update_step(out_shardings=(layout.tree_shardings(state), layout.replicated))
+    kw["split_tokens"] = layout.token_split  # as parallel.sharded_update_step runs it
     args = (
       _abstract(state, layout.tree_shardings(state)),
       _abstract(batch, layout.batch_shardings(batch)),

@@ -7,7 +7,7 @@ weights (never a cast copy), so a recipe's FP8 quantizers see the params themsel
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import chex
 import jax
@@ -94,12 +94,15 @@ def hidden_states(
   positions: Optional[jax.Array] = None,
   attention_mask: Optional[jax.Array] = None,
   remat: bool = False,
+  split_tokens: Optional[Callable[[jax.Array], jax.Array]] = None,
 ) -> jax.Array:
   """Final-normed hidden states [B, T, D] in the compute dtype.
 
   tokens int [B, T]; positions [B, T] (default arange); attention_mask [B, T] (1 / True for a
   real token, 0 for padding; combined with the causal mask). remat: recompute each layer in
-  the backward pass instead of storing its activations.
+  the backward pass instead of storing its activations. split_tokens: on a mesh, pins the
+  residual stream's rows to devices where it enters each layer (`jetrl.parallel`'s
+  `Layout.token_split`; the same values, computed per device).
   """
   _check_config(config)
   check_params(params, config)
@@ -114,12 +117,15 @@ def hidden_states(
   flash = (attention_mask,) if attn.use_flash(precision, t, config.head_dim, cd) else None
   allowed = None if flash else attn.causal_mask(attention_mask, b, t)
 
+  split = split_tokens or (lambda a: a)
+
   def body(x, layer):
-    return _layer(x, layer, config, precision, cd, cos, sin, allowed, flash), None
+    return _layer(split(x), layer, config, precision, cd, cos, sin, allowed, flash), None
 
   if remat:
     body = jax.checkpoint(body)
-  x, _ = jax.lax.scan(body, _embed(params, tokens, cd), params["layers"])
+  x, _ = jax.lax.scan(body, split(_embed(params, tokens, cd)), params["layers"])
+  x = split(x)
   chex.assert_shape(x, (b, t, config.d_model))
   return rms_norm(x, params["final_norm"], config.rms_eps, cd, is_batch_invariant(precision))
 

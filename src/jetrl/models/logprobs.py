@@ -167,6 +167,7 @@ def token_logprobs(
   temperature=1.0,
   chunk_size: int = DEFAULT_CHUNK,
   remat: bool = False,
+  split_tokens=None,
 ):
   """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params.
 
@@ -177,6 +178,7 @@ def token_logprobs(
   Compiled for a GPU (not the batch-invariant forward), T is padded at the end to whole tiles
   of GPU_TOKEN_TILE (`pad_tokens`): an update's 1023 tokens a row otherwise leave each 1 x 128
   / 128 x 1 quantization pass and the flash-attention kernel a ragged tile to pad per call.
+  split_tokens: `hidden_states`' (on a mesh, where the activations' rows live).
   """
   t = tokens.shape[1]
   if _target.platform() == "gpu" and not is_batch_invariant(precision) and t % GPU_TOKEN_TILE:
@@ -191,6 +193,7 @@ def token_logprobs(
     positions=positions,
     attention_mask=attention_mask,
     remat=remat,
+    split_tokens=split_tokens,
   )
   logp, ent = logprobs_from_hidden(
     params, config, h, targets, precision=precision, temperature=temperature, chunk_size=chunk_size

@@ -26,6 +26,7 @@ from jetrl.parallel.mesh import (
 from jetrl.parallel.rules import (
   MODES,
   Layout,
+  TokenSplit,
   check_fp8_alignment,
   fp8_blocks,
   make_layout,
@@ -41,6 +42,7 @@ __all__ = [
   "TENSOR",
   "MODES",
   "Layout",
+  "TokenSplit",
   "make_mesh",
   "make_layout",
   "parse_mesh",

@@ -296,6 +296,11 @@ class Layout:
       v_exp=kv if value_exponents else (),
     )
 
+  @property
+  def token_split(self) -> "TokenSplit":
+    """Pins the model's activations' rows to data x fsdp inside a step (`TokenSplit`)."""
+    return TokenSplit(self.mesh)
+
   # -- placement ---------------------------------------------------------------------------
   def put(self, tree, shardings):
     return put(tree, shardings)
@@ -308,6 +313,30 @@ class Layout:
 
   def shard_batch(self, batch):
     return put(batch, self.batch_shardings(batch))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSplit:
+  """`split(x)`: x [rows, ...] constrained to rows over data x fsdp, the rest whole on each
+  device (x unchanged where its rows split over no axis of size > 1).
+
+  The training forward calls it on the residual stream entering each layer. Without it, XLA's
+  sharding propagation carries the weights' FSDP split into the activations: the residual
+  stream [tokens, D] gets D split over `fsdp`, every projection then contracts a split
+  dimension and all-reduces its [tokens, N] output, and the flash-attention kernel is handed
+  its operands whole. With it, each device runs its own rows against gathered weights (ZeRO-3's
+  plan); the values are the same, only where they are computed changes. Hashable: a static
+  argument of the jitted update."""
+
+  mesh: Mesh
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    sizes = dict(self.mesh.shape)
+    axes = _rows_axes(x.shape[0], sizes, False, "activations")
+    if axes is None or _axis_size(sizes, axes) == 1:
+      return x
+    spec = P(axes, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
 
 def make_layout(mesh: Mesh, config: ModelConfig, mode: str = "train", recipe=None) -> Layout:

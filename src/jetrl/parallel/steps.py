@@ -19,17 +19,27 @@ def sharded_update_step(layout: Layout) -> Callable:
 
   The new TrainState comes back in exactly the shardings of the state passed in (so the
   donated buffers are reused and the layout never drifts step to step) and the metrics come
-  back replicated. Same signature as `update_step`; pass a state placed with
-  `layout.shard_state` and a batch placed with `layout.shard_batch`.
+  back replicated. Inside the step each layer's activations keep their rows where the batch's
+  rows are (`layout.token_split`). Same signature as `update_step`; pass a state placed with
+  `layout.shard_state` and a batch placed with `layout.shard_batch`. `step.lower(...)` gives
+  the lowered program (its compiled cost, its HLO).
   """
   cache = {}
 
-  def step(state, batch, key, **kw):
+  def jitted(state):
     sig = jax.tree_util.tree_structure(state)
     if sig not in cache:
       cache[sig] = jit_update_step(out_shardings=(layout.tree_shardings(state), layout.replicated))
-    return cache[sig](state, batch, key, **kw)
+    return cache[sig]
 
+  def step(state, batch, key, **kw):
+    return jitted(state)(state, batch, key, split_tokens=layout.token_split, **kw)
+
+  def lower(state, batch, key, **kw):
+    """The step's `jax.stages.Lowered` for these arguments (what `step` compiles)."""
+    return jitted(state).lower(state, batch, key, split_tokens=layout.token_split, **kw)
+
+  step.lower = lower
   return step
 
 

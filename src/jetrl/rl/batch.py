@@ -66,8 +66,10 @@ def policy_logprobs(
   temperature: float = 1.0,
   chunk_size: int = 256,
   remat: bool = False,
+  split_tokens=None,
 ):
-  """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T])."""
+  """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T]).
+  split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`)."""
   logp, ent = token_logprobs(
     params,
     model_config,
@@ -79,6 +81,7 @@ def policy_logprobs(
     temperature=temperature,
     chunk_size=chunk_size,
     remat=remat,
+    split_tokens=split_tokens,
   )
   t = batch.targets.shape[1]
   return completion_logprobs(logp, t), completion_logprobs(ent, t)

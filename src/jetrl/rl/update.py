@@ -154,6 +154,7 @@ class StepSpec(NamedTuple):
   remat: bool
   max_tokens: int
   lora: Optional[LoraConfig] = None
+  split_tokens: Any = None  # jetrl.parallel's Layout.token_split on a mesh
 
   def policy(self, params, frozen):
     """The params the model reads: `params`, or a LoRA run's adapters on its frozen base."""
@@ -172,6 +173,7 @@ class StepSpec(NamedTuple):
       temperature=self.temperature,
       chunk_size=self.cfg.chunk_size,
       remat=remat,
+      split_tokens=self.split_tokens,
     )
 
   def aggregate(self, per_token, mask):
@@ -350,6 +352,7 @@ def train_step(
   temperature: float = 1.0,
   bin_edges: tuple[int, ...] = DEFAULT_EDGES,
   lora: Optional[LoraConfig] = None,
+  split_tokens: Any = None,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
@@ -358,6 +361,8 @@ def train_step(
   temperature: the sampling temperature the rollout log-probs were recorded at.
   lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
     are trained on its frozen base.
+  split_tokens: on a mesh, `Layout.token_split`: each layer's activations keep their rows on
+    the devices that hold the batch's rows (`jetrl.parallel.sharded_update_step` passes it).
   Returns (new_state, metrics of float32 scalars; `learning_rate` is the rate of this
   update's first optimizer step).
   """
@@ -385,6 +390,7 @@ def train_step(
     ),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,
+    split_tokens=split_tokens,
   )
   opt = make_optimizer(optimizer, total_steps)
   learning_rate = learning_rate_schedule(optimizer, total_steps)(state.step)
@@ -407,6 +413,7 @@ STATIC_ARGNAMES = (
   "temperature",
   "bin_edges",
   "lora",
+  "split_tokens",
 )
 
 

@@ -105,16 +105,24 @@ def misreported(problems, task, cfg: SFTConfig, first_index: int) -> list:
 
 
 def _sft_step(
-  params, opt_state, batch, *, model_config, precision, optimizer: OptimizerConfig, total_steps: int
+  params,
+  opt_state,
+  batch,
+  *,
+  model_config,
+  precision,
+  optimizer: OptimizerConfig,
+  total_steps: int,
+  split_tokens=None,
 ):
   """One optimizer step on the mean token log-likelihood of the gold solutions.
 
   Returns (params, opt_state, loss, grad norm, ok, learning rate); a step whose loss,
   gradients or result is not finite is skipped (params and optimizer state unchanged, `ok`
-  False)."""
+  False). split_tokens: on a mesh, where the activations' rows live (`Layout.token_split`)."""
 
   def loss_fn(p):
-    logp, _ = policy_logprobs(p, model_config, batch, precision)
+    logp, _ = policy_logprobs(p, model_config, batch, precision, split_tokens=split_tokens)
     return -masked_mean(logp, batch.mask)
 
   opt = make_optimizer(optimizer, total_steps)
@@ -128,16 +136,18 @@ def _sft_step(
   return new_params, new_opt, loss, optax.tree.norm(grads), ok, lr
 
 
-_STATIC = ("model_config", "precision", "optimizer", "total_steps")
+_STATIC = ("model_config", "precision", "optimizer", "total_steps", "split_tokens")
 sft_step = jax.jit(_sft_step, static_argnames=_STATIC, donate_argnames=("params", "opt_state"))
 
 
 def sharded_sft_step(layout, opt_state):
   """`sft_step` on `layout`'s mesh: params and optimizer state come back in the shardings they
-  are placed with (`layout.shard_params`, `layout.shard_state`), the scalars replicated."""
+  are placed with (`layout.shard_params`, `layout.shard_state`), the scalars replicated; each
+  layer's activations keep their rows where the batch's rows are (`layout.token_split`)."""
   rep = layout.replicated
+  step = functools.partial(_sft_step, split_tokens=layout.token_split)
   return jax.jit(
-    _sft_step,
+    step,
     static_argnames=_STATIC,
     donate_argnames=("params", "opt_state"),
     out_shardings=(layout.param_shardings, layout.tree_shardings(opt_state), rep, rep, rep, rep),
