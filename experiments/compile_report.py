@@ -32,6 +32,7 @@ setup_environment()
 
 from jetrl.aot.targets import TARGETS  # noqa: E402
 from jetrl.rl.update_config import OLD_LOGP_SOURCES  # noqa: E402
+from jetrl.rl.remat import REMAT_POLICIES  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("target", "h200", list(TARGETS), "Compile-only device (and how many).")
@@ -51,6 +52,13 @@ flags.DEFINE_integer(
 flags.DEFINE_float("lora_alpha", 16.0, "--lora.alpha of the LoRA update.")
 flags.DEFINE_enum(
   "master_dtype", "float32", ["float32", "bfloat16"], "The update's --update.master_dtype."
+)
+flags.DEFINE_enum(
+  "remat",
+  "auto",
+  list(REMAT_POLICIES),
+  "The update's --update.remat (auto: per-layer recompute when the activations would take more "
+  "than a quarter of the target's memory).",
 )
 flags.DEFINE_enum(
   "old_logp",
@@ -212,7 +220,9 @@ def main(argv):
           prompt_len=prompt_len,
           completion_len=completion_len,
           mesh=FLAGS.mesh,
-          update=UpdateConfig(master_dtype=FLAGS.master_dtype, old_logp=FLAGS.old_logp),
+          update=UpdateConfig(
+            master_dtype=FLAGS.master_dtype, old_logp=FLAGS.old_logp, remat=FLAGS.remat
+          ),
           lora=LoraConfig(rank=FLAGS.lora_rank, alpha=FLAGS.lora_alpha),
         )
       )
