@@ -160,7 +160,8 @@ def _batch():
 # With old_logp="recompute" the ratio's denominator is a pre-update forward whose last bits
 # depend on the rows each program sees (data:8 runs one row per device), and AdamW's first step
 # turns a gradient entry that is 0 in one run and ~1e-12 in the other into a difference of lr.
-UCFG = UpdateConfig(micro_batches=1, minibatches=1, old_logp="rollout")
+# chunk_size 8: the log-prob head runs in chunks, so a mesh gathers its weight once for them all.
+UCFG = UpdateConfig(micro_batches=1, minibatches=1, old_logp="rollout", chunk_size=8)
 OPT = OptimizerConfig(lr=1e-6)
 
 
@@ -199,6 +200,20 @@ def test_update_step_matches_one_device(mesh_spec):
   assert worst <= PARAM_TOL, diffs
   assert abs(float(m["loss"]) - ref_loss) <= LOSS_TOL
   assert float(m["skipped_updates"]) == 0
+
+
+def test_the_token_split_gathers_the_head_over_fsdp_only():
+  """The LM head's weight (rule fsdp x vocab) is gathered over `fsdp` before the head's chunk
+  loop and keeps its vocabulary split over `tensor` (hand-written specs)."""
+  P = jax.sharding.PartitionSpec
+  want = {"fsdp:4,tensor:2": P(None, "tensor"), "data:2,fsdp:2,tensor:2": P(None, "tensor")}
+  for spec, head in want.items():
+    lay = parallel.make_layout(parallel.make_mesh(spec), CFG, "train", RECIPE)
+    assert lay.specs["lm_head"] == P("fsdp", "tensor"), lay.specs["lm_head"]
+    assert lay.token_split.head == head, (spec, lay.token_split.head)
+  tied = dataclasses.replace(CFG, tie_embeddings=True)
+  lay = parallel.make_layout(parallel.make_mesh("fsdp:4,tensor:2"), tied, "train", RECIPE)
+  assert lay.token_split.head == P("tensor", None)  # embed [V, D]: (vocab, fsdp)
 
 
 def _flops(compiled) -> float:

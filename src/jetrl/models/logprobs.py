@@ -97,8 +97,10 @@ def logprobs_from_hidden(
   precision: Optional[Precision] = None,
   temperature=1.0,
   chunk_size: int = DEFAULT_CHUNK,
+  split_tokens=None,
 ):
-  """token_logprobs from final-normed hidden states h [B, T, D] (see `token_logprobs`)."""
+  """token_logprobs from final-normed hidden states h [B, T, D] (see `token_logprobs`);
+  split_tokens: on a mesh, gathers the head's weight once for all chunks (`head_weight`)."""
   if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
   if isinstance(temperature, numbers.Real) and not temperature > 0:
@@ -109,8 +111,10 @@ def logprobs_from_hidden(
   cd = activation_dtype(precision, params)
   temperature = jnp.asarray(temperature, jnp.float32)
   targets = targets.astype(jnp.int32)
+  key = "embed" if config.tie_embeddings else "lm_head"
+  if split_tokens is not None and t > chunk_size:
+    params = {**params, key: split_tokens.head_weight(params[key])}
   if _target.platform() == "gpu" and not is_batch_invariant(precision):
-    key = "embed" if config.tie_embeddings else "lm_head"
     # its own backward keeps only lse and the entropy: no checkpoint needed
     stats = lambda hc, tc: head_stats(hc, params[key], tc, temperature, key, config, cd)
   else:
@@ -196,6 +200,13 @@ def token_logprobs(
     split_tokens=split_tokens,
   )
   logp, ent = logprobs_from_hidden(
-    params, config, h, targets, precision=precision, temperature=temperature, chunk_size=chunk_size
+    params,
+    config,
+    h,
+    targets,
+    precision=precision,
+    temperature=temperature,
+    chunk_size=chunk_size,
+    split_tokens=split_tokens,
   )
   return logp[:, :t], ent[:, :t]

@@ -299,7 +299,8 @@ class Layout:
   @property
   def token_split(self) -> "TokenSplit":
     """Pins the model's activations' rows to data x fsdp inside a step (`TokenSplit`)."""
-    return TokenSplit(self.mesh)
+    head = self.specs.get("embed" if self.config.tie_embeddings else "lm_head")
+    return TokenSplit(self.mesh, None if head is None else _without(head, FSDP))
 
   # -- placement ---------------------------------------------------------------------------
   def put(self, tree, shardings):
@@ -329,6 +330,7 @@ class TokenSplit:
   argument of the jitted update."""
 
   mesh: Mesh
+  head: Any = None  # the LM head weight's PartitionSpec without its `fsdp` split
 
   def __call__(self, x: jax.Array) -> jax.Array:
     sizes = dict(self.mesh.shape)
@@ -337,6 +339,26 @@ class TokenSplit:
       return x
     spec = P(axes, *([None] * (x.ndim - 1)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+  def head_weight(self, w: jax.Array) -> jax.Array:
+    """The LM head's weight gathered over `fsdp` once, before the log-prob head's chunk loop
+    reads it: otherwise each chunk gathers it again and reduce-scatters its own partial
+    gradient (the chunks' gradients now add up on each device, then one reduce-scatter)."""
+    if self.head is None or len(self.head) != w.ndim:
+      return w
+    return jax.lax.with_sharding_constraint(w, NamedSharding(self.mesh, self.head))
+
+
+def _without(spec: P, axis: str) -> P:
+  """`spec` with mesh axis `axis` removed from every entry."""
+  out = []
+  for entry in spec:
+    if entry == axis:
+      entry = None
+    elif isinstance(entry, tuple):
+      entry = tuple(a for a in entry if a != axis) or None
+    out.append(entry)
+  return P(*out)
 
 
 def make_layout(mesh: Mesh, config: ModelConfig, mode: str = "train", recipe=None) -> Layout:
