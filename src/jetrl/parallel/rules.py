@@ -343,7 +343,7 @@ class TokenSplit:
   def head_weight(self, w: jax.Array) -> jax.Array:
     """The LM head's weight gathered over `fsdp` once, before the log-prob head's chunk loop
     reads it: otherwise each chunk gathers it again and reduce-scatters its own partial
-    gradient (the chunks' gradients now add up on each device, then one reduce-scatter)."""
+    gradient (the chunks' gradients now add up on each device, then one cross-device sum)."""
     if self.head is None or len(self.head) != w.ndim:
       return w
     return jax.lax.with_sharding_constraint(w, NamedSharding(self.mesh, self.head))
