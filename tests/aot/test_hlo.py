@@ -192,6 +192,24 @@ def test_occupancy_of_a_grid_and_of_fp8_gemm_tiles():
   assert cost.work_seconds(tiny, target, p) == pytest.approx(p.gemm_floor_us * 1e-6)
 
 
+TWICE = """HloModule t, is_scheduled=true
+
+ENTRY %main (gu: bf16[512,768]) -> f8e4m3fn[512,384] {
+  %gu = bf16[512,768]{1,0} parameter(0)
+  %sw = (f8e4m3fn[512,384]{1,0}, f32[3,512]{1,0}) custom-call(%gu, %gu), custom_call_target="__gpu$xla.gpu.triton", backend_config={debug = false, grid_x = 4 : i32, grid_y = 3 : i32, grid_z = 1 : i32, name = "fp8_swiglu_gate_up"}
+  ROOT %q = f8e4m3fn[512,384]{1,0} get-tuple-element(%sw), index=0
+}
+"""
+
+
+def test_an_operand_passed_twice_is_read_once():
+  """SwiGLU's kernel takes the fused gate / up output twice (each program reads a block of
+  each half): its traffic is the array once plus what it writes (hand-computed)."""
+  (k,) = [x for x in kernels.kernels(TWICE).kernels if x.name == "sw"]
+  assert k.bytes_read == 512 * 768 * 2
+  assert k.bytes_written == 512 * 384 + 3 * 512 * 4
+
+
 def _attention_module(grid_y: int) -> str:
   return f"""HloModule a, is_scheduled=true
 

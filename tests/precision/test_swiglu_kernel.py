@@ -126,3 +126,25 @@ def test_shapes_off_the_tile_are_refused():
     sk.swiglu_rows(a, a, BF16, E4M3, interpret=True)
   with pytest.raises(ValueError, match="one shape"):
     sk.swiglu_backward(jnp.zeros((256, 256), BF16), a, a, BF16, E4M3, E4M3, E4M3, interpret=True)
+
+
+@pytest.mark.parametrize(
+  "interpret",
+  [True, pytest.param(False, marks=pytest.mark.skipif(jax.default_backend() != "gpu",
+                                                        reason="compiles the Triton kernels"))],
+)  # fmt: skip
+def test_the_fused_gate_up_kernel_is_the_split_kernels(interpret):
+  """`swiglu_gate_up_rows` (a rollout's fused gate / up output, 128 rows a program) gives the
+  values and groups `swiglu_rows` gives for the two halves, and each group is `quantize`'s."""
+  rng = np.random.default_rng(5)
+  gu = jnp.asarray(2 * rng.normal(size=(256, 2 * 384)), BF16)
+  q, s_t, h = sk.swiglu_gate_up_rows(gu, BF16, E4M3, interpret=interpret, values=True)
+  gate, up = jnp.split(gu, 2, axis=-1)
+  want_q, want_s_t, want_h = sk.swiglu_rows(gate, up, BF16, E4M3, interpret=interpret, values=True)
+  _same(h, want_h)
+  _same(q, want_q)
+  np.testing.assert_array_equal(np.asarray(s_t), np.asarray(want_s_t))
+  wq, ws = quantize(h, (1, 128), E4M3)
+  _same(q, wq)
+  with pytest.raises(ValueError, match="rows a multiple of 128"):
+    sk.swiglu_gate_up_rows(gu[:100], BF16, E4M3, interpret=True)

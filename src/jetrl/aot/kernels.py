@@ -378,7 +378,9 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
         if branches:  # the first branch stands for whichever runs
           walk(branches[0], count, loop)
         continue
-      read = sum(nbytes(table[o].type) for o in ins.operands if o in table)
+      # An operand passed twice (a kernel reading the two halves of one array, each program its
+      # own block of each) is one buffer read once.
+      read = sum(nbytes(table[o].type) for o in dict.fromkeys(ins.operands) if o in table)
       written = nbytes(ins.type)
       flops, gemm = 0.0, ""
       base = op.removesuffix("-start")

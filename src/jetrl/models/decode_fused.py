@@ -120,32 +120,12 @@ def norm_quant(x, delta, weight, eps: float, cd, dtype, *, interpret=False, valu
 
 def swiglu_quant(gate_up, cd, dtype, *, interpret=False, values=False):
   """The QuantizedInput of silu(gate) * up for the fused gate / up output [M, 2F] (gate the
-  first F columns, as `layers.swiglu` splits it), in one kernel. values=True also returns
-  the bf16 product that was quantized (for tests)."""
-  m, f2 = gate_up.shape
-  f = f2 // 2
-  if m % ROWS or f % G or f2 != 2 * f:
-    raise ValueError(
-      f"swiglu_quant: rows a multiple of {ROWS}, 2 F columns with F a multiple of {G}; "
-      f"got {gate_up.shape}"
-    )
-  nf = f // G
-  block = lambda off: pl.BlockSpec((ROWS, G), lambda i, j: (i, off + j))
-  out_shape = [jax.ShapeDtypeStruct((m, f), dtype), jax.ShapeDtypeStruct((nf, m), jnp.float32)]
-  out_specs = [block(0), pl.BlockSpec((1, ROWS), lambda i, j: (j, i))]
-  if values:
-    out_shape.append(jax.ShapeDtypeStruct((m, f), cd))
-    out_specs.append(block(0))
-  outs = pl.pallas_call(
-    functools.partial(_sk.swiglu_rows_kernel, cd=cd, dtype=dtype, interpret=interpret),
-    out_shape=tuple(out_shape),
-    grid=(m // ROWS, nf),
-    in_specs=[block(0), block(nf)],
-    out_specs=tuple(out_specs),
-    compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-    interpret=interpret,
-    name="decode_swiglu_quant",
-  )(gate_up, gate_up)
+  first F columns, as `layers.swiglu` splits it), in one kernel of ROWS rows a program
+  (`swiglu_kernel.swiglu_gate_up_rows`). values=True also returns the bf16 product that was
+  quantized (for tests)."""
+  outs = _sk.swiglu_gate_up_rows(
+    gate_up, cd, dtype, rows=ROWS, interpret=interpret, values=values, name="decode_swiglu_quant"
+  )
   result = QuantizedInput(outs[0], outs[1])
   return (result, outs[2]) if values else result
 

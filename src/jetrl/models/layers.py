@@ -20,11 +20,13 @@ from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.lora import LoraWeight, lora_linear
 from jetrl.models.params import LM_HEAD_GRID
-from jetrl.precision import Precision, QuantizedWeight, linear
+from jetrl.precision import Precision, QuantizedInput, QuantizedWeight, linear
+from jetrl.precision import gemms as _gemms
 from jetrl.precision import mlp as _mlp
+from jetrl.precision import swiglu_kernel as _sk
 from jetrl.precision.norm_kernel import rms_norm_cd
 from jetrl.precision import target as _target
-from jetrl.precision.formats import dot_precision, dtype_from_name
+from jetrl.precision.formats import dot_precision, dtype_from_name, format_dtype
 
 
 def activation_dtype(precision: Optional[Precision], params) -> jnp.dtype:
@@ -139,11 +141,39 @@ def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array
       return _mlp.swiglu_mlp(x, wg, wu, wd, precision)  # its quantization in its operators
   if "w_gate_up" in layer:
     gu = project(x, layer["w_gate_up"], precision, cd)
+    if _quantized_swiglu_applies(gu, layer["w_down"], precision, cd):
+      lead, f2 = gu.shape[:-1], gu.shape[-1]
+      hq = _sk.swiglu_gate_up_rows(
+        gu.reshape(-1, f2), cd, format_dtype(precision.fprop.fmt), interpret=_target.interpreting()
+      )  # h's 1 x 128 groups from gate and up, one kernel: no bf16 h, no quantization pass
+      y = linear(QuantizedInput(*hq), layer["w_down"], precision).astype(cd)
+      return y.reshape(*lead, y.shape[-1])
     gate, up = jnp.split(gu, 2, axis=-1)
   else:
     gate = project(x, layer["w_gate"], precision, cd)
     up = project(x, layer["w_up"], precision, cd)
   return project(jax.nn.silu(gate) * up, layer["w_down"], precision, cd)
+
+
+def _quantized_swiglu_applies(gu, w_down, precision, cd) -> bool:
+  """Whether a rollout's forward (gate / up fused, weights quantized once) of more rows than a
+  decode step's writes h's FP8 groups in SwiGLU's kernel (`swiglu_kernel.swiglu_gate_up_rows`)
+  for a down GEMM that takes them (`gemms.takes_quantized_input`): compiled for a GPU, 1 x 128
+  block scaling, the fused MLP on (JETRL_FUSED_MLP), whole 128-row and 128-column tiles. The
+  groups are bit for bit those the unfused path quantizes (tests/models/test_prefill_swiglu.py)."""
+  if _target.platform() != "gpu" or not isinstance(precision, Precision):
+    return False
+  g = precision.fprop
+  if g is None or precision.dgrad is not None or precision.batch_invariant:
+    return False  # a QuantizedInput is a forward-only precision's (`linear`)
+  if not isinstance(w_down, QuantizedWeight):
+    return False
+  m, f = math.prod(gu.shape[:-1]), gu.shape[-1] // 2
+  if m <= _gemms.ONE_PASS_MAX_ROWS or m % _sk.B or f % _sk.B or w_down.shape[0] != f:
+    return False
+  if w_down.q.dtype != format_dtype(g.fmt) or not _mlp.fused_mlp_enabled():
+    return False
+  return _gemms.takes_quantized_input(g, m, w_down.shape[1], f, cd)
 
 
 def lm_head(h: jax.Array, params, config: ModelConfig, cd, exact: bool = False) -> jax.Array:

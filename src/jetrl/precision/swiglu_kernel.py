@@ -87,6 +87,40 @@ def swiglu_rows(gate, up, cd, dtype, *, interpret: bool = False, values: bool = 
   return _partitioned("rows", names, interpret)(gate, up)
 
 
+def swiglu_gate_up_rows(
+  gate_up, cd, dtype, *, rows: int = B, interpret=False, values=False, name="fp8_swiglu_gate_up"
+):
+  """(q [M, F], s_t [F/128, M]) of h = silu(gate) * up for the fused gate / up output
+  gate_up [M, 2F] (gate the first F columns), `rows` rows x 128 columns a program: the
+  kernel reads both halves where they lie (no split copies). What a rollout's forward, whose
+  gate / up weights are one, hands to the down GEMM (`layers.swiglu`, the decode step's
+  `decode_fused.swiglu_quant`). values=True also returns the bf16 h (tests)."""
+  m, f2 = gate_up.shape
+  f = f2 // 2
+  if m % rows or f % B or f2 != 2 * f:
+    raise ValueError(
+      f"{name}: rows a multiple of {rows}, 2 F columns with F a multiple of {B}; "
+      f"got {gate_up.shape}"
+    )
+  nf = f // B
+  block = lambda off: pl.BlockSpec((rows, B), lambda i, j: (i, off + j))
+  out_shape = [jax.ShapeDtypeStruct((m, f), dtype), jax.ShapeDtypeStruct((nf, m), jnp.float32)]
+  out_specs = [block(0), pl.BlockSpec((1, rows), lambda i, j: (j, i))]
+  if values:
+    out_shape.append(jax.ShapeDtypeStruct((m, f), cd))
+    out_specs.append(block(0))
+  return pl.pallas_call(
+    functools.partial(swiglu_rows_kernel, cd=cd, dtype=dtype, interpret=interpret),
+    out_shape=tuple(out_shape),
+    grid=(m // rows, nf),
+    in_specs=[block(0), block(nf)],
+    out_specs=tuple(out_specs),
+    compiler_params=plgpu.CompilerParams(num_warps=4 if rows < B else 8, num_stages=1),
+    interpret=interpret,
+    name=name,
+  )(gate_up, gate_up)
+
+
 @functools.lru_cache(maxsize=None)
 def _partitioned(kind: str, dtypes: tuple, interpret: bool):
   """The kernel sharded as its operands are on a mesh (jetrl.precision.partition): whole
