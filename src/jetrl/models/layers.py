@@ -134,7 +134,8 @@ def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array
   recomputed silu(gate) * up, which costs more than the shared quantization of x saves
   (docs/benchmarks.md, 2026-12-06). Under a blockwise FP8 recipe compiled for a GPU the MLP
   is `jetrl.precision.mlp.swiglu_mlp`: the same GEMMs, its FP8 groups written by SwiGLU's
-  forward and backward kernels."""
+  forward and backward kernels. A rollout's prefill there (gate / up fused, quantized once)
+  takes h's groups from SwiGLU's kernel too (`_quantized_swiglu_applies`)."""
   if "w_gate" in layer and "w_down" in layer:
     wg, wu, wd = layer["w_gate"], layer["w_up"], layer["w_down"]
     if _mlp.applies(math.prod(x.shape[:-1]), wg, wu, wd, precision):
