@@ -33,7 +33,7 @@ from jetrl.aot.targets import Target
 CALIBRATION = Path(__file__).parent / "calibration.json"
 
 # The share of the peak that a Pallas (Triton) kernel's matmuls reach: the flash-attention
-# kernels' (jetrl.aot.kernels.FLASH_MATMULS). NOT fitted (no recorded run timed one): an
+# kernels' (jetrl.aot.flops.FLASH_MATMULS). NOT fitted (no recorded run timed one): an
 # assumption, about what Triton's flash attention reaches on Hopper (0.3 of the bf16 peak,
 # against cuBLAS's fitted gemm_eff_bf16 0.81).
 PALLAS_GEMM_EFF = 0.3

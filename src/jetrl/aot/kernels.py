@@ -10,9 +10,10 @@ an async pair) launch nothing and are not counted.
 Bytes are HBM traffic estimated from shapes: a kernel reads its operands and writes its
 result, except that (a) a fusion parameter used only through slices reads just the slices,
 (b) an in-place dynamic-update-slice fusion reads and writes only the update, and (c) a
-custom call's scratch workspace (its trailing u8/s8 result) is not traffic. FLOPs are counted
-for dots and convolutions (inside fusions or as cuBLAS / cuBLASLt / jetrl GEMM custom calls),
-2 per multiply-add; elementwise work is not counted.
+custom call's scratch workspace (its trailing u8/s8 result) is not traffic, and (d) an operand
+passed twice is read once. FLOPs are counted by `jetrl.aot.flops`: dots and convolutions
+(inside fusions or as cuBLAS / cuBLASLt / jetrl GEMM custom calls) and the Pallas GEMM and
+flash-attention kernels, 2 per multiply-add; elementwise work is not counted.
 
 Each kernel has a multiplicity `count`: how often one call of the program runs it (a `while`
 body runs `known_trip_count` times, or the number the caller passes in `steps` for loops
@@ -26,6 +27,7 @@ import math
 import re
 from typing import Optional, Sequence
 
+from jetrl.aot import flops as _flops
 from jetrl.aot.hlo import Instr, Module, dtype_bytes, nbytes, parse_module, shapes
 
 # Instructions that launch nothing.
@@ -110,79 +112,6 @@ def _called(attrs: str, key: str) -> list[str]:
   return [one] if one else []
 
 
-def _dims(attrs: str, key: str) -> tuple[int, ...]:
-  m = re.search(rf"\b{key}=\{{([0-9,]*)\}}", attrs)
-  return tuple(int(v) for v in m.group(1).split(",") if v) if m else ()
-
-
-def _dot_flops(ins: Instr, table: dict[str, Instr]) -> float:
-  out = shapes(ins.type)
-  lhs = table.get(ins.operands[0]) if ins.operands else None
-  if not out or lhs is None:
-    return 0.0
-  lhs_dims = shapes(lhs.type)[0][1]
-  k = math.prod(lhs_dims[d] for d in _dims(ins.attrs, "lhs_contracting_dims"))
-  return 2.0 * math.prod(out[0][1]) * k
-
-
-def _conv_flops(ins: Instr, table: dict[str, Instr]) -> float:
-  out = shapes(ins.type)
-  rhs = table.get(ins.operands[1]) if len(ins.operands) > 1 else None
-  m = re.search(r"dim_labels=\w+_(\w+)->", ins.attrs)
-  if not out or rhs is None or not m:
-    return 0.0
-  rdims = shapes(rhs.type)[0][1]
-  o = m.group(1).find("o")
-  per_out = math.prod(rdims) / max(rdims[o], 1) if o >= 0 else math.prod(rdims)
-  return 2.0 * math.prod(out[0][1]) * per_out
-
-
-def _custom_gemm_flops(ins: Instr, table: dict[str, Instr], target: str) -> float:
-  ops = [table[o] for o in ins.operands if o in table]
-  out = shapes(ins.type)
-  if len(ops) < 2 or not out:
-    return 0.0
-  res = out[0][1]
-  if target == "jetrl_fp8_blockwise_gemm":  # a [P, C] . b [Q, C]^T
-    return 2.0 * math.prod(res) * shapes(ops[0].type)[0][1][-1]
-  contract = re.search(r'"lhs_contracting_dimensions":\["?([0-9]+)', ins.attrs)
-  lhs = shapes(ops[0].type)[0][1]
-  k = lhs[int(contract.group(1))] if contract else lhs[-1]
-  return 2.0 * math.prod(res) * k
-
-
-# Matmuls of [T, D] x [D, T] size per (row, head) that JAX's Pallas flash-attention kernels
-# (jax.experimental.pallas.ops.gpu.attention) run, by kernel name: the forward QK^T and PV;
-# the backward recomputes QK^T in its dK/dV loop and in its dQ loop, and computes dV, dP
-# (twice: once per loop), dK and dQ. Causal: each loop stops at the diagonal, half the tiles.
-FLASH_MATMULS = {"mha_forward": 2, "mha_backward": 7}
-
-
-# jetrl's Pallas GEMMs (jetrl.precision.gemm_pallas), whose operand a is [P, C] and result
-# [P, Q]: 2 P Q C FLOPs.
-PALLAS_GEMMS = ("fp8_decode_gemm", "fp8_blockwise_gemm")
-
-
-def _pallas_flops(ins: Instr, table: dict[str, Instr]) -> float:
-  """FLOPs of a Pallas call (its custom call carries no dot to count): jetrl's GEMM kernels'
-  (`PALLAS_GEMMS`), and the flash-attention kernels', 2 per multiply-add of
-  FLASH_MATMULS[name] matmuls over q's [B, T, H, D], halved (causal)."""
-  g = re.search(r'name = \\?"(' + "|".join(PALLAS_GEMMS) + r')\\?"', ins.attrs)
-  if g and ins.operands and ins.operands[0] in table:
-    a, out = shapes(table[ins.operands[0]].type), shapes(ins.type)
-    if a and out and len(a[0][1]) == 2 and len(out[0][1]) == 2:
-      return 2.0 * math.prod(out[0][1]) * a[0][1][1]
-    return 0.0
-  m = re.search(r'name = \\?"(mha_forward|mha_backward)\\?"', ins.attrs)
-  if not m or not ins.operands or ins.operands[0] not in table:
-    return 0.0
-  q = shapes(table[ins.operands[0]].type)
-  if not q or len(q[0][1]) != 4:
-    return 0.0
-  b, t, h, d = q[0][1]
-  return FLASH_MATMULS[m.group(1)] * 2.0 * b * h * t * t * d * 0.5
-
-
 # A decode step's attention kernels (jetrl.models.decode_attention) are given the whole KV
 # cache but read only its first n slots, n in their name, and the fused one writes a single
 # slot of the caches it updates in place (aliased outputs of the caches' shape).
@@ -246,16 +175,6 @@ def _programs(ins: Instr, table: dict[str, Instr], kind: str) -> int:
   return 0
 
 
-def _gemm_dtype(operands: list, table: dict) -> str:
-  """ "f8" if either operand is FP8, "f32" if both are 32-bit floats, else "bf16"."""
-  dts = [shapes(table[o].type)[0][0] for o in operands[:2] if o in table and shapes(table[o].type)]
-  if any(d.startswith("f8") for d in dts):
-    return "f8"
-  if dts and all(d in ("f32", "f64") for d in dts):
-    return "f32"
-  return "bf16"
-
-
 def _fusion_traffic(mod: Module, ins: Instr, outer: dict[str, Instr]):
   """(bytes read, bytes written, flops, GEMM operand type) of a fusion, from its fused
   computation."""
@@ -303,8 +222,8 @@ def _fusion_traffic(mod: Module, ins: Instr, outer: dict[str, Instr]):
   flops, gemm = 0.0, ""
   for i in body:
     if i.opcode in ("dot", "convolution"):
-      flops += _dot_flops(i, table) if i.opcode == "dot" else _conv_flops(i, table)
-      gemm = _gemm_dtype(i.operands, table)
+      flops += _flops.dot_flops(i, table) if i.opcode == "dot" else _flops.conv_flops(i, table)
+      gemm = _flops.gemm_dtype(i.operands, table)
   return read, max(written, 0.0), flops, gemm
 
 
@@ -397,13 +316,13 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
           written -= dtype_bytes(res[-1][0]) * math.prod(res[-1][1])
         if target in GEMM_TARGETS:
           kind = GEMM_TARGETS[target]
-          flops = _custom_gemm_flops(ins, table, target)
-          gemm = _gemm_dtype(ins.operands, table)
+          flops = _flops.custom_gemm_flops(ins, table, target)
+          gemm = _flops.gemm_dtype(ins.operands, table)
         elif "triton" in target:
           kind = "pallas"
-          flops = _pallas_flops(ins, table)
+          flops = _flops.pallas_flops(ins, table)
           read, written = _slot_traffic(ins, table, read, written, _programs(ins, table, kind))
-          gemm = _gemm_dtype(ins.operands, table) if flops else ""
+          gemm = _flops.gemm_dtype(ins.operands, table) if flops else ""
         elif "cudnn" in target:
           kind = "cudnn"
         else:
@@ -413,8 +332,8 @@ def kernels(text: str, steps: Sequence[int] = ()) -> Launches:
       elif base in COLLECTIVES:
         kind = "collective"
       elif op in ("dot", "convolution"):
-        kind, gemm = "cublas", _gemm_dtype(ins.operands, table)
-        flops = _dot_flops(ins, table) if op == "dot" else _conv_flops(ins, table)
+        kind, gemm = "cublas", _flops.gemm_dtype(ins.operands, table)
+        flops = _flops.dot_flops(ins, table) if op == "dot" else _flops.conv_flops(ins, table)
       else:
         kind = "other"
         if op == "dynamic-update-slice" and len(ins.operands) > 1:

@@ -49,11 +49,9 @@ from jetrl.rl.optimizer import (  # noqa: E402
   skip_non_finite,
 )
 from jetrl.rl.update_config import OLD_LOGP_SOURCES, UpdateConfig  # noqa: E402
+from jetrl.rl.state import TrainState, init_lora_train_state, init_train_state  # noqa: E402
 from jetrl.rl.update import (  # noqa: E402
-  TrainState,
   check_batch_divisible,
-  init_lora_train_state,
-  init_train_state,
   jit_update_step,
   update_step,
 )
