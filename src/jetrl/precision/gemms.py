@@ -171,27 +171,25 @@ def _fused(g) -> bool:
   return _one_by_128(g) and fused_quant_enabled()
 
 
+def _interpret_kernels() -> bool:
+  """The Pallas kernels run interpreted: off a GPU (the CPU tests), or a GPU program run here."""
+  return _target.platform() != "gpu" or _target.interpreting()
+
+
 def _rows_cols(x, fmt: str, rows: bool):
-  """The one-pass kernel's rows or cols pair (interpret mode off a GPU: the CPU tests)."""
+  """The one-pass kernel's rows or cols pair."""
   ((q, s_t),) = _qk.quantize_rows_cols(
-    x,
-    format_dtype(fmt),
-    rows=rows,
-    cols=not rows,
-    interpret=_target.platform() != "gpu" or _target.interpreting(),
+    x, format_dtype(fmt), rows=rows, cols=not rows, interpret=_interpret_kernels()
   )
   return q, s_t
 
 
 def rows_and_cols(x, row_fmt: str, col_fmt: str):
   """(x's 1 x 128 groups, x's 128 x 1 groups) as the one-pass kernel writes them (`_rows_cols`),
-  in one pass over x where both are one format."""
-  if row_fmt != col_fmt:
-    return _rows_cols(x, row_fmt, rows=True), _rows_cols(x, col_fmt, rows=False)
-  rows, cols = _qk.quantize_rows_cols(
-    x, format_dtype(row_fmt), interpret=_target.platform() != "gpu" or _target.interpreting()
+  in one pass over x where both are one format (`quant_kernel.quantize_both`)."""
+  return _qk.quantize_both(
+    x, format_dtype(row_fmt), format_dtype(col_fmt), interpret=_interpret_kernels()
   )
-  return rows, cols
 
 
 def _choose(g, p: int, q: int, c: int, a_fmt: str, b_fmt: str, out_dtype, b_blocks: bool) -> str:

@@ -116,16 +116,12 @@ def _partitioned(eps: float, names: tuple, interpret: bool):
 def _split_d(x, weight, *, axes, eps, cd, dtypes, interpret: bool):
   """One device's columns of `norm_rows_cols`, D split over `axes`: the statistic summed across
   them (float32), the norm with `rms_norm_cd`'s rounding points, its groups quantized by
-  `quant_kernel.quantize_rows_cols` (each 1 x 128 group lies inside the device's columns)."""
+  `quant_kernel.quantize_both` (each 1 x 128 group lies inside the device's columns)."""
   x32 = x.astype(jnp.float32)
   d = x.shape[1] * jax.lax.psum(1, axes)
   total = jax.lax.psum(jnp.sum(x32 * x32, axis=1, keepdims=True), axes)
   h = (x32 * jax.lax.rsqrt(total / d + eps)).astype(cd) * weight.astype(cd)
-  if dtypes[0] == dtypes[1]:
-    rows, cols = _qk.quantize_rows_cols(h, dtypes[0], interpret=interpret)
-  else:
-    (rows,) = _qk.quantize_rows_cols(h, dtypes[0], cols=False, interpret=interpret)
-    (cols,) = _qk.quantize_rows_cols(h, dtypes[1], rows=False, interpret=interpret)
+  rows, cols = _qk.quantize_both(h, dtypes[0], dtypes[1], interpret=interpret)
   return rows + cols
 
 

@@ -127,6 +127,17 @@ def quantize_rows_cols(
   return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
 
 
+def quantize_both(x: jax.Array, row_dtype, col_dtype, *, interpret: bool = False):
+  """((q_row, s_row_t), (q_col_t, s_col_t)) of a 2-D x: one pass over x where both layouts
+  share a format, one pass for each otherwise."""
+  if jnp.dtype(row_dtype) == jnp.dtype(col_dtype):
+    rows, cols = quantize_rows_cols(x, row_dtype, interpret=interpret)
+    return rows, cols
+  (rows,) = quantize_rows_cols(x, row_dtype, cols=False, interpret=interpret)
+  (cols,) = quantize_rows_cols(x, col_dtype, rows=False, interpret=interpret)
+  return rows, cols
+
+
 @functools.lru_cache(maxsize=None)
 def _rows_cols_partitioned(dtype: str, rows: bool, cols: bool, interpret: bool):
   """`_rows_cols_local` sharded as x is on a mesh (jetrl.precision.partition): 1 x 128 groups
