@@ -21,6 +21,8 @@ def test_public_names():
     "fp8_rollout_e5m2",
     "jet_exact_rollout",
     "jet_exact_train",
+    "jet_exact_train_bf16_rollout",
+    "jet_exact_train_e5m2_rollout",
   )
   for name in RECIPES:
     r = get_recipe(name)
@@ -121,3 +123,18 @@ def test_crossover_recipes_compose_the_two_halves():
   assert not a.unified and not b.unified
   assert a.rollout.batch_invariant and not a.train.batch_invariant
   assert b.train.batch_invariant and not b.rollout.batch_invariant
+
+
+def test_exact_trainer_arms_vary_only_the_rollout():
+  # The fourth round's crossover holds the trainer (jet_exact's training step) and varies the
+  # rollout. fp8_rollout's rollout is jet's (the same Precision, so the same sampler program),
+  # which is why that crossover needs no arm of its own for it.
+  exact = get_recipe("jet_exact")
+  arms = [get_recipe(n) for n in ("jet_exact_train", "jet_exact_train_bf16_rollout")]
+  arms.append(get_recipe("jet_exact_train_e5m2_rollout"))
+  for r in arms:
+    assert r.train == exact.train and not r.unified
+  assert get_recipe("fp8_rollout").rollout == get_recipe("jet").rollout
+  assert arms[1].rollout == Precision("bfloat16") and not arms[1].rollout.is_fp8
+  assert arms[2].rollout.fprop.fmt == "e5m2" and arms[2].rollout.fprop.scaling == "block"
+  assert arms[2].train.fprop.fmt == "e4m3"

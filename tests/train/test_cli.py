@@ -79,7 +79,8 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
       ["--recipe=fp8"],
       "--recipe: 'fp8' is not accepted; choose one of ['fp32', 'bf16', "
       "'fp8_rollout', 'jet', 'fp8_tensor', 'jet_exact', 'fp8_rollout_tensor', "
-      "'fp8_rollout_e5m2', 'jet_exact_rollout', 'jet_exact_train']",
+      "'fp8_rollout_e5m2', 'jet_exact_rollout', 'jet_exact_train', "
+      "'jet_exact_train_bf16_rollout', 'jet_exact_train_e5m2_rollout']",
     ),
     (["--sampling.n=1"], "--sampling.n: must be >= 2 for group-relative advantages"),
     (["--sampling.temperature=0"], "--sampling.temperature: must be > 0"),

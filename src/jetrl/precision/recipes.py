@@ -230,6 +230,26 @@ def _jet_exact_train(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
   )
 
 
+def _jet_exact_train_bf16_rollout(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "jet_exact_train_bf16_rollout",
+    _fp8_train(block, batch_invariant=True),
+    rollout_override=Precision("bfloat16"),
+    description="jet_exact's training step with a bf16 rollout (no FP8 in the rollout: "
+    "the mismatch of FP8 rounding itself, under the exact trainer)",
+  )
+
+
+def _jet_exact_train_e5m2_rollout(block: Fp8Gemm, tensor: Fp8Gemm) -> Recipe:
+  return Recipe(
+    "jet_exact_train_e5m2_rollout",
+    _fp8_train(block, batch_invariant=True),
+    rollout_override=Precision("bfloat16", fprop=Fp8Gemm(scaling="block", fmt="e5m2")),
+    description="jet_exact's training step with a blockwise E5M2 rollout (more mismatch than "
+    "jet's E4M3 rollout, under the exact trainer)",
+  )
+
+
 # The recipes, by name: each builder takes the block-scaled and the per-tensor FP8 GEMM
 # settings (with the run's gradient format) and returns its Recipe. A new recipe is one
 # builder and one entry here; everything downstream reads the Recipe object.
@@ -246,6 +266,10 @@ BUILDERS = {
   # The crossover {jet, jet_exact} training x {jet, jet_exact} rollout.
   "jet_exact_rollout": _jet_exact_rollout,
   "jet_exact_train": _jet_exact_train,
+  # The exact trainer with rollouts of rising mismatch (the fourth round's crossover, which
+  # varies only the rollout: jet_exact, jet_exact_train and these two).
+  "jet_exact_train_bf16_rollout": _jet_exact_train_bf16_rollout,
+  "jet_exact_train_e5m2_rollout": _jet_exact_train_e5m2_rollout,
 }
 RECIPES = tuple(BUILDERS)
 

@@ -57,12 +57,15 @@ class Arm:
 
   recipe: str
   is_method: str = "none"
+  old_logp: Optional[str] = None  # the PPO ratio's old log-probs; None: the template's
 
   @property
   def label(self) -> str:
     """The arm's name in run directories, results and the report: its recipe, followed by `+`
-    and its correction when it has one (fp8_rollout+tis)."""
-    return self.recipe if self.is_method == "none" else f"{self.recipe}+{self.is_method}"
+    and its correction when it has one (fp8_rollout+tis), and by `@` and the source of its old
+    log-probs when the arm sets one (bf16@recompute)."""
+    out = self.recipe if self.is_method == "none" else f"{self.recipe}+{self.is_method}"
+    return out if self.old_logp is None else f"{out}@{self.old_logp}"
 
   def __str__(self) -> str:
     return self.label
@@ -159,6 +162,13 @@ class StudyConfig(TrainConfig):
     "The importance-sampling correction (update.is_method) of the --corrected arms.",
     choices=CORRECTIONS,
   )
+  recomputed: tuple[str, ...] = field(
+    (),
+    "Those of --recipes that also run with the PPO ratio's old log-probs recomputed by a "
+    "pre-update forward (update.old_logp=recompute), as one more arm after the recipe's own "
+    "(labelled bf16@recompute); for a template whose --update.old_logp is another source.",
+    choices=RECIPES,
+  )
   lengths: tuple[int, ...] = field(
     (3,), "Values of the task's length knob (the rollout length grows with it).", lo=0
   )
@@ -210,6 +220,12 @@ class StudyConfig(TrainConfig):
           "pi_theta/pi_rollout already carries the mismatch and the IS weight would apply it "
           "a second time; use 'recompute' (the default)",
         )
+    if self.recomputed and self.update.old_logp == "recompute":
+      raise ConfigError(
+        "recomputed",
+        "adds arms whose old log-probs are recomputed, but --update.old_logp is 'recompute' "
+        "already; set --update.old_logp=same_forward (or auto) for the recipes' own arms",
+      )
     if not self.task.synthetic:
       raise ConfigError(
         "task.name",
@@ -237,6 +253,8 @@ class StudyConfig(TrainConfig):
       out.append(Arm(name))
       if name in self.corrected:
         out.append(Arm(name, self.correction))
+      if name in self.recomputed:
+        out.append(Arm(name, old_logp="recompute"))
     return tuple(out)
 
 
@@ -300,9 +318,11 @@ def combinations(cfg: StudyConfig) -> list[tuple[int, Arm, int]]:
 
 def run_settings(cfg: StudyConfig, length: int, arm: Arm, seed: int) -> Settings:
   """What the study sets in its RL template for the run (length, arm, seed)."""
+  old_logp = () if arm.old_logp is None else (("recomputed", {"update.old_logp": arm.old_logp}),)
   return (
     ("recipes", {"recipe": arm.recipe}),
     ("correction", {"update.is_method": arm.is_method}),
+    *old_logp,
     ("seeds", {"seed": int(seed)}),
     ("lengths", {"task.length": int(length)}),
     ("token_margin", {"sampling.max_new_tokens": max_new_tokens_for(cfg, length)}),
