@@ -1,0 +1,191 @@
+"""The precision study's fourth round (docs/study/round4/prereg.md): run it, keep it, judge it.
+
+  python experiments/round4.py --root=runs/round4                 # run (resumes; several may share --root)
+  python experiments/round4.py --root=runs/round4 --plan          # every job, in order, and its state
+  python experiments/round4.py --root=runs/round4 --keep=docs/study/round4/data
+  python experiments/round4.py --judge=docs/study/round4/data --json_out=docs/study/round4/verdicts.json
+
+Running refuses to start while the pre-registration (docs/study/round4/prereg.md, the design
+`jetrl.study.round4_design` and the analysis `jetrl.study.prereg4`) is uncommitted, or once it
+has changed since the first run in --root. Jobs run in the pre-registered order; several
+workers (processes with distinct --worker names) may share one --root and each takes the next
+job nobody holds. --keep copies what the judge reads of every finished run (summaries, metric
+records, configs, the commit that ran it, timings) to a folder meant to be committed; --judge
+computes the verdicts from such a folder alone, checking that the pre-registration's commit
+precedes every run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "src"))
+
+from jetrl.study import prereg4, round4  # noqa: E402
+from jetrl.study import round4_design as design  # noqa: E402
+from jetrl.study.config import sft_dir  # noqa: E402
+from jetrl.study.provenance import PreregError, precedes  # noqa: E402
+from jetrl.study.summary import summarize_run  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("root", "runs/round4", "Folder of the round's runs.")
+flags.DEFINE_string("worker", "w1", "This worker's name (timings are kept per worker).")
+flags.DEFINE_list("parts", list(design.PARTS), f"Parts to run, of {list(design.PARTS)}.")
+flags.DEFINE_bool("plan", False, "Print every job in order with its state, then stop.")
+flags.DEFINE_integer("max_jobs", None, "Stop after this many jobs (none: run until done).")
+flags.DEFINE_string("keep", None, "Copy the finished runs' kept files to this folder.")
+flags.DEFINE_string("judge", None, "Judge the kept runs in this folder.")
+flags.DEFINE_string("json_out", None, "With --judge: write the verdicts here.")
+
+RUN_FILES = ("summary.json", "metrics.jsonl", "eval.jsonl", "config.json", "commit.txt")
+SFT_FILES = ("sft_summary.json", "sft_config.json", "sft_eval.jsonl")
+
+
+def _copy(src_dir: str, dst_dir: str, names) -> int:
+  n = 0
+  for name in names:
+    src = os.path.join(src_dir, name)
+    if os.path.isfile(src) and not os.path.islink(src):
+      os.makedirs(dst_dir, exist_ok=True)
+      shutil.copyfile(src, os.path.join(dst_dir, name))
+      n += 1
+  return n
+
+
+def keep(root: str, dest: str) -> None:
+  """Copies each finished job's kept files, the warm starts' summaries and the timings."""
+  done = 0
+  for job in round4.jobs(root):
+    if not round4.job_done(root, job):
+      continue
+    src = round4.job_dir(root, job)
+    dst = round4.job_dir(dest, job)
+    _copy(src, dst, RUN_FILES)
+    if job["part"] == "smollm2":
+      _copy(os.path.dirname(src), os.path.dirname(dst), [os.path.basename(src) + ".json"])
+    else:
+      cfg = round4.study_config(job["part"], job["warm"], root)
+      out = round4.study_config(job["part"], job["warm"], dest)
+      _copy(sft_dir(cfg, job["length"]), sft_dir(out, job["length"]), SFT_FILES)
+    done += 1
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    if name.startswith("timing_") or name == "prereg.json":
+      _copy(root, dest, [name])
+  print(f"kept {done} finished runs: {root} -> {dest}")
+
+
+def rows(root: str) -> tuple[list[dict], list[dict]]:
+  """(tiny-model rows with their warm start, SmolLM2 rows) of the finished jobs under root."""
+  tiny, smol = [], []
+  for job in round4.jobs(root):
+    if not round4.job_done(root, job):
+      continue
+    folder = round4.job_dir(root, job)
+    with open(os.path.join(folder, "commit.txt")) as f:
+      commit = f.read().strip()
+    if job["part"] == "smollm2":
+      with open(folder + ".json") as f:
+        row = json.load(f)["rows"][0]
+      smol.append(dict(recipe=job["arm"], seed=job["seed"], commit=commit, **row))
+      continue
+    cfg = round4.study_config(job["part"], job["warm"], root)
+    tiny.append(
+      dict(
+        part=job["part"],
+        warm=job["warm"],
+        length=job["length"],
+        recipe=job["arm"].label,
+        seed=job["seed"],
+        commit=commit,
+        **summarize_run(cfg, folder),
+      )
+    )
+  return tiny, smol
+
+
+def judge(folder: str) -> dict:
+  tiny, smol = rows(folder)
+  with open(os.path.join(folder, "prereg.json")) as f:
+    registered = json.load(f)["commit"]
+  late = [
+    f"{r.get('part', 'smollm2')}/{r['recipe']}/seed{r['seed']}"
+    for r in tiny + smol
+    if not precedes(REPO, registered, r["commit"])
+  ]
+  if late:
+    raise PreregError(f"runs made before the pre-registration's commit {registered[:12]}: {late}")
+  part = lambda p: [r for r in tiny if r["part"] == p]
+  out = dict(
+    prereg_commit=registered,
+    primary={o: prereg4.judge_primary(part("primary"), 9, o) for o in prereg4.OUTCOMES},
+    crossover={o: prereg4.judge_crossover(part("crossover"), 9, o) for o in prereg4.OUTCOMES},
+    length={o: prereg4.judge_length(part("length"), 20, o) for o in prereg4.OUTCOMES},
+    smollm2=prereg4.judge_smollm2(smol),
+    runs=[
+      {k: r[k] for k in ("part", "warm", "length", "recipe", "seed", "commit", "abs_diff_mean")}
+      | {o: prereg4.OUTCOMES[o](r) for o in prereg4.OUTCOMES if _has_outcome(r, o)}
+      for r in tiny
+    ],
+  )
+  return out
+
+
+def _has_outcome(row: dict, outcome: str) -> bool:
+  try:
+    prereg4.OUTCOMES[outcome](row)
+  except ValueError:
+    return False
+  return True
+
+
+def plan(root: str) -> None:
+  for i, job in enumerate(round4.jobs(root)):
+    state = "done" if round4.job_done(root, job) else "to run"
+    print(f"{i + 1:4d} {round4.job_name(job):55s} {state}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  unknown = [p for p in FLAGS.parts if p not in design.PARTS]
+  if unknown:
+    raise app.UsageError(f"--parts: {unknown} unknown; choose from {list(design.PARTS)}")
+  if FLAGS.judge:
+    verdicts = judge(FLAGS.judge)
+    text = json.dumps(verdicts, indent=1, default=float)
+    if FLAGS.json_out:
+      with open(FLAGS.json_out, "w") as f:
+        f.write(text + "\n")
+      print(f"verdicts: {FLAGS.json_out}")
+    else:
+      print(text)
+    return 0
+  if FLAGS.plan:
+    plan(FLAGS.root)
+    return 0
+  if FLAGS.keep:
+    keep(FLAGS.root, FLAGS.keep)
+    return 0
+  try:
+    round4.work(
+      FLAGS.root,
+      repo=REPO,
+      worker=FLAGS.worker,
+      parts=tuple(FLAGS.parts),
+      log=lambda *a: print(*a, flush=True),
+      max_jobs=FLAGS.max_jobs,
+    )
+  except PreregError as e:
+    print(f"round4.py: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)

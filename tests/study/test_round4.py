@@ -1,0 +1,213 @@
+"""The fourth round: its arms, its pre-registration check, its rules, its workers' claims."""
+
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from jetrl.config import ConfigError
+from jetrl.study import StudyConfig, prereg4, round4
+from jetrl.study.config import Arm, train_config
+from jetrl.study.provenance import PreregError, check, precedes
+
+
+# Arms ----------------------------------------------------------------------------------------
+
+
+def test_recomputed_arm_is_labelled_and_sets_old_logp():
+  assert Arm("bf16", old_logp="recompute").label == "bf16@recompute"
+  assert Arm("fp8_rollout", "tis").label == "fp8_rollout+tis"
+  cfg = round4.study_config("primary", 2, "/tmp/round4-test")
+  assert [a.label for a in cfg.arms] == ["bf16", "bf16@recompute", "jet"]
+  olds = {a.label: train_config(cfg, 9, a, 0).update.old_logp for a in cfg.arms}
+  assert olds == {"bf16": "same_forward", "bf16@recompute": "recompute", "jet": "same_forward"}
+  assert cfg.sft.seed == 2 and cfg.report_dir == "/tmp/round4-test/w2"
+
+
+def test_recomputed_arm_needs_another_template_source():
+  with pytest.raises(ConfigError, match="recomputed"):
+    StudyConfig(recipes=("bf16",), recomputed=("bf16",), corrected=())
+
+
+def test_the_rounds_jobs_are_in_the_registered_order():
+  jobs = round4.jobs("/tmp/round4-test")
+  names = [round4.job_name(j) for j in jobs]
+  # primary: 9 seeds x 3 warm starts x 3 arms; crossover: 10 x 4; SmolLM2: 3 x 3; length: 6 x 3
+  assert len(names) == 81 + 40 + 9 + 18
+  assert names[:4] == [
+    "w0/L9/bf16/seed0",
+    "w0/L9/bf16@recompute/seed0",
+    "w0/L9/jet/seed0",
+    "w1/L9/bf16/seed0",
+  ]
+  assert names[81] == "w0/L9/jet_exact/seed0" and names[121] == "smollm2/bf16/seed0"
+  assert names[-1] == "w0/L20/fp8_rollout/seed5"
+
+
+# Pre-registration ----------------------------------------------------------------------------
+
+
+def _git(repo, *args):
+  subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True)
+
+
+@pytest.fixture()
+def repo(tmp_path):
+  r = str(tmp_path / "repo")
+  os.makedirs(r)
+  _git(r, "init", "-q")
+  _git(r, "config", "user.email", "t@example.com")
+  _git(r, "config", "user.name", "t")
+  with open(os.path.join(r, "prereg.md"), "w") as f:
+    f.write("design v1\n")
+  return r
+
+
+def test_prereg_must_be_committed_clean_and_unchanged(repo, tmp_path):
+  doc = os.path.join(repo, "prereg.md")
+  report = str(tmp_path / "report")
+  with pytest.raises(PreregError, match="not committed"):
+    check(report, [doc])
+  assert not os.path.exists(report)
+  _git(repo, "add", "prereg.md")
+  _git(repo, "commit", "-qm", "prereg")
+  first = check(report, [doc])
+  assert os.path.exists(os.path.join(report, "prereg.json"))
+  assert check(report, [doc])["commit"] == first["commit"]  # a second sitting: accepted
+  with open(doc, "a") as f:
+    f.write("edited\n")
+  with pytest.raises(PreregError, match="uncommitted changes"):
+    check(report, [doc])
+  _git(repo, "commit", "-qam", "edit the design")
+  with pytest.raises(PreregError, match="changed since its first run"):
+    check(report, [doc])
+  # git order: the registering commit precedes the edit, not the reverse
+  head = subprocess.run(
+    ["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True
+  ).stdout.strip()
+  assert precedes(repo, first["commit"], head)
+  assert not precedes(repo, head, first["commit"])
+
+
+# Rules ---------------------------------------------------------------------------------------
+
+
+def _t_interval(d):
+  d = np.asarray(d, np.float64)
+  n, m, s = len(d), d.mean(), d.std(ddof=1)
+  half = stats.t.ppf(0.975, n - 1) * s / math.sqrt(n)
+  return m, m - half, m + half
+
+
+def _row(recipe, warm, seed, acc, length=9, dose=0.0):
+  # held-out accuracy (bf16-scored) at steps 0, 10, 20, 30: the primary outcome is the mean of
+  # the last three; the training reward is constant, so the secondary is that constant
+  return dict(
+    recipe=recipe,
+    warm=warm,
+    seed=seed,
+    length=length,
+    eval_steps=[0, 10, 20, 30],
+    eval_accuracy_bf16=[0.2, acc - 0.01, acc, acc + 0.01],
+    reward_series=[acc] * 30,
+    abs_diff_mean=dose,
+  )
+
+
+def test_calls_follow_the_margin():
+  assert prereg4.call(dict(lo=-0.049, hi=0.02, p=0.5))["call"] == "non-inferior"
+  assert prereg4.call(dict(lo=-0.2, hi=-0.051, p=0.001))["call"] == "inferior"
+  v = prereg4.call(dict(lo=-0.08, hi=-0.01, p=0.01))
+  assert v["call"] == "inconclusive" and v["drop_shown"]
+  assert not prereg4.call(dict(lo=-0.08, hi=-0.01, p=0.01), p=0.06)["drop_shown"]
+
+
+def test_primary_pools_warm_starts_on_whole_units():
+  base = {(w, s): 0.4 + 0.01 * s + 0.02 * w for w in range(3) for s in range(4)}
+  diff = {(w, s): 0.01 * ((s * 7 + w * 3) % 5) - 0.02 for w in range(3) for s in range(4)}
+  rows = []
+  for (w, s), b in base.items():
+    rows.append(_row("bf16", w, s, b))
+    rows.append(_row("bf16@recompute", w, s, b - 0.01))
+    if (w, s) != (2, 3):  # a unit jet has not finished is left out of every comparison
+      rows.append(_row("jet", w, s, b + diff[w, s]))
+  out = prereg4.judge_primary(rows)
+  units = [k for k in sorted(base) if k != (2, 3)]
+  assert out["units"] == [list(u) for u in units]
+  m, lo, hi = _t_interval([diff[k] for k in units])
+  assert out["primary"]["mean"] == pytest.approx(m, abs=1e-12)
+  assert out["primary"]["lo"] == pytest.approx(lo, abs=1e-12)
+  assert out["primary"]["hi"] == pytest.approx(hi, abs=1e-12)
+  assert out["primary"]["call"] == ("non-inferior" if lo > -0.05 else "inconclusive")
+  m1, lo1, hi1 = _t_interval([diff[1, s] for s in range(4)])
+  assert out["per_warm_start"]["1"]["lo"] == pytest.approx(lo1, abs=1e-12)
+  f = stats.f_oneway(*[[diff[w, s] for s in range(4) if (w, s) != (2, 3)] for w in range(3)])
+  assert out["heterogeneity"]["p"] == pytest.approx(f.pvalue, rel=1e-9)
+  # bf16 - bf16@recompute is 0.01 on every unit: sd 0, p 0, a shown difference (not a drop)
+  fam = out["secondary_family"]["bf16 - bf16@recompute"]
+  assert fam["mean"] == pytest.approx(0.01) and not fam["drop_shown"]
+
+
+def test_a_clear_drop_on_one_warm_start_means_it_does_not_hold_everywhere():
+  rows = []
+  for w in range(3):
+    for s in range(6):
+      b = 0.5 + 0.003 * s
+      rows += [_row("bf16", w, s, b), _row("bf16@recompute", w, s, b)]
+      rows.append(_row("jet", w, s, b - (0.2 + 0.01 * (s % 2) if w == 2 else 0.001 * (s % 3))))
+  out = prereg4.judge_primary(rows)
+  assert out["warm_starts_below_margin"] == [2]
+  assert not out["holds_on_each_warm_start"]
+
+
+def test_crossover_verdicts_and_doses():
+  rows = []
+  for s in range(6):
+    rows.append(_row("jet_exact", 0, s, 0.5 + 0.01 * s, dose=0.0))
+    rows.append(_row("jet_exact_train", 0, s, 0.5 + 0.01 * s + 0.002 * (s % 2), dose=2e-4))
+    rows.append(
+      _row("jet_exact_train_bf16_rollout", 0, s, 0.5 + 0.01 * s - 0.003 * (s % 3), dose=3e-3)
+    )
+    rows.append(
+      _row("jet_exact_train_e5m2_rollout", 0, s, 0.3 + 0.01 * s - 0.01 * (s % 2), dose=9e-3)
+    )
+  out = prereg4.judge_crossover(rows)
+  assert out["verdict"] == "mismatch effect shown"
+  assert out["dose"]["jet_exact_train_e5m2_rollout"] == pytest.approx(9e-3)
+  m, lo, hi = _t_interval([-0.2 - 0.01 * (s % 2) for s in range(6)])
+  assert out["arms"]["jet_exact_train_e5m2_rollout"]["mean"] == pytest.approx(m)
+  assert out["arms"]["jet_exact_train"]["call"] == "non-inferior"
+
+
+def test_smollm2_gains_pair_by_seed():
+  rows = [
+    dict(recipe="bf16", seed=0, before=0.3, after=0.7),
+    dict(recipe="bf16", seed=1, before=0.2, after=0.5),
+    dict(recipe="jet", seed=0, before=0.3, after=0.6),
+    dict(recipe="jet", seed=1, before=0.2, after=0.6),
+  ]
+  out = prereg4.judge_smollm2(rows)
+  assert out["gain"]["bf16"]["mean"] == pytest.approx(0.35)
+  assert out["against_bf16"]["jet"]["mean"] == pytest.approx(((0.3 - 0.4) + (0.4 - 0.3)) / 2)
+
+
+# Claims --------------------------------------------------------------------------------------
+
+
+def test_claims_exclude_live_workers_and_take_over_dead_ones(tmp_path):
+  folder = str(tmp_path / "runs" / "L9" / "bf16" / "seed0")
+  assert round4.claim(folder)
+  assert not round4.claim(folder)  # held by this (live) process
+  round4.release(folder)
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  with open(folder + ".claim", "w") as f:
+    import json, socket  # noqa: E401
+
+    json.dump({"pid": dead.pid, "host": socket.gethostname()}, f)
+  assert round4.claim(folder)  # its process is gone
+  round4.release(folder)
+  assert not os.path.exists(folder + ".claim")
