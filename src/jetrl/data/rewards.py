@@ -6,11 +6,13 @@ content is scored). Prompts are accepted for the shape and not used; they may be
 functions are pure Python, deterministic, and never raise on a malformed completion: no answer,
 unbalanced braces, a huge number, other Unicode digits, or a non-string all score 0.
 
-GSM8K (`gsm8k_reward`): the completion's final number is the number after the last `####`, else
-the number in the last `\\boxed{}`, else the last number in the text (this order is the
-`order` argument). Numbers are compared exactly after `canonical_number` (thousands commas,
-`$`, a leading `+`, trailing zeros of decimals and a trailing `.` dropped). The reference
-answer may be the bare number ("1,080") or a whole GSM8K worked answer ending in `#### 1,080`.
+GSM8K (`gsm8k_reward`): the completion's answer slot is the line after its last `####`, else
+its last `\\boxed{}`, else (no slot) the last number in the text (this order is the `order`
+argument). A slot must hold exactly one number in an accepted spelling
+(`jetrl.data.number_answer`, the table in docs/tasks.md), else the completion has no answer.
+Numbers are compared exactly in canonical form (separators, `$`, a leading `+`, leading zeros
+and trailing zeros of decimals dropped). The reference answer may be the bare number ("1,080")
+or a whole GSM8K worked answer ending in `#### 1,080`.
 
 MATH (`math_reward`): the completion's answer is the contents of its last `\\boxed{}` or
 `\\fbox{}`; it is compared with the reference by `math_equal` (normalised strings, exact
@@ -36,13 +38,13 @@ from jetrl.data.answer_extraction import (
   DEFAULT_GSM8K_ORDER,
   GSM8K_EXTRACTORS,
   boxed_number,
-  canonical_number,
   extract_boxed,
   gsm8k_answer,
   hash_number,
 )
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT, math_equal
 from jetrl.data.math_equivalence import count_over_budget as worker_stats_over_budget
+from jetrl.data.number_answer import read_number
 from jetrl.data.task import check_reward_args, completion_text
 
 DEFAULT_BATCH_TIMEOUT = 10.0  # seconds of sympy time per math_reward call
@@ -61,7 +63,7 @@ def gsm8k_reference(answer: Any) -> str | None:
     answer = str(answer) if isinstance(answer, (int, float)) else None
   if answer is None:
     return None
-  return canonical_number(answer.strip()) or hash_number(answer)
+  return read_number(answer) or hash_number(answer)
 
 
 def gsm8k_format_ok(completion: Any) -> bool:
