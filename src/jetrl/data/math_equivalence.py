@@ -1,7 +1,8 @@
 """Whether two MATH-style final answers are equal.
 
 `math_equal(pred, gold)` decides in this order, stopping at the first that applies:
-  1. the normalised strings (`normalize_latex`) are identical -> equal;
+  1. the normalised strings (`normalize_latex`, then a leading `x=` dropped from both when
+     both name the same variable or one is a bare value: `same_names`) are identical -> equal;
   2. both are plain numbers, fractions (`\\frac{a}{b}`, `a/b`) or mixed numbers
      (`2\\frac{1}{2}`) -> compared exactly as rationals;
   3. both are bracketed tuples / intervals / sets / matrices with the same brackets -> equal
@@ -35,7 +36,7 @@ import time
 import warnings
 from fractions import Fraction
 
-from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
+from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex, split_name
 from jetrl.data.pipes import kill_worker, read_line, spawn_confined
 
 DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
@@ -153,11 +154,20 @@ def math_equal(
 ) -> bool:
   """Whether answer `pred` equals answer `gold` (see the module docstring). Never raises."""
   try:
-    return _normalized_equal(
-      normalize_latex(pred), normalize_latex(gold), timeout, symbolic, 0, deadline
-    )
+    p, g = same_names(normalize_latex(pred), normalize_latex(gold))
+    return _normalized_equal(p, g, timeout, symbolic, 0, deadline)
   except Exception:  # a reward must never raise on a malformed completion
     return False
+
+
+def same_names(p: str, g: str) -> tuple[str, str]:
+  """The normalised answers without their `x=` prefixes where that keeps their meaning: both
+  name the same variable, or one of them is a bare value. Different names stay (`y=5` is an
+  equation for y, not the value of x)."""
+  (np, rp), (ng, rg) = split_name(p), split_name(g)
+  if np and ng and np != ng:
+    return p, g
+  return rp, rg
 
 
 def deadline_left(deadline: float | None) -> float:
