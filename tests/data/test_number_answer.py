@@ -180,3 +180,48 @@ def test_accepted_spellings_of_the_gold_score_one(completion, gold):
 )
 def test_read_number(slot, value):
   assert read_number(slot) == value
+
+
+# Variants beyond the review's examples, each decided by "exactly one number in an accepted
+# spelling" (the table in docs/tasks.md).
+@pytest.mark.parametrize(
+  "completion, gold, score",
+  [
+    ("\\boxed{12}\\boxed{13}", "12", 0.0),  # the last box is the answer
+    ("\\boxed{12}\\boxed{13}", "13", 1.0),
+    ("#### 12\n#### 13", "12", 0.0),
+    ("#### 12 #### 13", "13", 1.0),
+    ("＃＃＃＃ 12 or 13", "12", 0.0),  # no ASCII marker: the last number, 13
+    ("＃＃＃＃ 12", "12", 1.0),
+    ("#### $$12$$", "12", 1.0),
+    ("#### **12**", "12", 1.0),
+    ("\\boxed{\\displaystyle 12\\,}", "12", 1.0),
+    ("\\boxed{1\\!2}", "12", 0.0),
+    ("\\boxed{12\\,13}", "12", 0.0),
+    ("\\boxed{12,}", "12", 0.0),
+    ("\\boxed{12..}", "12", 0.0),
+    ("\\boxed{12.0.}", "12", 1.0),
+    ("\\boxed{0012.500}", "12.5", 1.0),
+    ("\\boxed{1,2345}", "12345", 0.0),
+    ("\\boxed{1,2345}", "1", 0.0),
+    ("\\boxed{12\u200b}", "12", 0.0),  # a zero-width space is not a spelling
+    ("\\boxed{\U0001d7cf\U0001d7d0}", "12", 0.0),  # mathematical bold digits
+    ("\\boxed{12\\text{ }13}", "12", 0.0),
+    ("\\boxed{\\phantom{1}2}", "2", 0.0),
+    ("#### 12\\%", "12", 1.0),
+    ("#### −\\$12", "-12", 1.0),
+  ],
+)
+def test_variants(completion, gold, score):
+  assert gsm8k(completion, gold) == score
+
+
+def test_synthetic_answer_line_is_the_canonical_digits_only():
+  task = get_task("addition", difficulty=1, length=2)
+  p = task.solve((12, 30))
+  assert p.answer == "42"
+  lines = ["answer: 42", "answer: 42  ", "answer: 042", "answer: +42", "answer: 4,2", "answer: 42."]
+  assert task.reward(None, lines, ["42"] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+  assert (
+    task.reward(None, ["answer: 42 or 43", "answer: ٤٢", "answer: 4２"], ["42"] * 3) == [0.0] * 3
+  )

@@ -14,9 +14,10 @@ table):
     separator: `,`, `\\,`, `{,}` or `,\\!` (`1,080`, `1\\,000\\,000`; `1,2345`, `0,500`, `1, 080`
     are not numbers);
   - a decimal part `.5` (`.5` alone is 0.5; no exponent: `1e5` is not a number);
-  - around it: spaces, one `\\%` or `%` after the number, one trailing `.`, and wrappers
-    holding the whole slot: `\\text{}`, `\\textbf{}`, `\\textrm{}`, `\\mathrm{}`, `\\mathbf{}`,
-    `\\mbox{}`, `\\boxed{}`, a brace group `{}`, `$...$` and `\\(...\\)`.
+  - around it: spaces and spacing commands (`\\,`, `\\!`, `~`, `\\displaystyle` before it), one
+    `\\%` or `%` after the number, one trailing `.`, and wrappers holding the whole slot:
+    `\\text{}`, `\\textbf{}`, `\\textrm{}`, `\\mathrm{}`, `\\mathbf{}`, `\\mbox{}`, `\\boxed{}`,
+    a brace group `{}`, `$...$`, `$$...$$`, `\\(...\\)` and Markdown bold `**...**`.
 
 The value comes back canonical (`canonical_digits`): no `+`, no separators, no leading zeros
 of the integer part, no trailing zeros of the fraction, `-0` as `0`, `.5` as `0.5`. Numbers
@@ -59,6 +60,10 @@ _TEXT_NUMBER = re.compile(
 _SEPARATORS = re.compile(r",\\!|\{,\}|\\,|,")
 _WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|boxed)[ ]*\{")
 _PERCENT = re.compile(r"(?:\\%|%)\Z")
+# Spacing commands and `\\displaystyle` at either end of a slot (`\\boxed{\\displaystyle 12\\,}`).
+_OUTER_SPACING = re.compile(
+  r"((?:\\displaystyle(?![A-Za-z])|\\[,;:! ]|~|\s)*)(.*?)((?:\\[,;:! ]|~|\s)*)", re.S
+)
 
 
 def canonical_digits(sign: str | None, digits: str) -> str | None:
@@ -91,10 +96,16 @@ def canonical_number(text) -> str | None:
 
 def _unwrap(s: str) -> str | None:
   """The inside of a wrapper that holds the whole of `s`, or None if there is none."""
+  for mark in ("$$", "**"):
+    if len(s) >= 2 * len(mark) and s.startswith(mark) and s.endswith(mark):
+      return s[len(mark) : -len(mark)]
   if len(s) >= 2 and s[0] == "$" and s[-1] == "$" and "$" not in s[1:-1].replace("\\$", ""):
     return s[1:-1]
   if s.startswith("\\(") and s.endswith("\\)"):
     return s[2:-2]
+  m = _OUTER_SPACING.fullmatch(s)
+  if m and (m.group(1) or m.group(3)):
+    return m.group(2)
   m = _WRAPPER.match(s)
   start = m.end() - 1 if m else (0 if s.startswith("{") else -1)
   if start >= 0 and match_brace(s, start) == len(s) - 1:
@@ -106,7 +117,7 @@ def read_number(slot) -> str | None:
   """The canonical number an answer slot holds, or None (see the module docstring)."""
   if not isinstance(slot, str) or len(slot) > MAX_SLOT_CHARS:
     return None
-  s = slot.strip(" \t\n\r")
+  s = slot.strip()
   period = percent = False
   for _ in range(12):  # each step shortens s; wrappers nest a few deep at most
     value = _read_core(s)
@@ -114,7 +125,7 @@ def read_number(slot) -> str | None:
       return value
     inner = _unwrap(s)
     if inner is not None:
-      s = inner.strip(" \t\n\r")
+      s = inner.strip()
     elif s.endswith(".") and not period:
       period, s = True, s[:-1].rstrip(" \t")
     elif _PERCENT.search(s) and not percent:
