@@ -33,12 +33,12 @@ def test_a_hostile_completion_costs_at_most_the_limit_restart_included(k):
   _warm()
   start = time.monotonic()
   assert math_reward(None, [SLOW.format(k=k)], [SLOW_GOLD]) == [0.0]
-  assert time.monotonic() - start < 1.0 + 0.3
+  assert time.monotonic() - start < 1.0 + 0.6  # (the slack: a loaded machine's scheduling)
   # The next comparison is not charged for what the hostile one did to the worker.
   _CACHE.clear()
   start = time.monotonic()
   assert math_reward(None, [RIGHT[0][0]], [RIGHT[0][1]]) == [1.0]
-  assert time.monotonic() - start < 0.5
+  assert time.monotonic() - start < 0.8  # (a restart here: seconds, importing sympy)
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -57,7 +57,7 @@ def test_a_right_answer_scores_one_wherever_it_stands(where):
   elapsed = time.monotonic() - start
   assert scores[at : at + len(RIGHT)] == [1.0] * len(RIGHT)
   assert scores.count(1.0) == len(RIGHT)
-  assert elapsed < 3.0 + 0.5, elapsed  # the batch limit holds
+  assert elapsed < 3.0 + 0.8, elapsed  # the batch limit holds
   assert worker_stats()["timeouts"] - before["timeouts"] <= len(hostile)
 
 
@@ -88,7 +88,7 @@ def test_a_worker_that_overruns_is_replaced_by_its_spare_at_once(tmp_path, monke
     assert time.monotonic() - start < 0.5 + 0.3
     start = time.monotonic()
     assert worker.ask("y", "y", 0.5, None) is True  # the spare answers, no start-up to wait
-    assert time.monotonic() - start < 0.2
+    assert time.monotonic() - start < 0.5  # (its start-up would be 0.8 s)
     assert worker.proc.pid != first
     assert worker.stats["timeouts"] == 1 and worker.stats["restarts"] == 2
   finally:

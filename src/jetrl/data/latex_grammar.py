@@ -34,16 +34,8 @@ See docs/reliability.md.
 import math
 import re
 
-from .latex_tokens import (
-  FRACS,
-  FUNCTIONS,
-  GREEK,
-  INVERSES,
-  PLAIN_NAMES,
-  TIMES,
-  Unsupported,
-  tokenize,
-)
+from .latex_tokens import FRACS, FUNCTIONS, GREEK, INVERSES, PLAIN_NAMES, TIMES
+from .latex_tokens import Unsupported, tokenize
 
 MAX_DEPTH = 48  # nesting of groups, parentheses and operands
 MAX_BITS = 100_000  # largest exact power / binomial result, in bits (~30,000 digits)

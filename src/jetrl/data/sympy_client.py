@@ -7,7 +7,7 @@ limit and no restart. A worker that does not answer by the limit (stuck in one C
 killed, and the spare worker, started beforehand, takes its place at once; a new spare starts
 in the background. So one comparison costs at most its limit, restart included, and never
 leaves the next one a worker to wait for (unless two die within one worker start-up, about a
-second apart).
+second apart). The price is a second worker process (its memory) from the first comparison on.
 
 Verdicts are cached per process; "no verdict" (late, no worker, no time) is not.
 """
