@@ -58,7 +58,7 @@ CASES = [
   ("#### 18", "18.5", 0.0),
   ("The answer is \\boxed{18}.", "18", 1.0),
   ("The answer is \\boxed{\\$1,080}.", "1080", 1.0),
-  ("The answer is \\boxed{18 \\text{ dollars}}", "18", 1.0),
+  ("The answer is \\boxed{18 \\text{ dollars}}", "18", 0.0),  # words in the box: none
   ("\\boxed{18} but #### 20", "20", 1.0),  # #### comes first in the order
   ("\\boxed{18} but #### 20", "18", 0.0),
   ("#### 20\nthen #### 18", "18", 1.0),  # the last #### counts

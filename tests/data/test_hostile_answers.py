@@ -133,9 +133,9 @@ def test_a_hostile_batch_is_bounded_in_time():
   elapsed = time.monotonic() - start
   assert scores[:16] == [0.0] * 16
   assert scores[16] == 1.0  # decided exactly, before any sympy time is spent
+  assert scores[17] == 1.0  # sympy's: its share of the budget is its own, wherever it stands
   after = worker_stats()
-  assert after["timeouts"] - before["timeouts"] <= 3
-  assert after["over_budget"] > before["over_budget"]
+  assert after["timeouts"] - before["timeouts"] <= 16  # each hostile one stops at its share
   assert elapsed < 2.0 + 15, elapsed  # the budget, plus one worker start
 
 
@@ -167,15 +167,15 @@ def test_timeouts_are_validated():
 
 def test_a_worker_that_cannot_leave_root_turns_sympy_off_with_a_warning(tmp_path, monkeypatch):
   """What the parent does when the worker refuses to run (it answers ready: false)."""
-  from jetrl.data import math_equivalence
+  from jetrl.data import sympy_client
 
   fake = tmp_path / "worker.py"
   fake.write_text(
     'import json\nprint(json.dumps({"ready": False, "error": "PermissionError: '
     'cannot leave root"}), flush=True)\n'
   )
-  monkeypatch.setattr(math_equivalence, "WORKER_PATH", str(fake))
-  worker = math_equivalence._Worker()
+  monkeypatch.setattr(sympy_client, "WORKER_PATH", str(fake))
+  worker = sympy_client._Worker()
   with pytest.warns(
     RuntimeWarning, match="could not start .*cannot leave root.*symbolic answer comparison is off"
   ):

@@ -11,6 +11,7 @@ import sympy
 
 from jetrl.data import get_task, normalize_latex
 from jetrl.data.latex_grammar import MAX_BITS, Unsupported, parse_latex, tokenize
+from jetrl.data.math_normalize import split_name
 from shared_data import MATH500_FILE, needs_shared
 
 # (answer, {symbol: value}, the value worked out by hand with Python floats)
@@ -203,7 +204,7 @@ def _equivalent_form(gold):
   """A completion whose boxed answer equals `gold` in value but not as a normalised string
   (each number, item or matrix cell in parentheses), spelled the way models write: `\\dfrac`,
   `\\left(`/`\\right)`, spaces, `$` around it. (form, whether the grammar must equate it)."""
-  n = normalize_latex(gold)
+  name, n = split_name(normalize_latex(gold))  # `x\\in` is kept, the value after it rewritten
   grammar = not OUTSIDE_GRAMMAR.search(n)
   if grammar:
     matrix = re.fullmatch(r"(\\begin\{pmatrix\})(.*)(\\end\{pmatrix\})", n)
@@ -216,7 +217,7 @@ def _equivalent_form(gold):
       n = opener + _in_parens(inner, [","]) + closer  # a tuple, interval or set
     else:
       n = _in_parens(n, [","])  # a number, expression or unbracketed list
-  spelled = n.replace("\\frac", "\\dfrac").replace("(", "\\left( ").replace(")", " \\right)")
+  spelled = name + n.replace("\\frac", "\\dfrac").replace("(", "\\left( ").replace(")", " \\right)")
   return f"so the answer is $ \\boxed{{ {spelled.replace(',', ' , ')} }} $.", grammar
 
 
@@ -244,7 +245,7 @@ def test_math500_gold_answers_score_one_against_equivalent_forms():
   parsed = 0
   for a in answers:
     try:
-      parse_latex(normalize_latex(a))
+      parse_latex(split_name(normalize_latex(a))[1])  # `x=5` is compared as its value
       parsed += 1
     except Unsupported:
       pass

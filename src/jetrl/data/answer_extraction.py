@@ -1,7 +1,10 @@
-"""Finding the final answer in a completion: `\\boxed{...}` contents and final numbers.
+"""Finding the final answer in a completion: its answer slots (`\\boxed{...}`, the `####` line)
+and the number they hold.
 
-Pure string functions; none of them raises on any str input (non-str input gives None).
-Digits are ASCII only: a number written with other Unicode digits is not a number here.
+A slot is read by the number grammar of `jetrl.data.number_answer` (`read_number`): exactly one
+number in an accepted spelling, or no answer. Pure string functions; none of them raises on any
+str input (non-str input gives None). Digits are ASCII only: a number written with other
+Unicode digits is not a number here.
 """
 
 from __future__ import annotations
@@ -9,24 +12,29 @@ from __future__ import annotations
 import re
 
 from jetrl.data.math_normalize import match_brace
+from jetrl.data.number_answer import (
+  MAX_NUMBER_CHARS,
+  canonical_number,
+  read_number,
+)
+from jetrl.data.number_answer import last_number as _last_number_in_text
 
-MAX_NUMBER_CHARS = 100  # longer "numbers" are not answers (and would be costly to compare)
+__all__ = [
+  "MAX_NUMBER_CHARS",
+  "DEFAULT_GSM8K_ORDER",
+  "GSM8K_EXTRACTORS",
+  "boxed_number",
+  "canonical_number",
+  "extract_boxed",
+  "gsm8k_answer",
+  "has_box",
+  "hash_number",
+  "hash_slot",
+  "last_number",
+]
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_SIGNED = r"(?<![0-9A-Za-z)\]}])[-+]"  # a sign, unless it reads as a minus between two terms
-NUMBER = re.compile(
-  rf"(?:{_SIGNED}[ ]?)?(?:\\?\$[ ]?)?"  # optional sign, optional dollar sign
-  r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+|(?=\.[0-9]))"  # integer part, maybe with thousands commas
-  r"(?:\.[0-9]+)?"
-)  # decimals
 _HASH = re.compile(r"####[ \t]*")
-_CANONICAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
-_THOUSANDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|\.?[0-9]+(?:\.[0-9]+)?")
-_SIGN_SPACE = re.compile(r"([-+])[ ]+")
-# What may follow the number after `####` on its line: words and end punctuation, never
-# another number or an operator (`#### 18 - 2` is not 18).
-_AFTER_HASH = re.compile(r"[^\n0-9+\-*/^=\\×÷]*(?:\n|\Z)")
-_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 
 
 def _last_match(pattern: re.Pattern, text) -> re.Match | None:
@@ -70,91 +78,49 @@ def extract_boxed(text: str) -> str | None:
   return text[j + 1 : k] if k >= 0 else None
 
 
-def canonical_number(text: str) -> str | None:
-  """A decimal number in canonical form, or None if `text` is not one.
-
-  Drops `$`, `\\$`, outer spaces, a space after the sign, thousands commas and a leading `+`;
-  strips leading zeros of the integer part and trailing zeros of the fraction (so `1,000.50` ->
-  `1000.5`, `+7.0` -> `7`, `-0` -> `0`, `.5` -> `0.5`). A comma is a thousands separator only
-  between groups of three digits (`1,080`; `1,0,8,0` and `10,80` are not numbers), and a
-  space inside the digits separates two numbers (`1 8` is not 18). Numbers over
-  MAX_NUMBER_CHARS characters give None.
-  """
-  if not isinstance(text, str) or len(text) > 4 * MAX_NUMBER_CHARS:
-    return None
-  s = _SIGN_SPACE.sub(r"\1", text.replace("\\$", "").replace("$", "").strip(), count=1)
-  s = s.replace("$", "").strip()
-  digits = s.lstrip("+-")
-  if not _THOUSANDS.fullmatch(digits):
-    return None
-  s = s.replace(",", "")
-  if s.startswith("+"):
-    s = s[1:]
-  if not _CANONICAL.fullmatch(s) or len(s) > MAX_NUMBER_CHARS:
-    return None
-  neg = s.startswith("-")
-  s = s.lstrip("-")
-  whole, _, frac = s.partition(".")
-  whole = whole.lstrip("0") or "0"
-  frac = frac.rstrip("0")
-  out = whole + ("." + frac if frac else "")
-  return "-" + out if neg and out != "0" else out
-
-
 def last_number(text: str) -> str | None:
-  """The last number in `text`, canonical, or None."""
-  found = _last_match(NUMBER, text)
-  return None if found is None else canonical_number(found.group())
+  """The last number in `text`, canonical, or None (`number_answer.last_number`)."""
+  return _last_number_in_text(text)
 
 
-def hash_number(text: str) -> str | None:
-  """The number right after the last `####` (GSM8K's answer marker), canonical, or None."""
+def hash_slot(text: str) -> str | None:
+  """The rest of the line after the last `####` (GSM8K's answer marker), or None without one."""
   last = _last_match(_HASH, text)
   if last is None:
     return None
-  m = NUMBER.match(text, last.end())
-  if m is None or not _AFTER_HASH.match(text, m.end()):
-    return None
-  return canonical_number(m.group())
+  end = text.find("\n", last.end())
+  return text[last.end() :] if end < 0 else text[last.end() : end]
+
+
+def hash_number(text: str) -> str | None:
+  """The number that the `####` line holds, canonical, or None (`#### 18 - 2`, `#### 12 or
+  thirteen` and `#### 12 dollars` hold none)."""
+  return read_number(hash_slot(text))
 
 
 def boxed_number(text: str) -> str | None:
-  """The number in the last `\\boxed{}`, canonical, or None.
-
-  The whole box when it is a number (after unwrapping `\\text{}` and dropping `\\%`), else the
-  one number inside it (`\\boxed{18 \\text{ apples}}`). A box holding several numbers
-  (`\\boxed{1, 8}`, `\\boxed{1 8}`, `\\boxed{3+15=18}`) gives None.
-  """
-  content = extract_boxed(text)
-  if content is None:
-    return None
-  content = _TEXT_WRAPPER.sub(r"\1", content).replace("\\%", "").replace("%", "").strip()
-  whole = canonical_number(content)
-  if whole is not None:
-    return whole
-  found = NUMBER.findall(content)
-  return canonical_number(found[0]) if len(found) == 1 else None
+  """The number that the last `\\boxed{}` holds, canonical, or None (`\\boxed{1, 8}`,
+  `\\boxed{3+15=18}`, `\\boxed{5!}` and `\\boxed{18 \\text{ apples}}` hold none)."""
+  return read_number(extract_boxed(text))
 
 
 GSM8K_EXTRACTORS = {"hash": hash_number, "boxed": boxed_number, "last": last_number}
+_SLOTS = {"hash": hash_slot, "boxed": extract_boxed}
 DEFAULT_GSM8K_ORDER = ("hash", "boxed", "last")
 
 
 def gsm8k_answer(text: str, order=DEFAULT_GSM8K_ORDER) -> str | None:
-  """The final number of a GSM8K-style completion, trying the extractors in `order`.
-
-  A completion that marks its answer (`####`, a `\\boxed{}`) that cannot be read as one number
-  has none: "last" is not tried after those extractors (`\\boxed{1, 8}` is not 8).
+  """The final number of a GSM8K-style completion: the first answer slot of `order` that the
+  completion has decides ("hash": the `####` line, "boxed": the last balanced box, "last": the
+  last number of the text). A slot that is there but holds no number is no answer: neither a
+  later slot nor the last number is read instead (`\\boxed{12}` then `#### 12 or 13` is none).
   """
-  marked = False
+  if not isinstance(text, str):
+    return None
   for name in order:
-    if name == "last" and marked:
-      return None
-    found = GSM8K_EXTRACTORS[name](text)
-    if found is not None:
-      return found
-    if name == "hash":
-      marked = marked or _HASH.search(text) is not None
-    elif name == "boxed":
-      marked = marked or extract_boxed(text) is not None
+    if name == "last":
+      return last_number(text)
+    slot = _SLOTS[name](text)
+    if slot is not None:
+      return read_number(slot)
   return None

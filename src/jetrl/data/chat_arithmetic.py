@@ -13,10 +13,10 @@ number of operations (1..6, so `length + 1` operands); each operation is `+` or 
 (`--task.prompt_format=chat`) or, plain, the text itself.
 
 The reward is exact on the final number: 1.0 when the completion's answer equals the sum, else
-0.0. The answer is the number in the last `\\boxed{...}` when the completion writes a box
-(an empty, cut-off or many-number box is no answer, whatever follows it), else the last
-number of the completion (`jetrl.data.answer_extraction`: commas and a leading `+` allowed,
-ASCII digits only). `format_weight` adds its weight for a boxed number.
+0.0. The answer is the number in the last `\\boxed{...}` when the completion writes a box (the
+box must hold exactly one number in an accepted spelling, `jetrl.data.number_answer`; an
+empty, cut-off or other box is no answer, whatever follows it), else the last number of the
+completion (ASCII digits only). `format_weight` adds its weight for a boxed number.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from jetrl.data.answer_extraction import boxed_number, canonical_number, has_box, last_number
+from jetrl.data.answer_extraction import boxed_number, has_box, last_number
+from jetrl.data.number_answer import read_number
 from jetrl.data.prompts import CHAT_INSTRUCTION
 from jetrl.data.synthetic import SyntheticTask
 from jetrl.data.task import completion_text
@@ -87,4 +88,4 @@ class ChatArithmetic(SyntheticTask):
     return final_number(completion)
 
   def expected(self, answer: str) -> str:
-    return canonical_number(str(answer))
+    return read_number(str(answer))

@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from jetrl.data.answer_extraction import DEFAULT_GSM8K_ORDER, canonical_number
+from jetrl.data.answer_extraction import DEFAULT_GSM8K_ORDER
 from jetrl.data.loading import DatasetTask
+from jetrl.data.number_answer import read_number
 from jetrl.data.rewards import check_gsm8k_order, gsm8k_reward
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
@@ -62,7 +63,7 @@ class GSM8K(DatasetTask):
 
   def row_answer(self, row: dict) -> str:
     final = row["answer"].rsplit("####", 1)[-1].strip()
-    return canonical_number(final) or final
+    return read_number(final) or final
 
   def row_solution(self, row: dict) -> str:
     return strip_calculator_annotations(row["answer"]).strip()

@@ -14,7 +14,8 @@ ints:
   - constants `\\pi`, `\\infty`;
   - `+ - * / ^`, `\\cdot`, `\\times`, `\\div`, implicit multiplication (`2x`, `3\\sqrt{2}`),
     unary minus, factorials `n!` and `n!!`, `\\frac`, `\\sqrt{}` and `\\sqrt[n]{}`,
-    `\\binom`, a fixed set of functions (`\\sin` ... `\\log_b`, `\\ln`, `\\exp`),
+    `\\binom`, a fixed set of functions (`\\sin` ... `\\log_b`, `\\ln`, `\\exp`; `\\sin^{-1}`
+    and kin are the inverse functions, `\\sin^2 x` a power),
     parentheses and comma tuples;
   - spacing commands, `\\left` / `\\right`, `\\displaystyle`, `\\mathrm` and percent signs
     are ignored (`jetrl.data.math_normalize` already drops them).
@@ -33,7 +34,8 @@ See docs/reliability.md.
 import math
 import re
 
-from .latex_tokens import FRACS, FUNCTIONS, GREEK, PLAIN_NAMES, TIMES, Unsupported, tokenize
+from .latex_tokens import FRACS, FUNCTIONS, GREEK, INVERSES, PLAIN_NAMES, TIMES
+from .latex_tokens import Unsupported, tokenize
 
 MAX_DEPTH = 48  # nesting of groups, parentheses and operands
 MAX_BITS = 100_000  # largest exact power / binomial result, in bits (~30,000 digits)
@@ -325,7 +327,10 @@ class _Parser:
 
   def function(self, name: str):
     """\\sin x, \\sin(x), \\sin^2 x, \\log_2 8, \\ln x: the argument is a parenthesised
-    group, a {group}, or the implicit product that follows (\\sin 2x is sin(2x))."""
+    group, a {group}, or the implicit product that follows (\\sin 2x is sin(2x)). A power of
+    a trigonometric or hyperbolic function is a power of its value (\\sin^2 x), except
+    `^{-1}`, the inverse function (\\sin^{-1} x is arcsin x); other negative powers are
+    refused."""
     sp = self.sp
     base = exponent = None
     if FUNCTIONS[name] == "log" and self.is_op("_"):
@@ -343,6 +348,10 @@ class _Parser:
         arg = sp.Mul(arg, self.power())
     self.leave()
     arg = self.scalar(arg)
+    if exponent is not None and exponent == -1 and FUNCTIONS[name] in INVERSES:
+      return getattr(sp, INVERSES[FUNCTIONS[name]])(arg)  # \sin^{-1} x is arcsin x
+    if exponent is not None and FUNCTIONS[name] in INVERSES and exponent.is_negative:
+      raise Unsupported("a negative power of a trigonometric function")  # \sin^{-2}: unclear
     fn = getattr(sp, FUNCTIONS[name])
     value = fn(arg) if base is None else sp.log(arg, self.scalar(base))
     return value if exponent is None else self.pow(value, exponent)

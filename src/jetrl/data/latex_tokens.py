@@ -28,6 +28,18 @@ FUNCTIONS = {
   "ln": "log",
   "exp": "exp",
 }
+# `\\sin^{-1}` and kin: the inverse function (sympy's name), never the reciprocal.
+INVERSES = {
+  "sin": "asin",
+  "cos": "acos",
+  "tan": "atan",
+  "cot": "acot",
+  "sec": "asec",
+  "csc": "acsc",
+  "sinh": "asinh",
+  "cosh": "acosh",
+  "tanh": "atanh",
+}
 PLAIN_NAMES = ("sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi")  # without a backslash
 GREEK = frozenset(
   """

@@ -1,7 +1,8 @@
 """Whether two MATH-style final answers are equal.
 
 `math_equal(pred, gold)` decides in this order, stopping at the first that applies:
-  1. the normalised strings (`normalize_latex`) are identical -> equal;
+  1. the normalised strings (`normalize_latex`, then a leading `x=` dropped from both when
+     both name the same variable or one is a bare value: `same_names`) are identical -> equal;
   2. both are plain numbers, fractions (`\\frac{a}{b}`, `a/b`) or mixed numbers
      (`2\\frac{1}{2}`) -> compared exactly as rationals;
   3. both are bracketed tuples / intervals / sets / matrices with the same brackets -> equal
@@ -9,40 +10,41 @@
      unbracketed comma lists (`-2,1`) and sets -> equal when the items match in some order
      (`a \\pm b` counts as the list `a+b, a-b`);
   4. either holds words (`\\text{east}` after normalising) -> equal when the texts are;
-  5. otherwise sympy decides (numeric or symbolic equivalence) in a worker process, with a
-     time limit per comparison. A comparison that times out, fails to parse, or errs counts as
-     not equal. The worker is restarted after a timeout.
+  5. otherwise sympy decides (numeric or symbolic equivalence) in a worker process
+     (`jetrl.data.sympy_client`), with a time limit per comparison that the worker keeps
+     itself (no restart); a worker that overruns it is replaced by a spare started
+     beforehand. A comparison that runs out of time, fails to parse, or errs counts as not
+     equal.
 
 The worker parses answers with a grammar that builds sympy values from tokens (model output
 never reaches anything that evaluates or re-parses a string), and it runs with resource limits
 and without root (`jetrl/data/sympy_worker.py`, docs/reliability.md).
 
 `math_equal` never raises and never waits longer than about `timeout` seconds per sympy
-comparison (plus the worker's start-up, once per process and after each timeout), and not past
-`deadline` (a `time.monotonic()` value) when one is given: `math_reward` uses it to bound the
-sympy time of a whole batch.
+comparison (plus the worker's start-up, once per process), and not past `deadline` (a
+`time.monotonic()` value) when one is given: `math_reward` uses it to bound the sympy time of
+each completion and of a whole batch.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import json
-import os
 import re
-import threading
-import time
-import warnings
 from fractions import Fraction
 
-from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex
-from jetrl.data.pipes import kill_worker, read_line, spawn_confined
+from jetrl.data.math_normalize import MAX_ANSWER_CHARS, normalize_latex, split_name
+from jetrl.data.sympy_client import (  # noqa: F401  (re-exported: the worker's public names)
+  _CACHE,
+  _WORKER,
+  count_over_budget,
+  deadline_left,
+  shutdown_worker,
+  start_worker,
+  symbolic_equal,
+  worker_stats,
+)
 
-DEFAULT_TIMEOUT = 2.0  # seconds per sympy comparison
-STARTUP_TIMEOUT = 60.0
-CACHE_SIZE = 65536
+DEFAULT_TIMEOUT = 1.0  # seconds per completion's sympy comparisons, a worker restart included
 MAX_ITEMS = 32
-WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sympy_worker.py")
 
 _INT = r"-?[0-9]{1,60}"
 _DECIMAL = re.compile(r"-?(?:[0-9]{1,60}(?:\.[0-9]{1,60})?|\.[0-9]{1,60})")
@@ -153,16 +155,20 @@ def math_equal(
 ) -> bool:
   """Whether answer `pred` equals answer `gold` (see the module docstring). Never raises."""
   try:
-    return _normalized_equal(
-      normalize_latex(pred), normalize_latex(gold), timeout, symbolic, 0, deadline
-    )
+    p, g = same_names(normalize_latex(pred), normalize_latex(gold))
+    return _normalized_equal(p, g, timeout, symbolic, 0, deadline)
   except Exception:  # a reward must never raise on a malformed completion
     return False
 
 
-def deadline_left(deadline: float | None) -> float:
-  """Seconds until `deadline` (a time.monotonic() value; None: no deadline)."""
-  return float("inf") if deadline is None else deadline - time.monotonic()
+def same_names(p: str, g: str) -> tuple[str, str]:
+  """The normalised answers without their `x=` prefixes where that keeps their meaning: both
+  name the same variable, or one of them is a bare value. Different names stay (`y=5` is an
+  equation for y, not the value of x)."""
+  (np, rp), (ng, rg) = split_name(p), split_name(g)
+  if np and ng and np != ng:
+    return p, g
+  return rp, rg
 
 
 def _normalized_equal(
@@ -207,134 +213,3 @@ def _match_unordered(pred_items, gold_items, same) -> bool:
     else:
       return False
   return True
-
-
-# ---- the sympy worker -------------------------------------------------------------------
-
-
-class _Worker:
-  """A long-lived, confined `python sympy_worker.py` child process, restarted after a timeout."""
-
-  def __init__(self):
-    self.proc = None
-    self.owner = None
-    self.buffer = b""
-    self.next_id = 0
-    self.failed_starts = 0
-    self.lock = threading.Lock()
-    self.stats = {"requests": 0, "timeouts": 0, "restarts": 0, "over_budget": 0}
-
-  def _start(self) -> bool:
-    if self.failed_starts >= 2:
-      return False
-    try:
-      self.proc = spawn_confined(WORKER_PATH)
-      self.owner = os.getpid()
-      self.buffer = b""
-      line = self._read_line(STARTUP_TIMEOUT)
-      ready = json.loads(line) if line is not None else {}
-      if ready.get("ready") is not True:
-        if "error" in ready:  # the worker refused to run (e.g. it could not leave root)
-          self.failed_starts = 1
-        raise RuntimeError(ready.get("error", "no ready line"))
-      self.stats["restarts"] += 1
-      return True
-    except Exception as e:  # no worker: symbolic comparison is off in this process
-      self._kill()
-      self.failed_starts += 1
-      if self.failed_starts >= 2:
-        warnings.warn(
-          f"jetrl.data: the sympy worker could not start ({e}); symbolic answer "
-          "comparison is off in this process",
-          RuntimeWarning,
-          stacklevel=3,
-        )
-      return False
-
-  def _kill(self):
-    proc, self.proc = self.proc, None
-    if proc is not None and self.owner == os.getpid():
-      kill_worker(proc, wait_s=5)
-
-  def _read_line(self, timeout: float) -> bytes | None:
-    line, self.buffer, _ = read_line(self.proc.stdout.fileno(), self.buffer, timeout)
-    return line
-
-  def ask(self, a: str, b: str, timeout: float, deadline: float | None) -> bool | None:
-    """The worker's verdict, or None when there is none (timeout, no worker, no time left)."""
-    with self.lock:
-      if self.proc is not None and (self.owner != os.getpid() or self.proc.poll() is not None):
-        self._kill()  # (only kills a worker this process started)
-      if deadline_left(deadline) <= 0:
-        self.stats["over_budget"] += 1
-        return None
-      if self.proc is None and not self._start():
-        return None
-      limit = min(timeout, deadline_left(deadline))
-      if limit <= 0:
-        self.stats["over_budget"] += 1
-        return None
-      self.stats["requests"] += 1
-      self.next_id += 1
-      rid = self.next_id
-      try:
-        self.proc.stdin.write((json.dumps({"id": rid, "a": a, "b": b}) + "\n").encode())
-        line = self._read_line(limit)
-        if line is None:
-          self.stats["timeouts"] += 1
-          self._kill()
-          return None
-        reply = json.loads(line)
-        if reply.get("id") != rid:
-          self._kill()
-          return None
-        return reply.get("eq") is True
-      except Exception:
-        self._kill()
-        return None
-
-  def close(self):
-    with self.lock:
-      self._kill()
-
-
-_WORKER = _Worker()
-atexit.register(_WORKER.close)
-_CACHE: collections.OrderedDict = collections.OrderedDict()
-_CACHE_LOCK = threading.Lock()
-
-
-def symbolic_equal(
-  a: str, b: str, timeout: float = DEFAULT_TIMEOUT, *, deadline: float | None = None
-) -> bool:
-  """sympy's verdict on normalised answers a and b, within `timeout` seconds and before
-  `deadline` (False if none). Verdicts are cached per process; "no verdict" is not."""
-  with _CACHE_LOCK:
-    if (a, b) in _CACHE:
-      _CACHE.move_to_end((a, b))
-      return _CACHE[(a, b)]
-  verdict = _WORKER.ask(a, b, float(timeout), deadline)
-  if verdict is None:
-    return False
-  with _CACHE_LOCK:
-    _CACHE[(a, b)] = verdict
-    while len(_CACHE) > CACHE_SIZE:
-      _CACHE.popitem(last=False)
-  return verdict
-
-
-def count_over_budget() -> None:
-  """Counts one comparison left out because its batch's time was spent."""
-  with _WORKER.lock:
-    _WORKER.stats["over_budget"] += 1
-
-
-def worker_stats() -> dict:
-  """Counts of sympy requests, timeouts, (re)starts and comparisons refused for lack of batch
-  time (over_budget) in this process."""
-  return dict(_WORKER.stats)
-
-
-def shutdown_worker() -> None:
-  """Stops the sympy worker (a later comparison starts a new one)."""
-  _WORKER.close()

@@ -2,11 +2,14 @@
 
 `normalize_latex` removes what does not change an answer's value: spacing commands and
 spaces, `\\left`/`\\right`/`\\big`, `\\displaystyle`, dollar signs, percent signs, degree marks
-(`^\\circ`, `^{\\circ}`, `°`), `\\text{}`/`\\mbox{}` wrappers around math (unit words inside
-them, or after a number, are dropped; radians are not a unit word, since degree marks are
-dropped; words stay text, written `\\text{words}`, compared as text and never as a product of
-letters), a trailing period, thousands separators in a plain number, a leading `x =` on a
-one-variable answer, and `\\dfrac`/`\\tfrac` spelling. It also writes shorthand
+(`^\\circ`, `^{\\circ}`, `°`), `\\text{}`/`\\mbox{}` wrappers around math, unit words at the
+end of the answer (in `\\text{}` after a value, or bare words of two letters or more after a
+number, each with a `^2` / `^3` of their own; radians are not a unit word, since degree marks
+are dropped), a trailing period, thousands separators in a plain number, and
+`\\dfrac`/`\\tfrac` spelling. Unit words anywhere else stay text (`5 \\text{ m } 2` is not
+`52`). Words stay text, written `\\text{words}`, compared as text and never as a product of
+letters. A leading `x =` is kept: `split_name` finds it, and `math_equal` drops it only where
+the other answer names the same variable or is a bare value (`y = 5` is not `x = 5`). It also writes shorthand
 arguments out (`\\frac12` -> `\\frac{1}{2}`, `\\sqrt2` -> `\\sqrt{2}`), one-character
 exponents and subscripts without braces (`x^{2}` -> `x^2`), and `.5` as `0.5`.
 """
@@ -56,7 +59,8 @@ _VAR_PREFIX = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_[A-Za-z0-9]+)?(?:=|\\in(?
 _CHOICE = re.compile(r"\(([A-Z])\)")
 _WORD = re.compile(r"[A-Za-z]{2}")
 _UNIT_TAIL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz. ")
-_SQUARED_END = re.compile(r"\^\{?[23]\}?\Z")
+_SQUARED_END = re.compile(r"\^(?:\{[23]\}|[23])\Z")
+_UNIT_POWER = re.compile(r"[ ]*\^[ ]*(?:\{[ ]*[23][ ]*\}|[23](?![0-9]))")
 _RENAMES = (
   (re.compile(r"\\(?:leqslant|leq)(?![A-Za-z])"), r"\\le"),
   (re.compile(r"\\(?:geqslant|geq)(?![A-Za-z])"), r"\\ge"),
@@ -89,14 +93,15 @@ def match_brace(s: str, i: int) -> int:
   return -1
 
 
-def _is_units(words: str) -> bool:
+def _is_units(words: str, min_len: int = 1) -> bool:
   parts = [w.strip(".").lower() for w in re.split(r"[\s~]+", words.strip())]
   parts = [w for w in parts if w]
-  return bool(parts) and all(w in UNIT_WORDS for w in parts)
+  return bool(parts) and all(w in UNIT_WORDS and len(w) >= min_len for w in parts)
 
 
 def _strip_trailing_units(s: str) -> str:
-  """`5 cm^2` -> `5`: drops unit words (and a ^2 / ^3) after a number or a closing brace.
+  """`5 cm^2` -> `5`: drops unit words of two letters or more (and a ^2 / ^3) that end the
+  answer after a number or a closing brace (`2 s^2` keeps its variable s and its power).
 
   One pass from the end, linear in the length (a backtracking regex here once took seconds
   on a number followed by a thousand spaces).
@@ -109,14 +114,34 @@ def _strip_trailing_units(s: str) -> str:
     k -= 1
   words = s[k:core]
   lead = len(words) - len(words.lstrip(" "))
-  if k == 0 or s[k - 1] not in "0123456789}" or lead == 0 or not _is_units(words[lead:]):
+  if k == 0 or s[k - 1] not in "0123456789}" or lead == 0 or not _is_units(words[lead:], 2):
     return s
   return s[:k]
 
 
+_TEXT_WRAPPER = re.compile(r"\\(?:%s)(?![A-Za-z])\s*\{" % "|".join(_TEXT_CMDS))
+
+
+def _only_units(rest: str) -> bool:
+  """Whether `rest` is nothing but spaces, a period and `\\text{unit words}` (each maybe with
+  its own ^2 / ^3): what may follow units that are dropped."""
+  r = rest.strip(" .")
+  while r:
+    m = _TEXT_WRAPPER.match(r)
+    close = match_brace(r, m.end() - 1) if m else -1
+    if close < 0 or not _is_units(r[m.end() : close]):
+      return False
+    r = r[close + 1 :]
+    power = _UNIT_POWER.match(r)
+    r = r[power.end() if power else 0 :].strip(" .")
+  return True
+
+
 def _unwrap_text(s: str) -> str:
-  """Replaces `\\text{X}` and friends by X, or by nothing when X is unit words after content."""
-  pattern = re.compile(r"\\(?:%s)(?![A-Za-z])\s*\{" % "|".join(_TEXT_CMDS))
+  """Replaces `\\text{X}` and friends by X, or by nothing when X is unit words after content
+  that end the answer; unit words anywhere else stay `\\text{X}`, so they never join the
+  values around them."""
+  pattern = _TEXT_WRAPPER
   out = []
   pos = 0
   while True:
@@ -129,10 +154,14 @@ def _unwrap_text(s: str) -> str:
     inner = s[m.end() : close]
     before = "".join(out) + s[pos : m.start()]
     out.append(s[pos : m.start()])
-    if before.strip() and _is_units(inner):
-      # Drop the units, and a ^2 / ^3 right after them.
-      tail = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", s[close + 1 :])
-      pos = close + 1 + (tail.end() if tail else 0)
+    units = before.strip() and _is_units(inner)
+    tail = _UNIT_POWER.match(s, close + 1) if units else None
+    after = tail.end() if tail else close + 1
+    if units and _only_units(s[after:]):
+      pos = after  # drop the units, and a ^2 / ^3 of theirs
+    elif units:
+      out.append(" \\text{" + " ".join(inner.split()) + "} ")
+      pos = close + 1
     else:
       inner = _strip_trailing_units(" ".join(inner.split()))
       if _WORD.search(inner):  # words stay text: `\text{seat}` is not s*e*a*t
@@ -209,10 +238,16 @@ def normalize_latex(answer: str) -> str:
   s = _LEADING_POINT.sub(r"0.\1", s)
   if _THOUSANDS.fullmatch(s):
     s = s.replace(",", "")
-  m = _VAR_PREFIX.match(s)
-  if m and s.count("=") <= 1 and m.end() < len(s) and "," not in s[: m.end()]:
-    s = s[m.end() :]
   m = _CHOICE.fullmatch(s)
   if m:
     s = m.group(1)
   return s.rstrip(".")
+
+
+def split_name(s: str) -> tuple[str, str]:
+  """(`x=`, rest) when the normalised answer `s` names one variable (`x=5`, `\\theta=\\pi`,
+  `x\\in[0,1]`), else ("", s)."""
+  m = _VAR_PREFIX.match(s)
+  if m and s.count("=") <= 1 and m.end() < len(s) and "," not in s[: m.end()]:
+    return s[: m.end()], s[m.end() :]
+  return "", s

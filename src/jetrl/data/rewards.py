@@ -6,20 +6,24 @@ content is scored). Prompts are accepted for the shape and not used; they may be
 functions are pure Python, deterministic, and never raise on a malformed completion: no answer,
 unbalanced braces, a huge number, other Unicode digits, or a non-string all score 0.
 
-GSM8K (`gsm8k_reward`): the completion's final number is the number after the last `####`, else
-the number in the last `\\boxed{}`, else the last number in the text (this order is the
-`order` argument). Numbers are compared exactly after `canonical_number` (thousands commas,
-`$`, a leading `+`, trailing zeros of decimals and a trailing `.` dropped). The reference
-answer may be the bare number ("1,080") or a whole GSM8K worked answer ending in `#### 1,080`.
+GSM8K (`gsm8k_reward`): the completion's answer slot is the line after its last `####`, else
+its last `\\boxed{}`, else (no slot) the last number in the text (this order is the `order`
+argument). A slot must hold exactly one number in an accepted spelling
+(`jetrl.data.number_answer`, the table in docs/tasks.md), else the completion has no answer.
+Numbers are compared exactly in canonical form (separators, `$`, a leading `+`, leading zeros
+and trailing zeros of decimals dropped). The reference answer may be the bare number ("1,080")
+or a whole GSM8K worked answer ending in `#### 1,080`.
 
 MATH (`math_reward`): the completion's answer is the contents of its last `\\boxed{}` or
 `\\fbox{}`; it is compared with the reference by `math_equal` (normalised strings, exact
-rationals, tuples, then sympy with a time limit per answer). The sympy comparisons of one call
-share a budget of `batch_timeout` seconds (which bounds the whole call): every completion is
-first compared without sympy (in time linear in their length),
-then those still undecided go to sympy in order until the budget is spent; the rest score 0
-(counted as `over_budget` in `jetrl.data.math_equivalence.worker_stats()`). So a batch of
-hostile answers costs at most about `batch_timeout` seconds, however many there are.
+rationals, tuples, then sympy with a time limit per answer). `batch_timeout` seconds bound the
+whole call: every completion is first compared without sympy (in time linear in their
+length); then the worker is started if it is not running, and each completion still undecided
+gets the same share of the time left, `min(timeout, 0.9 * left / undecided)`, for all its
+sympy comparisons, a worker restart included. So one completion's cost never changes another's
+reward (a right answer scores 1 wherever it stands), and a batch of hostile answers costs at
+most about `batch_timeout` seconds, however many there are. Comparisons that run out of time
+score 0 (counted in `jetrl.data.math_equivalence.worker_stats()`).
 
 Format term: with `format_weight=w`, a completion also gets w when its answer is in the asked
 form (`####` or `\\boxed{}` holding a number for GSM8K; a balanced `\\boxed{}` for MATH), so a
@@ -36,16 +40,18 @@ from jetrl.data.answer_extraction import (
   DEFAULT_GSM8K_ORDER,
   GSM8K_EXTRACTORS,
   boxed_number,
-  canonical_number,
   extract_boxed,
   gsm8k_answer,
   hash_number,
 )
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT, math_equal
 from jetrl.data.math_equivalence import count_over_budget as worker_stats_over_budget
+from jetrl.data.sympy_client import deadline_left, start_worker
+from jetrl.data.number_answer import read_number
 from jetrl.data.task import check_reward_args, completion_text
 
 DEFAULT_BATCH_TIMEOUT = 10.0  # seconds of sympy time per math_reward call
+SHARE_OF_LEFT = 0.9  # of the batch's time left, shared out; the rest absorbs per-request costs
 
 
 def check_gsm8k_order(order: Sequence[str]) -> tuple[str, ...]:
@@ -61,7 +67,7 @@ def gsm8k_reference(answer: Any) -> str | None:
     answer = str(answer) if isinstance(answer, (int, float)) else None
   if answer is None:
     return None
-  return canonical_number(answer.strip()) or hash_number(answer)
+  return read_number(answer) or hash_number(answer)
 
 
 def gsm8k_format_ok(completion: Any) -> bool:
@@ -135,10 +141,14 @@ def math_reward(
       worker_stats_over_budget()
     pairs.append(p)
     ok.append(p is not None and math_equal(*p, symbolic=False))
-  if symbolic:
-    for k, p in enumerate(pairs):
-      if p is not None and not ok[k]:
-        ok[k] = math_equal(*p, timeout=timeout, deadline=deadline)
+  undecided = [k for k, p in enumerate(pairs) if p is not None and not ok[k]]
+  if symbolic and undecided and start_worker(deadline):
+    # Every undecided completion gets the same share of what is left of the batch's time (at
+    # most `timeout`), whatever the others cost: a right answer scores 1 wherever it stands.
+    share = min(timeout, SHARE_OF_LEFT * deadline_left(deadline) / len(undecided))
+    for k in undecided:
+      mine = min(deadline, time.monotonic() + share)
+      ok[k] = share > 0 and math_equal(*pairs[k], timeout=share, deadline=mine)
   out = []
   for p, good in zip(pairs, ok):
     score = 1.0 if good else 0.0

@@ -1,11 +1,15 @@
 """Symbolic equivalence of two normalised LaTeX answers, run in a separate, confined process.
 
-`jetrl.data.math_equivalence` starts this file as a script (`python -I -B sympy_worker.py`,
+`jetrl.data.sympy_client` starts this file as a script (`python -I -B sympy_worker.py`,
 working directory `/`) and talks to it over pipes, one JSON object per line:
 
   ready    {"ready": true}          (or {"ready": false, "error": "..."}, then it exits)
-  request  {"id": 7, "a": "\\frac{1}{\\sqrt{2}}", "b": "\\frac{\\sqrt{2}}{2}"}
-  reply    {"id": 7, "eq": true}
+  request  {"id": 7, "a": "\\frac{1}{\\sqrt{2}}", "b": "\\frac{\\sqrt{2}}{2}", "limit": 0.85}
+  reply    {"id": 7, "eq": true}   (or {"id": 7, "eq": false, "late": true} past the limit)
+
+A request's `limit` (seconds) is kept by a real-time interval timer whose signal stops the
+comparison, so a slow answer costs its limit and no restart; the parent kills the worker only
+when even that reply does not come.
 
 The answers are model output, so they are data, never code: `latex_grammar.py` (beside this
 file, loaded by path with its tokenizer `latex_tokens.py`) builds sympy values from tokens,
@@ -30,6 +34,7 @@ it; the limits above hold even if the parent is gone. See docs/reliability.md.
 import importlib.util
 import json
 import os
+import signal
 import sys
 import types
 
@@ -117,6 +122,31 @@ def equivalent(a: str, b: str, parse) -> bool:
     return False
 
 
+class Late(BaseException):
+  """The request's time limit passed (a BaseException, so no `except Exception` in sympy
+  swallows it)."""
+
+
+def _late(signum, frame):
+  raise Late()
+
+
+def answer(req: dict, parse) -> dict:
+  """The reply to one request {"id", "a", "b", "limit"}: {"id", "eq"}, with "late": true when
+  the comparison was stopped at `limit` seconds (a real-time interval timer)."""
+  rid, a, b = req.get("id"), req["a"], req["b"]
+  limit = req.get("limit")
+  if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit < 3600:
+    signal.setitimer(signal.ITIMER_REAL, float(limit))
+  try:
+    eq = isinstance(a, str) and isinstance(b, str) and equivalent(a, b, parse)
+    return {"id": rid, "eq": bool(eq)}
+  except Late:
+    return {"id": rid, "eq": False, "late": True}
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def _set_limit(resource, which, soft, hard=None) -> None:
   hard = soft if hard is None else hard
   _, current_hard = resource.getrlimit(which)
@@ -196,16 +226,16 @@ def main():
   sys.setrecursionlimit(10_000)
   out.write('{"ready": true}\n')
   out.flush()
+  signal.signal(signal.SIGALRM, _late)
   for line in sys.stdin:
     try:
       allow_cpu_for_next_request()
-      req = json.loads(line)
-      rid = req.get("id")
-      a, b = req["a"], req["b"]
-      eq = isinstance(a, str) and isinstance(b, str) and equivalent(a, b, grammar.parse_latex)
+      reply = answer(json.loads(line), grammar.parse_latex)
+    except Late:  # the timer fired between the answer and its reset
+      reply = {"id": None, "eq": False, "late": True}
     except Exception:  # pylint: disable=broad-except
-      eq, rid = False, None
-    out.write(json.dumps({"id": rid, "eq": bool(eq)}) + "\n")
+      reply = {"id": None, "eq": False}
+    out.write(json.dumps(reply) + "\n")
     out.flush()
   return 0
 
