@@ -1,13 +1,14 @@
 """A real model that learns on a CPU: LoRA RL of SmolLM2-135M-Instruct under jet, over seeds.
 
-  python experiments/lora_arithmetic.py                    # 3 seeds, about 25 minutes each
+  python experiments/lora_arithmetic.py                    # 3 seeds, about 20 minutes each
+                                                           # (17.5-19.8 on 2 cores: docs/lora.md)
   python experiments/lora_arithmetic.py --seeds=0 --steps=4 --root=/tmp/try   # a quick look
 
 Each seed is one `experiments/train.py` run in a process of its own, in <root>/seed<S>:
-`chat_arithmetic` questions (one-digit numbers, two operations: "What is 8 + 2 - 4?", chat
-prompts), LoRA adapters on every projection of the frozen FP8 base, the `jet` recipe in the
-rollout and the update, greedy held-out accuracy on --eval_size test problems at step 0 and
-every --eval_every steps. The seed sets the adapters' init, the sampling and the task's
+`chat_arithmetic` questions (one-digit numbers, one operation by default: "What is 7 + 5?";
+--length=2 asks two: "What is 8 + 2 - 4?"; chat prompts), LoRA adapters on every projection
+of the frozen FP8 base, the `jet` recipe in the rollout and the update, greedy held-out
+accuracy on --eval_size test problems at step 0 and every --eval_every steps. The seed sets the adapters' init, the sampling and the task's
 problems (train and test alike). A run that exists is resumed (train.py resumes a workdir), a
 finished one is only re-read, so rerunning the command after a crash loses nothing.
 

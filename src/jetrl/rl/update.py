@@ -22,8 +22,8 @@ Everything runs inside one `jit` under the training precision (`recipe.train`):
      the differentiated forward itself (one epoch of one minibatch only), so r_t = 1 exactly
      and the update runs one forward fewer: under "recompute" the pre-update forward is
      another program, and where its rounding differs from the differentiated one's (under FP8
-     a token's log-prob by up to 2 nats, docs/precision_study.md) r_t != 1 before any update,
-     and a negative-advantage token with r_t > 1 + clip_high is not clipped: its gradient is
+     a few tokens in a thousand beyond the clip range, docs/precision_study.md) r_t != 1
+     before any update, and a negative-advantage token with r_t > 1 + clip_high is not clipped: its gradient is
      scaled by r_t. GSPO and CISPO (`jetrl.rl.ratio_losses`) take
      the same r and w, GSPO as a sequence ratio, CISPO as a clipped detached weight;
   2. `ppo_epochs` passes over `minibatches` shuffled minibatches (`epoch`), each split into
