@@ -43,8 +43,15 @@ flags.DEFINE_string("keep", None, "Copy the finished runs' kept files to this fo
 flags.DEFINE_string("judge", None, "Judge the kept runs in this folder.")
 flags.DEFINE_string("json_out", None, "With --judge: write the verdicts here.")
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "eval.jsonl", "config.json", "commit.txt")
-SFT_FILES = ("sft_summary.json", "sft_config.json", "sft_eval.jsonl")
+RUN_FILES = (
+  "summary.json",
+  "metrics.jsonl",
+  "eval.jsonl",
+  "config.json",
+  "commit.txt",
+  "machine.json",
+)
+SFT_FILES = ("sft_summary.json", "sft_config.json", "sft_eval.jsonl", "machine.json")
 
 
 def _copy(src_dir: str, dst_dir: str, names) -> int:
@@ -56,6 +63,21 @@ def _copy(src_dir: str, dst_dir: str, names) -> int:
       shutil.copyfile(src, os.path.join(dst_dir, name))
       n += 1
   return n
+
+
+def _keep_checkpoint(src_sft: str, dst_sft: str) -> None:
+  """The warm start's newest checkpoint, whole: a later sitting starts its runs from these
+  params instead of retraining them (a retrained warm start differs on another kind of CPU)."""
+  ckpts = os.path.join(src_sft, "checkpoints")
+  if not os.path.isdir(ckpts):
+    return
+  steps = sorted(int(d) for d in os.listdir(ckpts) if d.isdigit())
+  if not steps:
+    return
+  last = str(steps[-1])
+  dst = os.path.join(dst_sft, "checkpoints", last)
+  if not os.path.exists(dst):
+    shutil.copytree(os.path.join(ckpts, last), dst, symlinks=False)
 
 
 def keep(root: str, dest: str) -> None:
@@ -72,7 +94,9 @@ def keep(root: str, dest: str) -> None:
     else:
       cfg = round4.study_config(job["part"], job["warm"], root)
       out = round4.study_config(job["part"], job["warm"], dest)
-      _copy(sft_dir(cfg, job["length"]), sft_dir(out, job["length"]), SFT_FILES)
+      src_sft, dst_sft = sft_dir(cfg, job["length"]), sft_dir(out, job["length"])
+      _copy(src_sft, dst_sft, SFT_FILES)
+      _keep_checkpoint(src_sft, dst_sft)
     done += 1
   for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     if name.startswith("timing_") or name == "prereg.json":
@@ -89,10 +113,11 @@ def rows(root: str) -> tuple[list[dict], list[dict]]:
     folder = round4.job_dir(root, job)
     with open(os.path.join(folder, "commit.txt")) as f:
       commit = f.read().strip()
+    machine = _machine_kind(folder)
     if job["part"] == "smollm2":
       with open(folder + ".json") as f:
         row = json.load(f)["rows"][0]
-      smol.append(dict(recipe=job["arm"], seed=job["seed"], commit=commit, **row))
+      smol.append(dict(recipe=job["arm"], seed=job["seed"], commit=commit, machine=machine, **row))
       continue
     cfg = round4.study_config(job["part"], job["warm"], root)
     tiny.append(
@@ -103,10 +128,39 @@ def rows(root: str) -> tuple[list[dict], list[dict]]:
         recipe=job["arm"].label,
         seed=job["seed"],
         commit=commit,
+        machine=machine,
         **summarize_run(cfg, folder),
       )
     )
   return tiny, smol
+
+
+def _machine_kind(folder: str) -> str:
+  """The kind of CPU a run ran on ("vendor family/model flags-hash"), or "unrecorded"."""
+  path = os.path.join(folder, "machine.json")
+  if not os.path.exists(path):
+    return "unrecorded"
+  with open(path) as f:
+    m = json.load(f)
+  return (
+    f"{m.get('vendor_id', '?')} {m.get('cpu_family', '?')}/{m.get('model', '?')} "
+    f"{m.get('flags_sha256', '?')}"
+  )
+
+
+def machines(tiny: list[dict]) -> dict:
+  """Per part: the kinds of CPU its runs ran on, and the units whose arms ran on several."""
+  out = {}
+  for part in sorted({r["part"] for r in tiny}):
+    units: dict = {}
+    for r in tiny:
+      if r["part"] == part:
+        units.setdefault((r["warm"], r["length"], r["seed"]), set()).add(r["machine"])
+    out[part] = dict(
+      kinds=sorted({m for ms in units.values() for m in ms}),
+      mixed_units=[list(u) for u, ms in sorted(units.items()) if len(ms) > 1],
+    )
+  return out
 
 
 def judge(folder: str) -> dict:
@@ -121,14 +175,22 @@ def judge(folder: str) -> dict:
   if late:
     raise PreregError(f"runs made before the pre-registration's commit {registered[:12]}: {late}")
   part = lambda p: [r for r in tiny if r["part"] == p]
+  kinds = machines(tiny)
+  mixed = {tuple(u) for u in kinds.get("primary", {}).get("mixed_units", [])}
+  one_kind = [r for r in part("primary") if (r["warm"], r["length"], r["seed"]) not in mixed]
   out = dict(
     prereg_commit=registered,
+    machines=kinds,
     primary={o: prereg4.judge_primary(part("primary"), 9, o) for o in prereg4.OUTCOMES},
+    primary_one_machine_kind=prereg4.judge_primary(one_kind, 9, "primary"),
     crossover={o: prereg4.judge_crossover(part("crossover"), 9, o) for o in prereg4.OUTCOMES},
     length={o: prereg4.judge_length(part("length"), 20, o) for o in prereg4.OUTCOMES},
     smollm2=prereg4.judge_smollm2(smol),
     runs=[
-      {k: r[k] for k in ("part", "warm", "length", "recipe", "seed", "commit", "abs_diff_mean")}
+      {
+        k: r[k]
+        for k in ("part", "warm", "length", "recipe", "seed", "commit", "machine", "abs_diff_mean")
+      }
       | {o: prereg4.OUTCOMES[o](r) for o in prereg4.OUTCOMES if _has_outcome(r, o)}
       for r in tiny
     ],

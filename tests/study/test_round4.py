@@ -1,8 +1,10 @@
 """The fourth round: its arms, its pre-registration check, its rules, its workers' claims."""
 
+import json
 import math
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +12,8 @@ from scipy import stats
 
 from jetrl.config import ConfigError
 from jetrl.study import StudyConfig, prereg4, round4
+import socket
+
 from jetrl.study.config import Arm, train_config
 from jetrl.study.provenance import PreregError, check, precedes
 
@@ -205,9 +209,78 @@ def test_claims_exclude_live_workers_and_take_over_dead_ones(tmp_path):
   dead = subprocess.Popen(["true"])
   dead.wait()
   with open(folder + ".claim", "w") as f:
-    import json, socket  # noqa: E401
-
     json.dump({"pid": dead.pid, "host": socket.gethostname()}, f)
   assert round4.claim(folder)  # its process is gone
   round4.release(folder)
   assert not os.path.exists(folder + ".claim")
+
+
+# Keep and judge --------------------------------------------------------------------------------
+
+
+def _fake_run(folder, acc, commit, cpu_model="17"):
+  os.makedirs(folder)
+  recs = [
+    {"step": s, "reward_mean": acc, "accuracy": acc, "agree/abs_diff_mean": 1e-3,
+     "agree/abs_diff_max": 0.0, "agree/seq_abs_sum_mean": 0.0, "agree/seq_abs_sum_max": 0.0,
+     "agree/kl_k3": 0.0, "time/rollout": 1.0, "time/reward": 0.1, "time/update": 1.0}
+    for s in range(1, 31)
+  ]  # fmt: skip
+  with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+    f.write("\n".join(json.dumps(r) for r in recs))
+  with open(os.path.join(folder, "eval.jsonl"), "w") as f:
+    evals = [{"step": s, "eval_accuracy": acc, "eval_accuracy_bf16": acc} for s in (0, 10, 20, 30)]
+    f.write("\n".join(json.dumps(e) for e in evals))
+  for name, text in (("summary.json", "{}"), ("config.json", "{}"), ("commit.txt", commit)):
+    with open(os.path.join(folder, name), "w") as f:
+      f.write(text)
+  with open(os.path.join(folder, "machine.json"), "w") as f:
+    json.dump({"vendor_id": "AuthenticAMD", "cpu_family": "25", "model": cpu_model}, f)
+
+
+def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  head = subprocess.run(
+    ["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+  ).stdout.strip()
+  root, kept = str(tmp_path / "root"), str(tmp_path / "kept")
+  diffs = {(0, 0): 0.02, (0, 1): -0.01, (1, 0): 0.00, (1, 1): 0.03}
+  for (w, s), d in diffs.items():
+    cfg = round4.study_config("primary", w, root)
+    for arm in cfg.arms:
+      acc = 0.5 + 0.01 * s + (d if arm.label == "jet" else 0.0)
+      # unit (1, 1)'s jet ran on another model of CPU: a mixed unit
+      model = "2" if (w, s, arm.label) == (1, 1, "jet") else "17"
+      _fake_run(round4.run_dir(cfg, 9, arm, s), acc, head, model)
+    sft = os.path.join(cfg.report_dir, "sft", "mix3_9")
+    os.makedirs(os.path.join(sft, "checkpoints", "300", "params"), exist_ok=True)
+    with open(os.path.join(sft, "checkpoints", "300", "params", "blob"), "w") as f:
+      f.write("weights")
+    with open(os.path.join(sft, "sft_summary.json"), "w") as f:
+      f.write('{"eval_accuracy": 0.4}')
+  with open(os.path.join(root, "prereg.json"), "w") as f:
+    json.dump({"commit": head, "head": head, "blobs": {}}, f)
+  script = os.path.join(repo, "experiments", "round4.py")
+  run = lambda *a: subprocess.run(
+    [sys.executable, script, *a], cwd=repo, capture_output=True, text=True, timeout=300
+  )
+  res = run(f"--root={root}", f"--keep={kept}")
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert os.path.exists(
+    os.path.join(kept, "w1", "sft", "mix3_9", "checkpoints", "300", "params", "blob")
+  )
+  assert os.path.exists(
+    os.path.join(kept, "w0", "runs", "L9", "bf16@recompute", "seed1", "machine.json")
+  )
+  out = str(tmp_path / "v.json")
+  res = run(f"--judge={kept}", f"--json_out={out}")
+  assert res.returncode == 0, res.stderr[-2000:]
+  with open(out) as f:
+    v = json.load(f)
+  m, lo, hi = _t_interval(list(diffs.values()))
+  p = v["primary"]["primary"]["primary"]
+  assert p["n"] == 4 and p["mean"] == pytest.approx(m) and p["lo"] == pytest.approx(lo)
+  assert v["machines"]["primary"]["mixed_units"] == [[1, 9, 1]]
+  assert v["primary_one_machine_kind"]["primary"]["n"] == 3
+  # bf16@recompute equals bf16 in every unit: the difference is 0
+  assert v["primary"]["primary"]["secondary_family"]["bf16 - bf16@recompute"]["mean"] == 0.0

@@ -17,8 +17,10 @@ every remaining job waits for a warm start another worker is training.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -178,7 +180,30 @@ def _record_time(root: str, worker: str, name: str, seconds: float) -> None:
   os.replace(tmp, path)
 
 
+def machine_info() -> dict:
+  """The CPU a run ran on: runs are deterministic on one kind of CPU, not across kinds (a warm
+  start retrained on another CPU ends elsewhere; docs/study/round4/amendments.md)."""
+  info = {"machine": platform.machine(), "cores": os.cpu_count()}
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+      text = f.read()
+  except OSError:
+    return info
+  first = text.split("\n\n", 1)[0]
+  for line in first.splitlines():
+    key, _, value = line.partition(":")
+    key, value = key.strip(), value.strip()
+    if key in ("model name", "cpu family", "model", "vendor_id"):
+      info[key.replace(" ", "_")] = value
+    elif key == "flags":
+      info["flags_sha256"] = hashlib.sha256(value.encode()).hexdigest()[:16]
+      info["avx512_bf16"] = "avx512_bf16" in value.split()
+  return info
+
+
 def _finish(folder: str, commit: str) -> None:
+  with open(os.path.join(folder, "machine.json"), "w") as f:
+    json.dump(machine_info(), f, indent=1)
   tmp = os.path.join(folder, "commit.txt.tmp")
   with open(tmp, "w") as f:
     f.write(commit + "\n")
@@ -206,6 +231,8 @@ def train_warm_start(root: str, job: dict, log: Callable, worker: str) -> None:
   log(f"[{worker}] warm start {folder}: {cfg.sft.steps} SFT steps")
   t0 = time.time()
   res = run_sft(sft_config(cfg, job["length"]), log=lambda *a, **k: None)
+  with open(os.path.join(folder, "machine.json"), "w") as f:
+    json.dump(machine_info(), f, indent=1)
   _record_time(root, worker, f"sft/{os.path.relpath(folder, root)}", time.time() - t0)
   log(
     f"[{worker}] warm start {folder}: accuracy {res['eval_accuracy']:.3f} ({time.time() - t0:.0f}s)"
