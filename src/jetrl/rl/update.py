@@ -165,7 +165,12 @@ def forward_metrics(train_logp, batch: TrainBatch, cfg: UpdateConfig, bin_edges)
   the rollout's."""
   agree = agreement_metrics(batch.rollout_logprobs, train_logp, batch.mask, bin_edges=bin_edges)
   is_w, is_metrics = importance_weights(
-    train_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
+    train_logp,
+    batch.rollout_logprobs,
+    batch.mask,
+    method=cfg.is_method,
+    cap=cfg.is_cap,
+    cap_low=cfg.is_cap_low,
   )
   return agree, is_w, is_metrics
 
@@ -182,7 +187,12 @@ def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=
     # the IS weights compare the same values with the rollout's.
     own = jax.lax.stop_gradient(logp)
     is_w, _ = importance_weights(
-      own, mb.rollout_logprobs, mb.mask, method=spec.cfg.is_method, cap=spec.cfg.is_cap
+      own,
+      mb.rollout_logprobs,
+      mb.mask,
+      method=spec.cfg.is_method,
+      cap=spec.cfg.is_cap,
+      cap_low=spec.cfg.is_cap_low,
     )
     extra = dict(extra, old_logp=own, is_w=is_w)
   nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
@@ -268,6 +278,7 @@ def summarize(
     learning_rate=jnp.asarray(learning_rate, jnp.float32),
     is_frac_truncated=is_metrics["frac_truncated"],
     is_frac_dropped=is_metrics["frac_dropped"],
+    is_frac_seq_dropped=is_metrics["frac_seq_dropped"],
     is_mean_weight=is_metrics["mean_weight"],
   )
   if "kl" in outs:  # only against a real reference policy (kl_coef > 0)
