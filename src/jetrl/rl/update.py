@@ -92,6 +92,8 @@ class StepSpec(NamedTuple):
   max_tokens: int
   lora: Optional[LoraConfig] = None
   split_tokens: Any = None  # jetrl.parallel's Layout.token_split on a mesh
+  top_k: Optional[int] = None  # the sampler's truncation (jetrl.models.truncation)
+  top_p: float = 1.0
 
   def policy(self, params, frozen):
     """The params the model reads: `params`, or a LoRA run's adapters on its frozen base."""
@@ -111,6 +113,8 @@ class StepSpec(NamedTuple):
       chunk_size=self.cfg.chunk_size,
       remat=remat,
       split_tokens=self.split_tokens,
+      top_k=self.top_k,
+      top_p=self.top_p,
     )
 
   def aggregate(self, per_token, mask):
@@ -301,12 +305,17 @@ def train_step(
   bin_edges: tuple[int, ...] = DEFAULT_EDGES,
   lora: Optional[LoraConfig] = None,
   split_tokens: Any = None,
+  top_k: Optional[int] = None,
+  top_p: float = 1.0,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
   optimizer, total_steps: the run's optimizer and its length in optimizer steps (the
     schedule's horizon, `UpdateConfig.optimizer_steps`).
   temperature: the sampling temperature the rollout log-probs were recorded at.
+  top_k, top_p: the sampling's top-k / top-p: the training forward's log-probs are those of
+    the distribution truncated by them from its own logits, as the rollout's were recorded
+    (`jetrl.models.truncation`; docs/numerics.md, "Log-probs under top-k / top-p").
   lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
     are trained on its frozen base.
   split_tokens: on a mesh, `Layout.token_split`: each layer's activations keep their rows on
@@ -339,6 +348,8 @@ def train_step(
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,
     split_tokens=split_tokens,
+    top_k=top_k,
+    top_p=top_p,
   )
   opt = make_optimizer(optimizer, total_steps)
   learning_rate = learning_rate_schedule(optimizer, total_steps)(state.step)
@@ -362,6 +373,8 @@ STATIC_ARGNAMES = (
   "bin_edges",
   "lora",
   "split_tokens",
+  "top_k",
+  "top_p",
 )
 
 

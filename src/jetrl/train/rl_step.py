@@ -118,6 +118,8 @@ class RLStep:
       total_steps=cfg.optimizer_steps,
       precision=self.pieces.recipe.train,
       temperature=cfg.sampling.temperature,
+      top_k=cfg.sampling.top_k,
+      top_p=cfg.sampling.top_p,
       bin_edges=self.bin_edges,
       lora=cfg.lora if cfg.lora.enabled else None,
     )
