@@ -97,7 +97,10 @@ LOSS_HELP = "Policy loss (its defaults: {}).".format(
   "; ".join(f"{name} {spec.summary}" for name, spec in LOSS_SPECS.items())
 )
 ADVANTAGE_HELP = "Advantage estimator (none: the loss's own, {}): {}.".format(
-  ", ".join(f"{spec.advantage} for {name}" for name, spec in LOSS_SPECS.items()),
+  "; ".join(
+    f"{kind} for {', '.join(n for n, spec in LOSS_SPECS.items() if spec.advantage == kind)}"
+    for kind in dict.fromkeys(spec.advantage for spec in LOSS_SPECS.values())
+  ),
   "; ".join(f"{name} {spec.summary}" for name, spec in ADVANTAGE_SPECS.items()),
 )
 
