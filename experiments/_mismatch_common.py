@@ -17,8 +17,16 @@ def rollout_batch(out):
   )
 
 
-def train_logprobs(model_config, precision, temperature: float):
-  """f(params, batch) -> the training forward's [B, T] log-probs of the batch's tokens."""
-  fn = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "temperature"))
-  kw = dict(model_config=model_config, precision=precision, temperature=temperature)
+def train_logprobs(model_config, precision, sampling):
+  """f(params, batch) -> the training forward's [B, T] log-probs of the batch's tokens, under
+  the sampling config's temperature and top-k / top-p (the rule the rollout recorded by)."""
+  static = ("model_config", "precision", "temperature", "top_k", "top_p")
+  fn = jax.jit(policy_logprobs, static_argnames=static)
+  kw = dict(
+    model_config=model_config,
+    precision=precision,
+    temperature=sampling.temperature,
+    top_k=sampling.top_k,
+    top_p=sampling.top_p,
+  )
   return lambda params, batch: fn(params, batch=batch, **kw)[0]

@@ -60,7 +60,7 @@ from jetrl import models as M  # noqa: E402
 from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node  # noqa: E402
 from jetrl.data.prompts import chat_prompt_ids, user_message  # noqa: E402
 from jetrl.precision import Precision, get_recipe  # noqa: E402
-from jetrl.rl.advantages import group_advantages  # noqa: E402
+from jetrl.rl.advantages import compute_advantages  # noqa: E402
 from jetrl.rl.batch import make_train_batch  # noqa: E402
 from jetrl.rl.correction import importance_weights  # noqa: E402
 from jetrl.rl.update import StepSpec, no_grad_logprobs  # noqa: E402
@@ -110,14 +110,14 @@ class GradientLengthConfig(Tree):
       )
 
 
-def random_advantages(rows: int, n: int, seed: int, normalize_std: bool) -> jax.Array:
-  """GRPO advantages of random rewards (the same for every recipe): each group's n rows get
-  n // 2 rewards of 1 and the rest 0, in a random order, so that no group's advantages are
-  all 0."""
+def random_advantages(rows: int, n: int, seed: int, kind: str) -> jax.Array:
+  """Advantages (`kind`, an entry of jetrl.rl.advantages.ADVANTAGE_SPECS) of random rewards
+  (the same for every recipe): each group's n rows get n // 2 rewards of 1 and the rest 0, in
+  a random order, so that no group's advantages are all 0."""
   rng = np.random.default_rng(seed)
   group = np.array([1.0] * (n // 2) + [0.0] * (n - n // 2), np.float32)
   rewards = np.concatenate([rng.permutation(group) for _ in range(rows // n)])
-  return group_advantages(jnp.asarray(rewards), n, normalize_std=normalize_std)
+  return compute_advantages(jnp.asarray(rewards), n, kind)
 
 
 def prefix_batch(out, advantages, length: int, rows=None):
@@ -297,7 +297,7 @@ def run(cfg: GradientLengthConfig) -> None:
       rollouts[rollout] = jax.block_until_ready(out)
       print(f"sampled with {name}'s rollout in {time.time() - t0:.0f}s", flush=True)
   rows = len(prompts) * sc.n
-  adv = random_advantages(rows, sc.n, cfg.seed, cfg.update.normalize_std)
+  adv = random_advantages(rows, sc.n, cfg.seed, cfg.update.resolved_advantage)
   results = measure(cfg, params, mcfg, rollouts, adv)
   print(table(results))
   wall = time.time() - t_all

@@ -41,7 +41,7 @@ from _fields import json_out_field, recipes_field  # noqa: E402
 from jetrl.config import SEED_MAX, ConfigError, check_fields, field, node  # noqa: E402
 from jetrl.data import get_task  # noqa: E402
 from jetrl.precision import Precision, get_recipe  # noqa: E402
-from jetrl.rl.advantages import group_advantages  # noqa: E402
+from jetrl.rl.advantages import compute_advantages  # noqa: E402
 from jetrl.rl.batch import make_train_batch  # noqa: E402
 from jetrl.rl.correction import importance_weights  # noqa: E402
 from jetrl.rl.update import StepSpec, no_grad_logprobs  # noqa: E402
@@ -141,7 +141,7 @@ def measure_length(cfg, length, params, mcfg, tok, log=print) -> dict:
 
     def batch_of(out):
       rewards, correct, _, _ = score_rollout(task, tok, problems, out, n)
-      adv = group_advantages(jnp.asarray(rewards), n, normalize_std=u.normalize_std)
+      adv = compute_advantages(jnp.asarray(rewards), n, u.resolved_advantage)
       b = make_train_batch(
         out.prompt_tokens, out.prompt_mask, out.tokens, out.mask, out.logprobs, adv
       )

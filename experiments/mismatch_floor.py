@@ -95,7 +95,7 @@ def run(cfg: FloorConfig) -> None:
     r = get_recipe(name)
     out = sample(params, mcfg, prompts, jax.random.PRNGKey(cfg.seed), sc, r.rollout)
     batch = rollout_batch(out)
-    logp = train_logprobs(mcfg, r.train, sc.temperature)
+    logp = train_logprobs(mcfg, r.train, sc)
     whole = np.asarray(logp(params, batch))
     step = cfg.chunk_rows
     chunk = lambda i: jax.tree_util.tree_map(lambda a: a[i : i + step], batch)

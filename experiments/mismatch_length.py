@@ -134,7 +134,7 @@ def measure(cfg: LengthConfig, params, config, prompts, tok, name: str) -> dict:
   t_sample = time.time() - t0
   rows = out.tokens.shape[0]
   batch = rollout_batch(out)
-  logp = train_logprobs(config, recipe.train, sc.temperature)
+  logp = train_logprobs(config, recipe.train, sc)
   t0 = time.time()
   whole = logp(params, batch)
   # The floor: each row alone, its sequence right-padded by --floor_pad masked tokens (the same

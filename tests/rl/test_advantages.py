@@ -126,3 +126,51 @@ def test_property_groups_are_centered_and_scaled(seed, normalize_std):
   keep, n_dropped = dynamic_sampling_mask(rewards, group_size=8)
   np.testing.assert_array_equal(keep, ~constant)
   assert int(n_dropped) == constant.sum()
+
+
+def test_rloo_hand_values():
+  # Group [2, 0, 1, 1]: the others' means are 2/3, 4/3, 1, 1. Group [1, 0, 0, 0]: 0 and 1/3.
+  # A group of equal rewards gets exactly 0.
+  rewards = np.array([2.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 3.0, 3.0, 3.0, 3.0], np.float32)
+  out = np.asarray(adv_lib.compute_advantages(rewards, 4, "rloo"))
+  want = [4 / 3, -4 / 3, 0, 0, 1, -1 / 3, -1 / 3, -1 / 3, 0, 0, 0, 0]
+  np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+  assert np.all(out[8:] == 0.0)
+  # The shape comes back as given, and G = 1 has no leave-one-out mean.
+  assert adv_lib.rloo_advantages(rewards.reshape(3, 4), 4).shape == (3, 4)
+  with pytest.raises(ValueError, match="group_size >= 2"):
+    adv_lib.rloo_advantages(rewards, 1)
+
+
+def test_reinforce_pp_hand_values():
+  # Rewards [1, 0, 0, 0 | 1, 1, 1, 1]: batch mean 5/8, population variance 15/64, so a 1 gets
+  # (3/8) / sqrt(15/64) = sqrt(3/5) and a 0 gets -(5/8) / sqrt(15/64) = -sqrt(5/3); the
+  # group of equal rewards is not zero (no group baseline).
+  rewards = np.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], np.float32)
+  a, b = math.sqrt(3 / 5), -math.sqrt(5 / 3)
+  out = adv_lib.compute_advantages(rewards, 4, "reinforce_pp")
+  np.testing.assert_allclose(out, [a, b, b, b, a, a, a, a], rtol=1e-5)
+  # With the group baseline: [3/4, -1/4, -1/4, -1/4 | 0, 0, 0, 0], batch mean 0, variance
+  # 3/32: sqrt(6), -sqrt(2/3), and the equal group stays exactly 0.
+  out = np.asarray(adv_lib.compute_advantages(rewards, 4, "reinforce_pp_baseline"))
+  c, d = math.sqrt(6), -math.sqrt(2 / 3)
+  np.testing.assert_allclose(out, [c, d, d, d, 0, 0, 0, 0], rtol=1e-5)
+  assert np.all(out[4:] == 0.0)
+  # A batch of equal rewards has no signal: all zeros.
+  assert np.all(
+    np.asarray(adv_lib.compute_advantages(np.ones(8, np.float32), 4, "reinforce_pp")) == 0
+  )
+
+
+def test_advantage_table_grpo_entries_are_group_advantages():
+  rewards = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+  # GRPO: mean 1/4, std sqrt(3)/4: (3/4) / (sqrt(3)/4) = sqrt(3), -(1/4) / (sqrt(3)/4) = -1/sqrt(3)
+  s = math.sqrt(3)
+  np.testing.assert_allclose(
+    adv_lib.compute_advantages(rewards, 4, "grpo"), [s, -1 / s, -1 / s, -1 / s], rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    adv_lib.compute_advantages(rewards, 4, "dr_grpo"), [0.75, -0.25, -0.25, -0.25], rtol=1e-6
+  )
+  with pytest.raises(ValueError, match="unknown advantage 'ppo'"):
+    adv_lib.compute_advantages(rewards, 4, "ppo")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jetrl.rl import correction, losses
 
 importance_weights = jax.jit(
-  correction.importance_weights, static_argnames=("method", "cap", "log_clamp")
+  correction.importance_weights, static_argnames=("method", "cap", "cap_low", "log_clamp")
 )
 
 RATIOS = np.array([0.25, 0.5, 1.0, 3.0])
@@ -25,8 +25,9 @@ def ratio_batch(ratios, rollout=0.0):
   return train, roll, np.ones_like(roll, bool)
 
 
-def np_weights(train, roll, mask, method, cap, log_clamp=20.0):
+def np_weights(train, roll, mask, method, cap, log_clamp=20.0, low=None):
   """(weights, frac_truncated, frac_dropped) in float64."""
+  low = 1.0 / cap if low is None else low
   lr = np.where(mask, train.astype(np.float64) - roll.astype(np.float64), 0.0)
   if method == "none":
     w = np.ones_like(lr)
@@ -35,13 +36,18 @@ def np_weights(train, roll, mask, method, cap, log_clamp=20.0):
     if method.startswith("seq_"):
       s = np.clip(lr.sum(axis=1, keepdims=True), -log_clamp, log_clamp)
       ratio = np.broadcast_to(np.exp(s), lr.shape)
+    elif method == "geo_mis":
+      n = np.maximum(mask.sum(axis=1, keepdims=True), 1)
+      s = np.clip(lr.sum(axis=1, keepdims=True) / n, -log_clamp, log_clamp)
+      ratio = np.broadcast_to(np.exp(s), lr.shape)
     else:
       ratio = np.exp(lr)
     if method.endswith("tis"):
       w, trunc, drop = np.minimum(ratio, cap), ratio > cap, np.zeros_like(lr, bool)
     else:
-      keep = (ratio >= 1.0 / cap) & (ratio <= cap)
-      w, trunc, drop = keep.astype(np.float64), np.zeros_like(lr, bool), ~keep
+      keep = (ratio >= low) & (ratio <= cap)
+      inside = ratio if method == "icepop" else 1.0
+      w, trunc, drop = np.where(keep, inside, 0.0), np.zeros_like(lr, bool), ~keep
   n = max(mask.sum(), 1)
   return np.where(mask, w, 0.0), (trunc & mask).sum() / n, (drop & mask).sum() / n
 
@@ -133,12 +139,61 @@ def test_none_is_the_mask_and_weights_are_detached():
 def test_nan_is_never_silently_dropped():
   train, roll, mask = ratio_batch(RATIOS)
   train[0, 2] = np.nan
-  for method in ("tis", "mis"):
+  for method in ("tis", "mis", "icepop"):
     w, _ = importance_weights(train, roll, mask, method=method)
     assert np.isnan(w[0, 2]) and np.all(np.isfinite(np.delete(np.asarray(w[0]), 2)))
-  for method in ("seq_tis", "seq_mis"):
+  for method in ("seq_tis", "seq_mis", "geo_mis"):
     w, _ = importance_weights(train, roll, mask, method=method)
     assert np.all(np.isnan(w))
+
+
+def test_icepop_hand_values():
+  # Band [0.5, 5] (IcePop's published one): 0.25 and 6 leave it, 0.5, 1 and 3 keep their ratio.
+  w, m = importance_weights(
+    *ratio_batch([0.25, 0.5, 1.0, 3.0, 6.0]), method="icepop", cap=5.0, cap_low=0.5
+  )
+  np.testing.assert_allclose(w[0], [0.0, 0.5, 1.0, 3.0, 0.0], rtol=1e-6)
+  assert float(m["frac_dropped"]) == np.float32(0.4) and float(m["frac_truncated"]) == 0.0
+  assert float(m["frac_seq_dropped"]) == 1.0
+  np.testing.assert_allclose(m["mean_weight"], 4.5 / 5, rtol=1e-6)
+  # The default band [1/C, C] = [1/2, 2]: 3 is dropped too.
+  w, _ = importance_weights(*ratio_batch(RATIOS), method="icepop", cap=2.0)
+  np.testing.assert_allclose(w[0], [0.0, 0.5, 1.0, 0.0], rtol=1e-6)
+
+
+def test_geo_mis_hand_values():
+  # Row 0: ratios 2 and 1/2, geometric mean 1: kept though its product of ratios is 1 and its
+  # tokens lie at the ends of [1/2, 2]. Row 1: ratios 1.0014 and 1.0004 (the third token
+  # masked out), geometric mean sqrt(1.0014 * 1.0004) = 1.0009: kept at C = 1.001. Row 2: ratios 1.003 and 1.0, mean 1.0015 > 1.001: the whole row is dropped.
+  # Row 3: ratios 0.998, 0.999, mean 0.9985 < 1 / 1.001 = 0.999001: dropped.
+  ratios = np.array([[2.0, 0.5, 1.0], [1.0014, 1.0004, 7.0], [1.003, 1.0, 1.0], [0.998, 0.999, 1]])
+  roll = np.full(ratios.shape, -1.0, np.float32)
+  train = (roll + np.log(ratios)).astype(np.float32)
+  mask = np.array([[1, 1, 0], [1, 1, 0], [1, 1, 0], [1, 1, 0]], bool)
+  w, m = importance_weights(train, roll, mask, method="geo_mis", cap=1.001)
+  np.testing.assert_array_equal(w, [[1, 1, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]])
+  assert float(m["frac_dropped"]) == 0.5 and float(m["frac_seq_dropped"]) == 0.5
+  # The same rows under seq_mis (the product, with C = 1.001): row 0 kept (product 1), row 1
+  # dropped (product 1.0018), rows 2 and 3 dropped: the geometric mean does not grow with length.
+  w, m = importance_weights(train, roll, mask, method="seq_mis", cap=1.001)
+  np.testing.assert_array_equal(w[:, 0], [1, 0, 0, 0])
+  assert float(m["frac_seq_dropped"]) == 0.75
+
+
+def test_cap_low_sets_the_band_of_the_masks():
+  # Band [0.3, 2]: 0.25 and 3 dropped, 0.5 kept; the truncating methods refuse a lower end.
+  w, m = importance_weights(*ratio_batch(RATIOS), method="mis", cap=2.0, cap_low=0.3)
+  np.testing.assert_array_equal(w[0], [0.0, 1.0, 1.0, 0.0])
+  w, _ = importance_weights(*ratio_batch(RATIOS), method="mis", cap=2.0, cap_low=0.25)
+  np.testing.assert_array_equal(w[0], [1.0, 1.0, 1.0, 0.0])
+  # A row with no completion token counts in no sequence share.
+  train, roll, mask = ratio_batch(RATIOS)
+  train, roll, mask = (np.concatenate([a, a]) for a in (train, roll, mask))
+  mask[1] = False
+  _, m = importance_weights(train, roll, mask, method="mis", cap=2.0)
+  assert float(m["frac_seq_dropped"]) == 1.0
+  with pytest.raises(ValueError, match="cap_low"):
+    correction.importance_weights(*ratio_batch(RATIOS), method="mis", cap_low=1.5)
 
 
 def test_bad_arguments_raise():

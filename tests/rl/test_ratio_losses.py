@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from jetrl.config import ConfigError, from_dict
-from jetrl.rl import LOSS_SPECS, LOSSES, UpdateConfig, cispo_loss, gspo_loss, ppo_clip_loss
+from jetrl.rl import (
+  IS_METHODS,
+  LOSS_SPECS,
+  LOSSES,
+  UpdateConfig,
+  cispo_loss,
+  gspo_loss,
+  ppo_clip_loss,
+)
 from jetrl.rl.objective import total_loss
 from loss_refs import hand_batch, np_aggregate, policy_value_and_grad
 
@@ -188,16 +196,16 @@ def test_table_gives_the_config_choices_and_defaults():
   assert LOSSES == tuple(LOSS_SPECS) == ("grpo", "dapo", "dr_grpo", "gspo", "cispo")
   with pytest.raises(ConfigError, match=r"loss: 'ppo' is not accepted.*'gspo', 'cispo'"):
     UpdateConfig(loss="ppo")
-  defaults = {  # (clip_low, clip_high, aggregation, normalize_std): those before the table
-    "grpo": (0.2, 0.2, "seq_mean_token_mean", True),
-    "dapo": (0.2, 0.28, "token", True),
-    "dr_grpo": (0.2, 0.2, "constant", False),
-    "gspo": (3e-4, 4e-4, "seq_mean_token_mean", True),
-    "cispo": (1.0, 0.28, "token", True),
+  defaults = {  # (clip_low, clip_high, aggregation, advantage): those before the table
+    "grpo": (0.2, 0.2, "seq_mean_token_mean", "grpo"),
+    "dapo": (0.2, 0.28, "token", "grpo"),
+    "dr_grpo": (0.2, 0.2, "constant", "dr_grpo"),
+    "gspo": (3e-4, 4e-4, "seq_mean_token_mean", "grpo"),
+    "cispo": (1.0, 0.28, "token", "grpo"),
   }
   for name, want in defaults.items():
     u = UpdateConfig(loss=name)
-    got = (u.resolved_clip_low, u.resolved_clip_high, u.resolved_aggregation, u.normalize_std)
+    got = (u.resolved_clip_low, u.resolved_clip_high, u.resolved_aggregation, u.resolved_advantage)
     assert got == want, name
     assert LOSS_SPECS[name].summary in UpdateConfig.__dataclass_fields__["loss"].metadata["help"]
   u = UpdateConfig(loss="gspo", clip_low=0.1, clip_high=0.3, aggregation="token")
@@ -214,7 +222,7 @@ def test_clip_low_of_one_only_where_the_ratio_is_detached():
       UpdateConfig(loss=name, clip_low=1.0)
   # Every loss composes with the IS corrections and with the rollout as the old policy.
   for name in LOSSES:
-    for method in ("tis", "mis", "seq_tis", "seq_mis"):
+    for method in IS_METHODS:
       UpdateConfig(loss=name, is_method=method)
     UpdateConfig(loss=name, old_logp="rollout")
 

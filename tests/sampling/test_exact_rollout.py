@@ -49,7 +49,10 @@ SC_B = SamplingConfig(
 )
 
 # Temperature is traced: one compiled training forward serves every temperature.
-_lp = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "chunk_size"))
+_lp = jax.jit(
+  policy_logprobs,
+  static_argnames=("model_config", "precision", "chunk_size", "top_k", "top_p"),
+)
 _lp_row = jax.jit(token_logprobs, static_argnames=("config", "precision", "chunk_size"))
 
 
@@ -240,3 +243,49 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
     assert agree["agree/kl_k3"] == 0.0 and agree["agree/prob_ratio_error"] == 1.0, agree
     assert float(m["ratio_mean"]) == 1.0 and float(m["skipped_updates"]) == 0
   assert np.abs(np.asarray(state.params["embed"]) - before).max() > 0  # it did train
+
+
+def test_truncated_rollout_logprobs_equal_the_training_forward_bitwise(model):
+  """top-k and top-p on: the rollout records the log-prob under the truncated, renormalised
+  distribution, and the training forward recomputes it under the same truncation of its own
+  logits: under jet_exact the two are equal bit for bit (so the PPO ratio is exactly 1), and
+  they are the truncated log-probs, not the full softmax's."""
+  import dataclasses
+
+  cfg, params = model
+  prompts = [pieces.encode_prompt(TOK, p.prompt) for p in _prompts("A")]
+  for top_k, top_p in ((5, 0.6),):
+    sc = dataclasses.replace(SC_A, top_k=top_k, top_p=top_p)
+    out = jax.tree_util.tree_map(
+      np.asarray, sample(params, cfg, prompts, jax.random.PRNGKey(1), sc, EXACT.rollout)
+    )
+    m = out.mask
+    assert m.sum() >= 40
+    lp, _ = _lp(
+      params,
+      model_config=cfg,
+      batch=_batch(out),
+      precision=EXACT.train,
+      temperature=np.float32(sc.temperature),
+      chunk_size=16,
+      top_k=top_k,
+      top_p=top_p,
+    )
+    assert np.abs(np.asarray(lp) - out.logprobs)[m].max() == 0.0, (top_k, top_p)
+    full = _train_logprobs(params, cfg, out, EXACT, sc.temperature)
+    # Renormalised over a subset: never below the full softmax's, above it where tokens are cut.
+    assert np.all(out.logprobs[m] >= full[m]) and np.mean(out.logprobs[m] > full[m]) > 0.5
+    # The update step's own forward: its agreement metrics are exactly zero.
+    ucfg = UpdateConfig(loss="grpo", chunk_size=16, old_logp="rollout")
+    _, metrics = update_step(
+      init_train_state(params, ucfg),
+      _batch(out, np.linspace(-1, 1, len(out.tokens))),
+      jax.random.PRNGKey(0),
+      model_config=cfg,
+      cfg=ucfg,
+      precision=EXACT.train,
+      temperature=sc.temperature,
+      top_k=top_k,
+      top_p=top_p,
+    )
+    assert float(metrics["agree/abs_diff_max"]) == 0.0 and float(metrics["ratio_mean"]) == 1.0

@@ -27,15 +27,15 @@ import gradient_length as GL  # noqa: E402
 
 
 def test_random_advantages_by_hand():
-  adv = np.asarray(GL.random_advantages(8, 4, seed=3, normalize_std=True))
+  adv = np.asarray(GL.random_advantages(8, 4, seed=3, kind="grpo"))
   # each group of 4 holds two rewards of 1 and two of 0: mean 1/2, sd 1/2 -> advantages +-1
   assert adv.shape == (8,)
   for g in adv.reshape(2, 4):
     assert sorted(np.round(g, 4)) == [-1.0, -1.0, 1.0, 1.0]
-  again = np.asarray(GL.random_advantages(8, 4, seed=3, normalize_std=True))
+  again = np.asarray(GL.random_advantages(8, 4, seed=3, kind="grpo"))
   np.testing.assert_array_equal(adv, again)  # the same draw for every recipe
   # Dr.GRPO (no division by the sd); an odd group of 3 holds one reward of 1
-  odd = np.asarray(GL.random_advantages(3, 3, seed=0, normalize_std=False))
+  odd = np.asarray(GL.random_advantages(3, 3, seed=0, kind="dr_grpo"))
   np.testing.assert_allclose(sorted(odd), [-1 / 3, -1 / 3, 2 / 3], rtol=1e-6)
 
 

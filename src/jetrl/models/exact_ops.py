@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jetrl.models import truncation
 from jetrl.models.exact_math import exp64, log64, rsqrt32, with_reference_vjp
 from jetrl.precision import cpu_kernels as _cpu_kernels
 from jetrl.precision.exact import F64, dot_bits, exact_sum, pow2, to_grid, x64
@@ -293,16 +294,20 @@ def inverse_temperature(temperature) -> jax.Array:
   return jnp.float32(1.0) / jnp.asarray(temperature, jnp.float32)
 
 
-def log_softmax_stats(z: jax.Array, targets: jax.Array, inv_t: jax.Array):
+def log_softmax_stats(z: jax.Array, targets: jax.Array, inv_t: jax.Array, keep=None):
   """(log p(target), entropy) of softmax(z * inv_t) over the last axis, float32.
 
   u = (z - max z) * inv_t is exact in float64 (float32 factors); the denominator is an
-  exact sum of exp64(u); log p = u[target] - log64(sum).
+  exact sum of exp64(u); log p = u[target] - log64(sum). keep: bool [..., V], the tokens of
+  a top-k / top-p truncated distribution (`jetrl.models.truncation`, the target counted in):
+  the others' terms are 0, so the distribution is renormalised over the kept ones.
   """
   top = jnp.max(z, axis=-1, keepdims=True)
   with x64():
     u = (z.astype(F64) - top.astype(F64)) * jnp.asarray(inv_t, jnp.float32).astype(F64)
     e = exp64(u)
+    if keep is not None:
+      e = jnp.where(keep, e, 0.0)
     total = exact_sum(e, -1)
     lse = log64(total)
     u_t = jnp.take_along_axis(u, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -311,23 +316,44 @@ def log_softmax_stats(z: jax.Array, targets: jax.Array, inv_t: jax.Array):
   return logp, ent
 
 
+def truncated_keep(z: jax.Array, targets: jax.Array, inv_t: jax.Array, top_k, top_p):
+  """The kept set of `log_softmax_stats` under top-k / top-p (None when nothing is cut)."""
+  if not truncation.is_truncated(top_k, top_p, z.shape[-1]):
+    return None
+  return truncation.with_targets(truncation.keep_mask_exact(z, inv_t, top_k, top_p), targets)
+
+
 def chunk_stats(
-  h: jax.Array, targets: jax.Array, w: jax.Array, temperature, tied: bool, cd, reference
+  h: jax.Array,
+  targets: jax.Array,
+  w: jax.Array,
+  temperature,
+  tied: bool,
+  cd,
+  reference,
+  top_k=None,
+  top_p: float = 1.0,
 ):
-  """(log p(target), entropy) [B, C] from hidden states h [B, C, D] (`logprobs._chunk_stats`).
+  """(log p(target), entropy) [B, C] from hidden states h [B, C, D] (`logprobs._chunk_stats`),
+  under top-k / top-p truncation when they cut (`jetrl.models.truncation`).
 
   reference(h, targets, w, temperature) is the standard computation, used for the VJP.
   """
 
   def exact(h, targets, w, temperature):
-    return log_softmax_stats(_logits(h, w, tied, cd), targets, inverse_temperature(temperature))
+    z, inv_t = _logits(h, w, tied, cd), inverse_temperature(temperature)
+    keep = truncated_keep(z, targets, inv_t, top_k, top_p)
+    return log_softmax_stats(z, targets, inv_t, keep)
 
   return with_reference_vjp(exact, reference, h, targets, w, jnp.asarray(temperature, jnp.float32))
 
 
-def token_logprobs_from_logits(logits: jax.Array, tokens: jax.Array, temperature) -> jax.Array:
-  """The sampler's recorded log p(token) [R] from float32 logits [R, V] (temperature 0: 1)."""
-  logp, _ = log_softmax_stats(logits, tokens, inverse_temperature(temperature or 1.0))
+def token_logprobs_from_logits(
+  logits: jax.Array, tokens: jax.Array, temperature, keep=None
+) -> jax.Array:
+  """The sampler's recorded log p(token) [R] from float32 logits [R, V] (temperature 0: 1),
+  over the kept set `keep` [R, V] when top-k / top-p truncate."""
+  logp, _ = log_softmax_stats(logits, tokens, inverse_temperature(temperature or 1.0), keep)
   return logp
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import exact_ops
+from jetrl.models import exact_ops, truncation
 from jetrl.models.config import ModelConfig
 from jetrl.models.decoder import hidden_states
 from jetrl.models.layers import activation_dtype, lm_head
@@ -27,23 +27,37 @@ from jetrl.precision import target as _target
 DEFAULT_CHUNK = 128
 
 
-def _chunk_stats(h, targets, params, config, cd, temperature, exact=False):
-  """(logp [B, C], entropy [B, C]) from hidden states [B, C, D].
+def _chunk_stats(h, targets, params, config, cd, temperature, exact=False, top_k=None, top_p=1.0):
+  """(logp [B, C], entropy [B, C]) from hidden states [B, C, D], of the distribution truncated
+  by top-k / top-p when they cut (`jetrl.models.truncation`).
 
   exact: the batch-invariant forward (exact LM head and log-softmax; models/exact_ops.py).
   """
   if exact:
     key = "embed" if config.tie_embeddings else "lm_head"
-    ref = lambda hc, tc, w, temp: _chunk_stats(hc, tc, {key: w}, config, cd, temp)
+    ref = lambda hc, tc, w, temp: _chunk_stats(
+      hc, tc, {key: w}, config, cd, temp, top_k=top_k, top_p=top_p
+    )
     return exact_ops.chunk_stats(
-      h, targets, params[key], temperature, config.tie_embeddings, cd, reference=ref
+      h, targets, params[key], temperature, config.tie_embeddings, cd, ref, top_k, top_p
     )
   z = lm_head(h, params, config, cd) / temperature  # float32 [B, C, V]
-  return _stats_of_logits(z, targets)[:2]
+  keep = None
+  if truncation.is_truncated(top_k, top_p, z.shape[-1]):
+    keep = truncation.with_targets(truncation.keep_mask(z, top_k, top_p), targets)
+  return _stats_of_logits(z, targets, keep)[:2]
 
 
-def _stats_of_logits(z, targets):
-  """(logp of the targets, entropy, lse) of float32 logits z [B, C, V]."""
+def _stats_of_logits(z, targets, keep=None):
+  """(logp of the targets, entropy, lse) of float32 logits z [B, C, V]; keep [B, C, V]: the
+  tokens of a truncated distribution (the others have probability 0)."""
+  if keep is not None:
+    z_kept = jnp.where(keep, z, -jnp.inf)
+    lse = jax.nn.logsumexp(z_kept, axis=-1)
+    z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+    p = jnp.exp(z_kept - lse[..., None])  # exactly 0 outside the set
+    entropy = lse - jnp.sum(p * jnp.where(keep, z, 0.0), axis=-1)
+    return z_target - lse, entropy, lse
   lse = jax.nn.logsumexp(z, axis=-1)
   z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
   entropy = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
@@ -98,6 +112,8 @@ def logprobs_from_hidden(
   temperature=1.0,
   chunk_size: int = DEFAULT_CHUNK,
   split_tokens=None,
+  top_k: Optional[int] = None,
+  top_p: float = 1.0,
 ):
   """token_logprobs from final-normed hidden states h [B, T, D] (see `token_logprobs`);
   split_tokens: on a mesh, gathers the head's weight once for all chunks (`head_weight`)."""
@@ -114,13 +130,14 @@ def logprobs_from_hidden(
   key = "embed" if config.tie_embeddings else "lm_head"
   if split_tokens is not None and t > chunk_size:
     params = {**params, key: split_tokens.head_weight(params[key])}
-  if _target.platform() == "gpu" and not is_batch_invariant(precision):
+  cut = truncation.is_truncated(top_k, top_p, config.vocab_size)
+  if _target.platform() == "gpu" and not is_batch_invariant(precision) and not cut:
     # its own backward keeps only lse and the entropy: no checkpoint needed
     stats = lambda hc, tc: head_stats(hc, params[key], tc, temperature, key, config, cd)
-  else:
+  else:  # (top-k / top-p: the truncated statistics, differentiated by JAX)
     stats = jax.checkpoint(
       lambda hc, tc: _chunk_stats(
-        hc, tc, params, config, cd, temperature, is_batch_invariant(precision)
+        hc, tc, params, config, cd, temperature, is_batch_invariant(precision), top_k, top_p
       )
     )
   if t <= chunk_size:
@@ -172,11 +189,15 @@ def token_logprobs(
   chunk_size: int = DEFAULT_CHUNK,
   remat: bool = False,
   split_tokens=None,
+  top_k: Optional[int] = None,
+  top_p: float = 1.0,
 ):
   """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params.
 
   logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]], and entropy[b, t] is
-  the entropy of that same distribution. chunk_size (static) is the number of sequence
+  the entropy of that same distribution. With top_k / top_p, the distribution is the
+  truncated and renormalised one the sampler draws from, its kept set found from these
+  logits, the target always counted in (`jetrl.models.truncation`; docs/numerics.md). chunk_size (static) is the number of sequence
   positions whose logits exist at once; T <= chunk_size runs as one chunk.
 
   Compiled for a GPU (not the batch-invariant forward), T is padded at the end to whole tiles
@@ -208,5 +229,7 @@ def token_logprobs(
     temperature=temperature,
     chunk_size=chunk_size,
     split_tokens=split_tokens,
+    top_k=top_k,
+    top_p=top_p,
   )
   return logp[:, :t], ent[:, :t]

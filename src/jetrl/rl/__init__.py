@@ -1,6 +1,14 @@
 """RL math for LLM policies: advantages, losses, importance-sampling corrections, agreement."""
 
-from jetrl.rl.advantages import batch_normalize, dynamic_sampling_mask, group_advantages
+from jetrl.rl.advantages import (
+  ADVANTAGES,
+  batch_normalize,
+  compute_advantages,
+  dynamic_sampling_mask,
+  group_advantages,
+  reinforce_pp_advantages,
+  rloo_advantages,
+)
 from jetrl.rl.agreement import DEFAULT_EDGES, agreement_metrics, equal_width_edges, position_bins
 from jetrl.rl.correction import IS_METHODS, importance_weights
 from jetrl.rl.losses import (
@@ -17,9 +25,13 @@ from jetrl.rl.losses import (
 from jetrl.rl.ratio_losses import cispo_loss, gspo_loss
 
 __all__ = [
+  "ADVANTAGES",
   "batch_normalize",
+  "compute_advantages",
   "dynamic_sampling_mask",
   "group_advantages",
+  "reinforce_pp_advantages",
+  "rloo_advantages",
   "DEFAULT_EDGES",
   "agreement_metrics",
   "equal_width_edges",

@@ -1,12 +1,19 @@
-"""Group-relative advantages (GRPO, Dr.GRPO), batch normalisation, DAPO dynamic sampling.
+"""Advantages (the table `ADVANTAGE_SPECS`: GRPO, Dr.GRPO, RLOO, REINFORCE++), batch
+normalisation, DAPO dynamic sampling.
 
 Rewards come in groups: each of P prompts is sampled G = `group_size` times, and the G
 completions of a prompt are contiguous, so a flat reward vector [P*G] reshapes to [P, G].
+An advantage is one per completion (the same for all of its tokens). `--update.advantage`
+names an entry of `ADVANTAGE_SPECS`; left unset, the loss's own (`jetrl.rl.objective`).
 
 All math is float32. Everything here is jit-compatible; `group_size` is static.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Mapping
 
 import chex
 import jax.numpy as jnp
@@ -125,3 +132,76 @@ def dynamic_sampling_mask(rewards: chex.Array, group_size: int) -> tuple[chex.Ar
   constant = jnp.max(r, axis=1) == jnp.min(r, axis=1)
   keep = jnp.logical_not(constant)
   return keep, jnp.sum(constant, dtype=jnp.int32)
+
+
+def rloo_advantages(rewards: chex.Array, group_size: int) -> chex.Array:
+  """RLOO (REINFORCE leave-one-out): A_i = r_i - mean of the other G - 1 rewards of its group,
+  i.e. G / (G - 1) times Dr.GRPO's r_i - mean_g. A group whose rewards are all equal gets
+  exactly 0; G must be >= 2. float32, the shape of `rewards`."""
+  if group_size < 2:
+    raise ValueError(f"RLOO needs group_size >= 2 (a leave-one-out mean), got {group_size!r}")
+  shape = jnp.shape(rewards)
+  r = _as_groups(rewards, group_size)
+  others = (jnp.sum(r, axis=1, keepdims=True) - r) / jnp.float32(group_size - 1)
+  constant = jnp.max(r, axis=1, keepdims=True) == jnp.min(r, axis=1, keepdims=True)
+  return jnp.where(constant, jnp.float32(0.0), r - others).reshape(shape)
+
+
+def reinforce_pp_advantages(
+  rewards: chex.Array, group_size: int, *, baseline: bool = False, eps: float = 1e-6
+) -> chex.Array:
+  """REINFORCE++: the rewards normalised over the whole batch (all P*G completions),
+  A_i = (r_i - mean_B) / (std_B + eps), population std; no per-group statistics.
+  `baseline=True` (REINFORCE++-baseline) subtracts the group mean first (a group of equal
+  rewards gets exactly 0 there) and normalises those values over the batch. A batch whose
+  values are all equal gets 0. float32, the shape of `rewards`."""
+  shape = jnp.shape(rewards)
+  r = _as_groups(rewards, group_size)
+  if baseline:
+    r = group_advantages(r, group_size, normalize_std=False)
+  return batch_normalize(r, eps=eps).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSpec:
+  """One advantage estimator of the table.
+
+  function: (rewards [P*G] or [P, G], group_size) -> float32 advantages of that shape.
+  group_std: divides each group by its own std (a per-prompt scale, which Dr.GRPO removes).
+  summary: the formula in words, for the `update.advantage` help.
+  """
+
+  function: Callable[[chex.Array, int], chex.Array]
+  group_std: bool
+  summary: str
+
+
+ADVANTAGE_SPECS: Mapping[str, AdvantageSpec] = {
+  "grpo": AdvantageSpec(
+    functools.partial(group_advantages, normalize_std=True),
+    True,
+    "(r - group mean) / (group std + 1e-6)",
+  ),
+  "dr_grpo": AdvantageSpec(
+    functools.partial(group_advantages, normalize_std=False), False, "r - group mean"
+  ),
+  "rloo": AdvantageSpec(rloo_advantages, False, "r - mean of the group's other G - 1 rewards"),
+  "reinforce_pp": AdvantageSpec(
+    reinforce_pp_advantages,
+    False,
+    "(r - batch mean) / (batch std + 1e-6) over the whole batch, no group baseline",
+  ),
+  "reinforce_pp_baseline": AdvantageSpec(
+    functools.partial(reinforce_pp_advantages, baseline=True),
+    False,
+    "r - group mean, then normalised over the whole batch",
+  ),
+}
+ADVANTAGES = tuple(ADVANTAGE_SPECS)
+
+
+def compute_advantages(rewards: chex.Array, group_size: int, kind: str) -> chex.Array:
+  """The advantages of the table's entry `kind` (one per completion)."""
+  if kind not in ADVANTAGE_SPECS:
+    raise ValueError(f"unknown advantage {kind!r}; accepted: {', '.join(ADVANTAGES)}")
+  return ADVANTAGE_SPECS[kind].function(rewards, group_size)

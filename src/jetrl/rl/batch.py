@@ -7,7 +7,7 @@ positions the sampler used, and the completion's log-probs sit at positions P-1 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -67,9 +67,13 @@ def policy_logprobs(
   chunk_size: int = 256,
   remat: bool = False,
   split_tokens=None,
+  top_k: Optional[int] = None,
+  top_p: float = 1.0,
 ):
   """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T]).
-  split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`)."""
+  split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`);
+  top_k, top_p: the sampler's truncation, applied to this forward's own logits
+  (`token_logprobs`)."""
   logp, ent = token_logprobs(
     params,
     model_config,
@@ -82,6 +86,8 @@ def policy_logprobs(
     chunk_size=chunk_size,
     remat=remat,
     split_tokens=split_tokens,
+    top_k=top_k,
+    top_p=top_p,
   )
   t = batch.targets.shape[1]
   return completion_logprobs(logp, t), completion_logprobs(ent, t)

@@ -73,7 +73,8 @@ SKIPPED_UPDATES = "skipped_updates"  # optimizer steps skipped for a non-finite 
 OPTIMIZER_STEPS = "optimizer_steps"  # optimizer steps taken so far (the state's counter)
 LEARNING_RATE = "learning_rate"  # the rate of the update's first optimizer step
 IS_FRAC_TRUNCATED = "is_frac_truncated"  # tokens whose IS weight was capped (tis, seq_tis)
-IS_FRAC_DROPPED = "is_frac_dropped"  # tokens given IS weight 0 (mis, seq_mis)
+IS_FRAC_DROPPED = "is_frac_dropped"  # tokens given IS weight 0 (mis, seq_mis, icepop, geo_mis)
+IS_FRAC_SEQ_DROPPED = "is_frac_seq_dropped"  # sequences with a token given IS weight 0
 IS_MEAN_WEIGHT = "is_mean_weight"  # mean IS weight
 KL = "kl"  # KL to the reference policy; only with kl_coef > 0
 
@@ -92,6 +93,7 @@ UPDATE_KEYS = (
   LEARNING_RATE,
   IS_FRAC_TRUNCATED,
   IS_FRAC_DROPPED,
+  IS_FRAC_SEQ_DROPPED,
   IS_MEAN_WEIGHT,
 ) + tuple(AGREE_PREFIX + k for k in AGREEMENT_KEYS)
 

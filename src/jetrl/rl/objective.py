@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 import chex
 
 from jetrl.config import ConfigError
+from jetrl.rl.advantages import ADVANTAGE_SPECS
 from jetrl.rl.losses import aggregate, kl_penalty, ppo_clip_loss
 from jetrl.rl.ratio_losses import CISPO_CLIP, GSPO_CLIP, cispo_loss, gspo_loss
 
@@ -37,19 +38,22 @@ class LossSpec:
     bound into it (functools.partial) or, when a run should set it, an `UpdateConfig` field.
   clip_low, clip_high: the default clip range [1 - clip_low, 1 + clip_high].
   aggregation: the default token aggregation (`jetrl.rl.losses.AGGREGATIONS`).
-  normalize_std: group advantages divided by the group std (`jetrl.rl.group_advantages`).
+  advantage: the default advantage, an entry of `jetrl.rl.advantages.ADVANTAGE_SPECS`.
   detached_ratio: the clipped ratio is a constant weight (CISPO), so clip_low may be 1 (no
     lower bound); otherwise the gradient flows through it and clip_low must be < 1.
   summary: the defaults in words, for the `update.loss` help.
+  group_std_ok: the loss admits an advantage divided by each group's std (Dr.GRPO is defined
+    by removing it).
   """
 
   function: Callable[..., tuple[chex.Array, chex.Array, dict]]
   clip_low: float
   clip_high: float
   aggregation: str
-  normalize_std: bool
+  advantage: str
   summary: str
   detached_ratio: bool = False
+  group_std_ok: bool = True
 
 
 LOSS_SPECS: Mapping[str, LossSpec] = {
@@ -58,25 +62,31 @@ LOSS_SPECS: Mapping[str, LossSpec] = {
     0.2,
     0.2,
     "seq_mean_token_mean",
-    True,
+    "grpo",
     "clip 0.2, mean over tokens then sequences",
   ),
-  "dapo": LossSpec(ppo_clip_loss, 0.2, 0.28, "token", True, "clip-high 0.28, token mean"),
+  "dapo": LossSpec(ppo_clip_loss, 0.2, 0.28, "token", "grpo", "clip-high 0.28, token mean"),
   "dr_grpo": LossSpec(
-    ppo_clip_loss, 0.2, 0.2, "constant", False, "constant normaliser, no std scaling"
+    ppo_clip_loss,
+    0.2,
+    0.2,
+    "constant",
+    "dr_grpo",
+    "constant normaliser, no std scaling",
+    group_std_ok=False,
   ),
   "gspo": LossSpec(
     gspo_loss,
     *GSPO_CLIP,
     "seq_mean_token_mean",
-    True,
+    "grpo",
     "sequence-level ratio clipped to [1 - 3e-4, 1 + 4e-4], mean over sequences",
   ),
   "cispo": LossSpec(
     cispo_loss,
     *CISPO_CLIP,
     "token",
-    True,
+    "grpo",
     "clipped detached IS weight on every token's log-prob, clip-high 0.28, no lower clip, "
     "token mean",
     detached_ratio=True,
@@ -85,6 +95,13 @@ LOSS_SPECS: Mapping[str, LossSpec] = {
 LOSSES = tuple(LOSS_SPECS)
 LOSS_HELP = "Policy loss (its defaults: {}).".format(
   "; ".join(f"{name} {spec.summary}" for name, spec in LOSS_SPECS.items())
+)
+ADVANTAGE_HELP = "Advantage estimator (none: the loss's own, {}): {}.".format(
+  "; ".join(
+    f"{kind} for {', '.join(n for n, spec in LOSS_SPECS.items() if spec.advantage == kind)}"
+    for kind in dict.fromkeys(spec.advantage for spec in LOSS_SPECS.values())
+  ),
+  "; ".join(f"{name} {spec.summary}" for name, spec in ADVANTAGE_SPECS.items()),
 )
 
 
@@ -109,15 +126,25 @@ class LossFields:
     return self.loss_spec.aggregation if self.aggregation is None else self.aggregation
 
   @property
-  def normalize_std(self) -> bool:
-    return self.loss_spec.normalize_std
+  def resolved_advantage(self) -> str:
+    """The advantage estimator: `advantage`, or the loss's own when it is None."""
+    return self.loss_spec.advantage if self.advantage is None else self.advantage
 
   def check_loss(self) -> None:
-    """clip_low < 1 where the clipped ratio carries the gradient (all losses but cispo)."""
+    """clip_low < 1 where the clipped ratio carries the gradient (all losses but cispo); no
+    group-std advantage for a loss defined without one (dr_grpo)."""
     if self.resolved_clip_low == 1.0 and not self.loss_spec.detached_ratio:
       raise ConfigError(
         "clip_low",
         f"must be < 1 (a ratio clipped at 0 has no gradient), got 1.0 for loss {self.loss!r}",
+      )
+    if ADVANTAGE_SPECS[self.resolved_advantage].group_std and not self.loss_spec.group_std_ok:
+      raise ConfigError(
+        "advantage",
+        f"{self.resolved_advantage!r} divides each group by its std, and loss={self.loss!r} is "
+        "defined by leaving that scaling out (it weights prompts by their difficulty); for a "
+        "constant normaliser with group-std advantages use loss='grpo' with "
+        "aggregation='constant', or pick another advantage",
       )
 
 

@@ -92,6 +92,8 @@ class StepSpec(NamedTuple):
   max_tokens: int
   lora: Optional[LoraConfig] = None
   split_tokens: Any = None  # jetrl.parallel's Layout.token_split on a mesh
+  top_k: Optional[int] = None  # the sampler's truncation (jetrl.models.truncation)
+  top_p: float = 1.0
 
   def policy(self, params, frozen):
     """The params the model reads: `params`, or a LoRA run's adapters on its frozen base."""
@@ -111,6 +113,8 @@ class StepSpec(NamedTuple):
       chunk_size=self.cfg.chunk_size,
       remat=remat,
       split_tokens=self.split_tokens,
+      top_k=self.top_k,
+      top_p=self.top_p,
     )
 
   def aggregate(self, per_token, mask):
@@ -165,7 +169,12 @@ def forward_metrics(train_logp, batch: TrainBatch, cfg: UpdateConfig, bin_edges)
   the rollout's."""
   agree = agreement_metrics(batch.rollout_logprobs, train_logp, batch.mask, bin_edges=bin_edges)
   is_w, is_metrics = importance_weights(
-    train_logp, batch.rollout_logprobs, batch.mask, method=cfg.is_method, cap=cfg.is_cap
+    train_logp,
+    batch.rollout_logprobs,
+    batch.mask,
+    method=cfg.is_method,
+    cap=cfg.is_cap,
+    cap_low=cfg.is_cap_low,
   )
   return agree, is_w, is_metrics
 
@@ -182,7 +191,12 @@ def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=
     # the IS weights compare the same values with the rollout's.
     own = jax.lax.stop_gradient(logp)
     is_w, _ = importance_weights(
-      own, mb.rollout_logprobs, mb.mask, method=spec.cfg.is_method, cap=spec.cfg.is_cap
+      own,
+      mb.rollout_logprobs,
+      mb.mask,
+      method=spec.cfg.is_method,
+      cap=spec.cfg.is_cap,
+      cap_low=spec.cfg.is_cap_low,
     )
     extra = dict(extra, old_logp=own, is_w=is_w)
   nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
@@ -268,6 +282,7 @@ def summarize(
     learning_rate=jnp.asarray(learning_rate, jnp.float32),
     is_frac_truncated=is_metrics["frac_truncated"],
     is_frac_dropped=is_metrics["frac_dropped"],
+    is_frac_seq_dropped=is_metrics["frac_seq_dropped"],
     is_mean_weight=is_metrics["mean_weight"],
   )
   if "kl" in outs:  # only against a real reference policy (kl_coef > 0)
@@ -290,12 +305,17 @@ def train_step(
   bin_edges: tuple[int, ...] = DEFAULT_EDGES,
   lora: Optional[LoraConfig] = None,
   split_tokens: Any = None,
+  top_k: Optional[int] = None,
+  top_p: float = 1.0,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
   optimizer, total_steps: the run's optimizer and its length in optimizer steps (the
     schedule's horizon, `UpdateConfig.optimizer_steps`).
   temperature: the sampling temperature the rollout log-probs were recorded at.
+  top_k, top_p: the sampling's top-k / top-p: the training forward's log-probs are those of
+    the distribution truncated by them from its own logits, as the rollout's were recorded
+    (`jetrl.models.truncation`; docs/numerics.md, "Log-probs under top-k / top-p").
   lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
     are trained on its frozen base.
   split_tokens: on a mesh, `Layout.token_split`: each layer's activations keep their rows on
@@ -328,6 +348,8 @@ def train_step(
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,
     split_tokens=split_tokens,
+    top_k=top_k,
+    top_p=top_p,
   )
   opt = make_optimizer(optimizer, total_steps)
   learning_rate = learning_rate_schedule(optimizer, total_steps)(state.step)
@@ -351,6 +373,8 @@ STATIC_ARGNAMES = (
   "bin_edges",
   "lora",
   "split_tokens",
+  "top_k",
+  "top_p",
 )
 
 

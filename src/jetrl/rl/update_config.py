@@ -8,9 +8,10 @@ import dataclasses
 from typing import Optional
 
 from jetrl.config import ConfigError, check_fields, field
-from jetrl.rl.correction import IS_METHODS
+from jetrl.rl.correction import IS_METHODS, MASK_METHODS
 from jetrl.rl.losses import AGGREGATIONS, KL_ESTIMATORS
-from jetrl.rl.objective import LOSS_HELP, LOSSES, LossFields
+from jetrl.rl.advantages import ADVANTAGES
+from jetrl.rl.objective import ADVANTAGE_HELP, LOSS_HELP, LOSSES, LossFields
 from jetrl.rl.remat import REMAT_POLICIES
 
 OLD_LOGP_SOURCES = ("auto", "rollout", "recompute", "same_forward")
@@ -40,6 +41,7 @@ class UpdateConfig(LossFields):
   aggregation: Optional[str] = field(
     None, "How token losses are averaged (none: the loss's default).", choices=AGGREGATIONS
   )
+  advantage: Optional[str] = field(None, ADVANTAGE_HELP, choices=ADVANTAGES)
   max_tokens: Optional[int] = field(
     None, "Dr.GRPO's constant normaliser in tokens per row (none: the generation budget).", lo=1
   )
@@ -56,12 +58,30 @@ class UpdateConfig(LossFields):
   )
   is_method: str = field(
     "none",
-    "Rollout/training mismatch correction (importance sampling).",
+    "Rollout/training mismatch correction, a weight on each token from its ratio "
+    'rho = pi_old / pi_rollout (docs/numerics.md, "Mismatch corrections"): tis min(rho, C); '
+    "mis 1 inside [L, C], else 0; seq_tis / seq_mis the same on the sequence's product of "
+    "ratios; icepop rho inside [L, C], else 0; geo_mis 1 while the sequence's geometric-mean "
+    "ratio is inside [L, C], else 0 for the whole sequence.",
     choices=IS_METHODS,
     former=("is_correction",),
   )
   is_cap: float = field(
-    2.0, "Cap C of the importance-sampling correction.", lo=1.0, hi=1e6, former=("is_cap",)
+    2.0,
+    "Cap C of the importance-sampling correction: the truncation (tis, seq_tis) or the upper "
+    "end of the accepted band (mis, seq_mis, icepop, geo_mis; geo_mis wants one close to 1, "
+    "e.g. 1.001).",
+    lo=1.0,
+    hi=1e6,
+    former=("is_cap",),
+  )
+  is_cap_low: Optional[float] = field(
+    None,
+    "Lower end L of the band the masking corrections keep (mis, seq_mis, icepop, geo_mis; "
+    "none: 1 / is_cap). IcePop's published band [0.5, 5]: is_cap=5, is_cap_low=0.5.",
+    lo=0.0,
+    hi=1.0,
+    lo_open=True,
   )
   old_logp: str = field(
     "auto",
@@ -113,6 +133,12 @@ class UpdateConfig(LossFields):
         "old_logp='recompute' (the default) with the correction, or is_method='none'",
       )
 
+    if self.is_cap_low is not None and self.is_method not in MASK_METHODS:
+      raise ConfigError(
+        "is_cap_low",
+        f"is the lower end of the band of the masking corrections ({', '.join(MASK_METHODS)}); "
+        f"is_method={self.is_method!r} has no band: leave it unset or pick one of those",
+      )
     if self.old_logp == "same_forward" and (self.ppo_epochs != 1 or self.minibatches != 1):
       raise ConfigError(
         "old_logp",

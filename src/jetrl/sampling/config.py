@@ -50,13 +50,20 @@ class SamplingConfig(GenerationConfig):
   )
   top_k: Optional[int] = field(
     None,
-    "Sample from the k most likely tokens only (none: all). Leave off for "
-    "on-policy RL: the recorded log-probs are the untruncated ones.",
+    "Sample from the k most likely tokens only (none: all). In RL the rollout records each "
+    "token's log-prob under the truncated, renormalised distribution and the update "
+    "recomputes it under the same truncation of its own logits (docs/numerics.md, "
+    '"Log-probs under top-k / top-p"): on-policy, bit for bit under jet_exact.',
     lo=1,
     legacy=((0, None),),  # before it was Optional, 0 meant all tokens
   )
   top_p: float = field(
-    1.0, "Nucleus mass (1: all tokens). Leave off for on-policy RL.", lo=0.0, hi=1.0, lo_open=True
+    1.0,
+    "Nucleus mass (1: all tokens). Recorded and recomputed under the same truncation as "
+    "top_k: on-policy in RL, bit for bit under jet_exact.",
+    lo=0.0,
+    hi=1.0,
+    lo_open=True,
   )
   n: int = field(
     1, "Samples per prompt (the GRPO group), sharing one prefill.", lo=1, former=("group_size",)

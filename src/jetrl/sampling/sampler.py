@@ -7,13 +7,12 @@ stop token or the budget is spent. The KV cache has static shapes and is donated
 The prefill's attention reads the prompt's own slots only, and a long budget decodes in
 segments (`decode_segments`) whose attention reads only the slots filled by then.
 
-Recorded log-probs: for temperature T > 0, the log-prob of the sampled token under
-softmax(logits / T) over the *whole* vocabulary: exactly what the update recomputes with
-`token_logprobs(..., temperature=T)`. With top-k / top-p, tokens are drawn from the truncated,
-renormalised distribution, but the recorded log-prob is still the untruncated one, so the
-behaviour policy differs from the recorded one by the truncation (kept tokens have
-p_sample = p_recorded / kept_mass >= p_recorded). Leave top-k / top-p off for on-policy RL.
-Greedy decoding (temperature 0) records log softmax(logits).
+Recorded log-probs: for temperature T > 0, the log-prob of the sampled token under the
+distribution it was drawn from: softmax(logits / T), truncated by top-k / top-p and
+renormalised over the kept tokens when they are set (`jetrl.models.truncation`), which is
+what the update recomputes with `token_logprobs(..., temperature=T, top_k=k, top_p=p)`
+(docs/numerics.md, "Log-probs under top-k / top-p"). Greedy decoding (temperature 0) records
+log softmax(logits).
 
 Tokens are drawn by inverse CDF in two levels (`jetrl.sampling.categorical`), two uniforms
 per row instead of Gumbel-max's one per vocabulary entry. The decode loop runs over a KV cache
@@ -38,7 +37,8 @@ from jetrl.models import (
   positions_from_mask,
   rollout_weights,
 )
-from jetrl.models.exact_ops import token_logprobs_from_logits
+from jetrl.models import truncation
+from jetrl.models.exact_ops import inverse_temperature, token_logprobs_from_logits
 from jetrl.models.layers import activation_dtype
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import draw
@@ -103,37 +103,44 @@ def pad_prompts(
 
 
 def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
-  """Temperature-scaled logits with top-k / top-p truncation (float32)."""
+  """Temperature-scaled logits with top-k / top-p truncation (float32; -inf outside the set)."""
   x = logits.astype(jnp.float32) / (config.temperature if config.temperature > 0 else 1.0)
-  if config.top_k is not None and config.top_k < x.shape[-1]:
-    kth = jax.lax.top_k(x, config.top_k)[0][..., -1:]
-    x = jnp.where(x < kth, -jnp.inf, x)
-  if config.top_p < 1.0:
-    order = jnp.argsort(-x, axis=-1)
-    sorted_x = jnp.take_along_axis(x, order, axis=-1)
-    probs = jax.nn.softmax(sorted_x, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep_sorted = mass_before < config.top_p  # always keeps the most likely token
-    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(x.shape[0])[:, None], order].set(keep_sorted)
-    x = jnp.where(keep, x, -jnp.inf)
-  return x
+  if not truncation.is_truncated(config.top_k, config.top_p, x.shape[-1]):
+    return x
+  return jnp.where(truncation.keep_mask(x, config.top_k, config.top_p), x, -jnp.inf)
 
 
 def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, exact: bool = False):
-  """Next tokens [R] and their recorded log-probs [R].
+  """Next tokens [R] and their recorded log-probs [R]: under the distribution drawn from.
 
-  exact: record the log-prob with the batch-invariant log-softmax the training forward of a
-  batch-invariant precision uses (models/exact_ops.py), bit for bit.
+  exact: find the top-k / top-p set and record the log-prob with the batch-invariant rule and
+  log-softmax the training forward of a batch-invariant precision uses (models/exact_ops.py,
+  models/truncation.py), bit for bit.
   """
   logits = logits.astype(jnp.float32)
   if config.greedy:
     tok = jnp.argmax(logits, axis=-1)
-    scaled = logits
-  else:
-    scaled = logits / config.temperature
-    tok = draw(key, _process_logits(logits, config))
+    if exact:
+      return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, 0.0)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+  scaled = logits / config.temperature
+  cut = truncation.is_truncated(config.top_k, config.top_p, logits.shape[-1])
+  keep = None
+  if cut and exact:
+    inv_t = inverse_temperature(config.temperature)
+    keep = truncation.keep_mask_exact(logits, inv_t, config.top_k, config.top_p)
+  elif cut:
+    keep = truncation.keep_mask(scaled, config.top_k, config.top_p)
+  tok = draw(key, scaled if keep is None else jnp.where(keep, scaled, -jnp.inf))
+  if keep is not None:
+    keep = truncation.with_targets(keep, tok)  # the drawn token is in the set already
   if exact:
-    return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, config.temperature)
+    return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, config.temperature, keep)
+  if keep is not None:  # the training forward's formula (models/logprobs.py)
+    z_tok = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0]
+    lse = jax.nn.logsumexp(jnp.where(keep, scaled, -jnp.inf), axis=-1)
+    return tok.astype(jnp.int32), z_tok - lse
   logp = jax.nn.log_softmax(scaled, axis=-1)
   return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 

@@ -20,8 +20,8 @@ from jetrl import parallel
 from jetrl.models.lora import attach
 from jetrl.rl import metrics as names
 from jetrl.rl import (
+  compute_advantages,
   dynamic_sampling_mask,
-  group_advantages,
   make_train_batch,
   overlong_penalty,
   truncation_mask,
@@ -84,7 +84,7 @@ class RLStep:
       shaped = shaped + overlong_penalty(
         jnp.asarray(lengths), cfg.sampling.max_new_tokens, u.overlong_buffer
       )
-    adv = group_advantages(shaped, n, normalize_std=u.normalize_std)
+    adv = compute_advantages(shaped, n, u.resolved_advantage)
     # The batch is assembled from the rollout's arrays where they are (sharded by rows on a
     # mesh) and the per-row vectors, placed like them.
     rows = self._rows
@@ -118,6 +118,8 @@ class RLStep:
       total_steps=cfg.optimizer_steps,
       precision=self.pieces.recipe.train,
       temperature=cfg.sampling.temperature,
+      top_k=cfg.sampling.top_k,
+      top_p=cfg.sampling.top_p,
       bin_edges=self.bin_edges,
       lora=cfg.lora if cfg.lora.enabled else None,
     )
