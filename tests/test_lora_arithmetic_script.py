@@ -64,3 +64,17 @@ def test_a_finished_run_is_read_and_an_unfinished_one_is_not(tmp_path):
     json.dumps({"steps": 24, "eval_before": 0.25, "eval_after": 0.625})
   )
   assert mod.read_run(str(run)) == dict(before=0.25, after=0.625, curve=evals)
+
+
+def test_a_seeds_console_is_shown_prefixed_and_kept_in_its_log(tmp_path):
+  """Each line the seed's run prints reaches the console as it comes, prefixed by the seed,
+  and its log file; the run's exit code is returned."""
+  import io
+
+  mod = _script()
+  out = io.StringIO()
+  prog = "import sys; print('step 1/2 | 3s elapsed'); print('step 2/2'); sys.exit(3)"
+  code = mod.run_seed([sys.executable, "-c", prog], str(tmp_path / "seed0.log"), "seed 0 | ", out)
+  assert code == 3
+  assert out.getvalue() == "seed 0 | step 1/2 | 3s elapsed\nseed 0 | step 2/2\n"
+  assert (tmp_path / "seed0.log").read_text() == "step 1/2 | 3s elapsed\nstep 2/2\n"
