@@ -22,7 +22,7 @@ from typing import Optional
 import jax
 
 from jetrl.config import field, node
-from jetrl.progress import ticking
+from jetrl.train.progress import ticking
 from jetrl.sampling import GenerationConfig
 from jetrl.train import evaluation, pieces, validation
 from jetrl.train.checkpoint import load_params_from

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from jetrl.progress import ticking
+from jetrl.train.progress import ticking
 from jetrl.train.skips import SkipTracker
 from jetrl.train.writers import MetricWriter, Progress
 

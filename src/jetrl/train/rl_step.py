@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl import parallel
-from jetrl.progress import ticking
+from jetrl.train.progress import ticking
 from jetrl.models.lora import attach
 from jetrl.rl import metrics as names
 from jetrl.rl import (

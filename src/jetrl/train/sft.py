@@ -26,7 +26,7 @@ import optax
 
 from jetrl.config import FlagError
 from jetrl.data.synthetic import misreport
-from jetrl.progress import ticking
+from jetrl.train.progress import ticking
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.masking import masked_mean
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer

@@ -1,5 +1,6 @@
-"""`jetrl.progress.ticking`: a long phase shows its elapsed time while it lasts (a line every
-few seconds off a terminal, one line rewritten in place on a terminal) and how long it took."""
+"""`jetrl.train.progress.ticking`: a long phase shows its elapsed time while it lasts (a line
+every few seconds off a terminal, one line rewritten in place on a terminal) and how long it
+took."""
 
 import io
 import re
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from jetrl.progress import Ticker, ticking
+from jetrl.train.progress import Ticker, ticking
 
 
 def test_off_a_terminal_a_long_phase_prints_a_line_every_few_seconds_then_its_duration():
