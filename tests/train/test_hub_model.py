@@ -105,6 +105,13 @@ def test_a_run_trains_a_hub_id_from_the_cache_on_a_jsonl_file(hub, monkeypatch, 
   saved = json.load(open(tmp_path / "run" / "config.json"))
   assert saved["model"]["name"] == "org/tiny-chat" and saved["task"]["answer_field"] == "sum"
   assert os.path.isdir(tmp_path / "run" / "checkpoints" / "1")
+  # The export finds the snapshot's own generation config (written by transformers, which
+  # records its version there; without it, only bos / pad / eos ids would be written).
+  from jetrl.train.export import ExportConfig, export_run
+
+  out = export_run(ExportConfig(workdir=str(tmp_path / "run"), out=str(tmp_path / "hf")), log=len)
+  gen = json.load(open(os.path.join(out, "generation_config.json")))
+  assert "transformers_version" in gen and sorted(gen["eos_token_id"]) == [0, 2]
 
 
 def test_the_help_lists_every_preset_as_random_weights_and_every_task():
