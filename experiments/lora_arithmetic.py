@@ -94,7 +94,12 @@ def run_seed(cmd: list[str], log_path: str, prefix: str, out=None) -> int:
   out = out or sys.stdout
   with open(log_path, "a") as log:
     proc = subprocess.Popen(
-      cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+      cmd,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      bufsize=1,
+      env=dict(os.environ, PYTHONUNBUFFERED="1"),  # each line as it is printed, not in blocks
     )
     try:
       for line in proc.stdout:

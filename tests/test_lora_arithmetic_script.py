@@ -73,8 +73,12 @@ def test_a_seeds_console_is_shown_prefixed_and_kept_in_its_log(tmp_path):
 
   mod = _script()
   out = io.StringIO()
-  prog = "import sys; print('step 1/2 | 3s elapsed'); print('step 2/2'); sys.exit(3)"
+  prog = (
+    "import os, sys; print('step 1/2 | 3s elapsed'); "
+    "print('step 2/2, unbuffered:', os.environ.get('PYTHONUNBUFFERED')); sys.exit(3)"
+  )
   code = mod.run_seed([sys.executable, "-c", prog], str(tmp_path / "seed0.log"), "seed 0 | ", out)
   assert code == 3
-  assert out.getvalue() == "seed 0 | step 1/2 | 3s elapsed\nseed 0 | step 2/2\n"
-  assert (tmp_path / "seed0.log").read_text() == "step 1/2 | 3s elapsed\nstep 2/2\n"
+  lines = ["step 1/2 | 3s elapsed\n", "step 2/2, unbuffered: 1\n"]  # lines as they come
+  assert out.getvalue() == "".join("seed 0 | " + line for line in lines)
+  assert (tmp_path / "seed0.log").read_text() == "".join(lines)
