@@ -50,7 +50,8 @@ def test_a_first_interrupt_saves_the_step_and_the_rerun_continues_from_it(tmp_pa
       "--logging.samples_every=none",
     ]
 
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("PYTHONUNBUFFERED", None)  # the lines come as they are printed: cli.line_buffered
   # SIGINT as a terminal's foreground job has it (a shell's background job ignores it).
   popen = dict(
     stdout=subprocess.PIPE,

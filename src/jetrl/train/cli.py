@@ -8,6 +8,7 @@ config from them and calls `run_fn(config)`.
 
 * `--help` (or `-h`) prints the program's docstring and its flags, one block per sub-config,
   each with its default; `--helpfull` is absl's listing of every flag of every library.
+* stdout is line-buffered, also into a pipe or a file, so a run's lines show as they come.
 * Other libraries' INFO logs (Orbax, JAX) are off unless `--verbosity` (absl's `-v`) is
   given: `--verbosity=0` brings them back.
 * A flag that does not exist or whose value does not parse, a bad flag value, a bad config
@@ -142,6 +143,7 @@ def main(
     tree's fields name (`field(..., former=...)`).
   errors: exception types a run raises for a failed run (not a usage error): their message is
   printed and the exit code is 1."""
+  line_buffered()
   names = define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
   if any(a in HELP_ARGS for a in sys.argv[1:]):
     print(usage(default, doc, exclude))
@@ -174,6 +176,15 @@ def main(
       fail(str(e))
 
   app.run(_main, flags_parser=_parse)
+
+
+def line_buffered() -> None:
+  """stdout written line by line even into a pipe or a file (`| tee run.log`), so progress
+  and the compile clocks show as they happen, not in blocks at exit."""
+  try:
+    sys.stdout.reconfigure(line_buffering=True)
+  except (AttributeError, ValueError):  # replaced by something else (a notebook, a test)
+    pass
 
 
 def resume_command() -> str:
