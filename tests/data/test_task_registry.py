@@ -17,6 +17,7 @@ def test_names():
     "chat_arithmetic",
     "gsm8k",
     "math500",
+    "jsonl",
   }
   assert SPLITS == ("train", "test")
 

@@ -183,3 +183,24 @@ def test_only_json_reaches_the_worker(reward_file):
 def test_bad_options(reward_file, kw, match):
   with pytest.raises(ValueError, match=match):
     load_reward(f"{reward_file}:contains", **kw)
+
+
+def test_the_documented_example_reward_loads_and_scores(root, monkeypatch):
+  """experiments/my_rewards.py:score, as experiments/train.py's doc passes it with
+  --task.reward, loads from the repository root and scores hand-made completions."""
+  from jetrl.train.validation import check_reward
+
+  spec = "experiments/my_rewards.py:score"
+  assert f"--task.reward={spec}" in (root / "experiments" / "train.py").read_text()
+  monkeypatch.chdir(root)
+  check_reward(spec)
+  completions = [
+    "3 boxes of 360 make 1,080",  # the last number is the answer
+    "1080 is wrong, it is 7",  # the answer, but not last
+    "no idea",
+    "x" * 401 + " 1080.0",  # right, but rambling
+    [{"role": "assistant", "content": "it is 1080"}],  # chat messages
+  ]
+  with load_reward(spec) as r:
+    got = r(None, completions, ["1080"] * 5)
+  assert got == pytest.approx([1.0, 0.2, 0.0, 0.9, 1.0])

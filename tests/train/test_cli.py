@@ -170,7 +170,7 @@ def test_an_old_sft_config_with_a_top_level_budget_reads_as_sampling_max_new_tok
   "flag, value, message",
   [
     ("workdir", "{tmp}/afile", "--workdir: "),
-    ("model.name", "/no/such/dir", "--model.name: '/no/such/dir' is neither a preset"),
+    ("model.name", "/no/such/dir", "--model.name: '/no/such/dir' is none of the presets"),
     ("mesh", "data:3", "--mesh: mesh 'data:3': axis sizes"),
     (
       "prompts_per_step",
@@ -216,9 +216,8 @@ def test_a_huge_evaluation_is_refused_at_start_up(tmp_path, tiny_train_config, t
     run_sft(sft, log=quiet)
   with pytest.raises(FlagError, match=same):
     run_eval(EvalRunConfig(model=rl.model, task=rl.task, eval=rl.eval), log=quiet)
-  for name in ("rl", "sft"):
-    assert not [f for f in os.listdir(tmp_path / name) if f.endswith(".jsonl")]
-    assert not (tmp_path / name / "checkpoints").exists()
+  for name in ("rl", "sft"):  # nothing written: the new workdir, its lock released, is gone
+    assert not (tmp_path / name).exists()
   assert time.time() - t0 < 60, "the checks come before any compilation"
   # Greedy evaluation draws one completion per problem: --eval.samples does not count.
   assert rl.replace(eval={"temperature": 0.0}).eval.rows == 4

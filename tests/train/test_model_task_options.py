@@ -279,9 +279,11 @@ def test_a_registered_task_scored_by_a_reward_file(reward_run, registered):
       f"warning: step {step} has no learning signal: every group's rewards are equal (reward "
       "mean 0.25), so every advantage is 0"
     ) in lines
-  # What compiles is said before it does, once.
+  # What compiles is said before it does, once, and the step's compiles how long they took.
   for what in ("the sampler (first step", "the update (first step", "the evaluation (first eval"):
-    assert sum(what in line for line in lines) == 1, what
+    assert sum(what in line and line.endswith("...") for line in lines) == 1, what
+  for what in ("the sampler (first step only)", "the update (first step only)"):
+    assert sum(line.startswith(f"  compiling {what}: done in ") for line in lines) == 1, what
   console = [line for line in lines if " step 2/2 " in line]
   assert len(console) == 1 and " trunc " in console[0] and " grad_norm " in console[0]
   evals = read(os.path.join(cfg.workdir, "eval.jsonl"))

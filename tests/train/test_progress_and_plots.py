@@ -94,14 +94,17 @@ def test_run_plots(tmp_path, monkeypatch):
     assert tuple(fig.get_size_inches()) >= (10.0, 5.0) and fig.dpi >= 100, name
   height, width = plt_image.imread(tmp_path / "plots" / "reward.png").shape[:2]
   assert width >= 1000 and height >= 450
-  # Train reward and accuracy are equal here and still two lines, told apart in the legend.
+  # Train reward and accuracy are equal here and still two lines, told apart in the legend,
+  # which says that they coincide.
   reward_ax = figures["reward.png"].axes[0]
+  coincide = "train accuracy (equal to train reward at every step: the two lines coincide)"
   train = {line.get_label(): line for line in reward_ax.get_lines()}
-  a, b = train["train reward"], train["train accuracy"]
+  a, b = train["train reward"], train[coincide]
   assert (a.get_color(), a.get_linestyle()) != (b.get_color(), b.get_linestyle())
+  assert a.get_linewidth() > b.get_linewidth() and b.get_marker() == "s"
   assert list(a.get_ydata()) == list(b.get_ydata())
   legend = [t.get_text() for t in reward_ax.get_legend().get_texts()]
-  assert legend == ["train reward", "train accuracy", "held-out greedy accuracy"]
+  assert legend == ["train reward", coincide, "held-out greedy accuracy"]
   position = figures["agreement_by_position.png"].axes[0]
   assert position.get_xscale() == "linear" and position.get_yscale() == "linear"
   assert [t.get_text() for t in position.get_xticklabels()] == ["0-15", "16-31", "32+"]
@@ -134,7 +137,35 @@ def test_reward_plot_names_the_evaluation_temperature(tmp_path, monkeypatch):
   assert _reward_legend(tmp_path, monkeypatch)[-1] == "held-out greedy accuracy"
   # The label a run passes wins.
   legend = _reward_legend(tmp_path, monkeypatch, eval_label="accuracy at temperature 1 (x2)")
-  assert legend == ["train reward", "train accuracy", "held-out accuracy at temperature 1 (x2)"]
+  assert legend[0] == "train reward" and legend[1].startswith("train accuracy (equal to")
+  assert legend[2] == "held-out accuracy at temperature 1 (x2)"
+
+
+def test_agreement_plot_labels_its_floor_and_tells_its_lines_apart(tmp_path, monkeypatch):
+  """k3 is 0 (and, in float32, slightly negative) at two steps: on the log axis those points sit on a floor line the legend names,
+  with their count; the three series differ in line style and marker."""
+  recs = [
+    {"step": s, "agree/abs_diff_mean": 1e-7, "agree/abs_diff_max": 1e-5, "agree/kl_k3": k3}
+    for s, k3 in ((1, 0.0), (2, 1e-9), (3, -2e-15))
+  ]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+  figures = {}
+  monkeypatch.setattr(plots, "save", lambda fig, path: figures.setdefault(path, fig) and path)
+  plots.write_plots(str(tmp_path))
+  (ax,) = [f for p, f in figures.items() if p.endswith("agreement.png")][0].axes
+  assert ax.get_yscale() == "log"
+  legend = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert legend == [
+    "mean |Δ log p|",
+    "max |Δ log p|",
+    "k3 KL (2 steps at or below 1e-12: drawn on the floor)",
+    "floor 1e-12",
+  ]
+  lines = {line.get_label(): line for line in ax.get_lines()}
+  k3 = lines[legend[2]]
+  assert list(k3.get_ydata()) == [1e-12, 1e-9, 1e-12]
+  styles = {(line.get_linestyle(), line.get_marker()) for line in list(lines.values())[:3]}
+  assert len(styles) == 3
 
 
 def test_plots_leave_pyplot_as_they_found_it(tmp_path):

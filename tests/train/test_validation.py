@@ -98,7 +98,7 @@ def test_paths_are_checked_when_a_run_starts(base, tmp_path):
   with pytest.raises(FlagError, match="--init_from: no checkpoint under .*notarun/checkpoints"):
     base.replace(init_from=str(tmp_path / "notarun")).check_paths()
   assert not (tmp_path / "notarun" / "checkpoints").exists()  # nothing created inside it
-  with pytest.raises(FlagError, match="--model.name: '/no/such/dir' is neither a preset"):
+  with pytest.raises(FlagError, match="--model.name: '/no/such/dir' is none of the presets"):
     base.replace(**{"model.name": "/no/such/dir"}).check_paths()
   base.check_paths()
 

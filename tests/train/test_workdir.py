@@ -275,3 +275,33 @@ def test_a_resumed_run_shows_one_tensorboard_point_per_step(tmp_path, tiny_train
   assert driver.open_outputs(tiny_train_config(tmp_path), driver.RL).tb is None
   fresh = driver.open_outputs(tiny_train_config(tmp_path, logging={"tensorboard": True}), driver.RL)
   assert fresh.tb.purge_step is None
+
+
+def test_a_failed_start_leaves_no_lock_in_a_new_workdir(tmp_path, tiny_train_config):
+  """A run refused after it took its new workdir (gsm8k needs a tokenizer the tiny preset
+  lacks) removes the workdir it made: nothing but its lock was in it. A workdir that was
+  there before is kept."""
+  from conftest import quiet
+  from jetrl.train import run
+
+  for workdir in (tmp_path / "new", tmp_path / "a" / "b"):
+    cfg = tiny_train_config(workdir, task={"name": "gsm8k"})
+    with pytest.raises(FlagError, match="needs a tokenizer"):
+      run(cfg, log=quiet)
+    assert not workdir.exists()
+  (tmp_path / "old").mkdir()
+  with pytest.raises(FlagError, match="needs a tokenizer"):
+    run(tiny_train_config(tmp_path / "old", task={"name": "gsm8k"}), log=quiet)
+  assert (tmp_path / "old").is_dir()
+
+
+def test_more_steps_on_a_finished_run_say_that_it_is_extended(tmp_path, tiny_sft_config):
+  from jetrl.train import run_sft
+
+  cfg = tiny_sft_config(tmp_path, steps=2, optimizer={"schedule": "constant", "warmup_steps": 0})
+  run_sft(cfg, log=lambda line: None)
+  lines = []
+  run_sft(cfg.replace(steps=3), log=lines.append)
+  assert "extending a finished run from 2 to 3 steps (--steps=3)" in lines
+  # Records every 10 steps and at each run's end: the first run's 2, the extension's 3.
+  assert [r["step"] for r in read_jsonl(str(tmp_path / "sft_metrics.jsonl"))] == [2, 3]

@@ -15,13 +15,15 @@ from typing import Any, Callable, Union
 
 from jetrl.data.arithmetic import Addition, Multiplication
 from jetrl.data.chat_arithmetic import ChatArithmetic
+from jetrl.data.custom_jsonl import JsonlTask
 from jetrl.data.gsm8k import GSM8K
 from jetrl.data.math500 import Math500
 from jetrl.data.sorting import Sorting
 from jetrl.data.task import Task
 
 _CLASSES = {
-  cls.name: cls for cls in (Addition, Multiplication, Sorting, ChatArithmetic, GSM8K, Math500)
+  cls.name: cls
+  for cls in (Addition, Multiplication, Sorting, ChatArithmetic, GSM8K, Math500, JsonlTask)
 }
 TASKS = tuple(_CLASSES)
 SYNTHETIC_TASKS = ("addition", "multiplication", "sorting", "chat_arithmetic")
@@ -114,7 +116,8 @@ def unregister_task(name: str) -> None:
 
 
 def get_task(name: str, **kwargs) -> Task:
-  """A task by name: "addition", "multiplication", "sorting", "gsm8k", "math500", or one
+  """A task by name: "addition", "multiplication", "sorting", "chat_arithmetic", "gsm8k",
+  "math500", "jsonl" (a JSON-lines file of your own: `jetrl.data.custom_jsonl`), or one
   registered with `register_task`.
 
   Synthetic tasks take difficulty, length, seed, format_weight. Dataset tasks take path, split,

@@ -30,6 +30,7 @@ from jetrl.models.config import ModelConfig
 from jetrl.models.families import family_spec
 from jetrl.models.folder_paths import inside_folder
 from jetrl.models.hf_config import config_from_hf, config_to_hf
+from jetrl.models.hub import HUB_PATTERNS, hub_folder  # noqa: F401  (HUB_PATTERNS: a public name)
 from jetrl.models.params import check_params, param_shapes
 
 # params["layers"] name -> (suffix after "model.layers.{i}.", stored transposed by torch)
@@ -57,7 +58,6 @@ _TOP_TENSORS = {
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors dtype names that are read
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
 TOKENIZER_FILES = (
   "tokenizer.json",
   "tokenizer_config.json",
@@ -94,7 +94,8 @@ def _target_np_dtype(dtype):
 
 
 def resolve_path(path: str) -> str:
-  """A local directory as is; otherwise a hub name, downloaded (lazily imported hub)."""
+  """A local directory as is; otherwise a hub name: its snapshot in the local hub cache, or
+  downloaded there (`jetrl.models.hub.hub_folder`)."""
   path = os.path.expanduser(str(path))
   if os.path.isdir(path):
     return path
@@ -103,15 +104,7 @@ def resolve_path(path: str) -> str:
       f"checkpoint directory {path!r} does not exist (and is not a hub name "
       "such as 'Qwen/Qwen2.5-0.5B')"
     )
-  try:
-    from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
-
-    return snapshot_download(repo_id=path, allow_patterns=HUB_PATTERNS)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(
-      f"{path!r} is not a local directory and could not be downloaded from "
-      f"the Hugging Face hub: {type(e).__name__}: {e}"
-    ) from e
+  return hub_folder(path)
 
 
 def _weight_files(path: str) -> dict:

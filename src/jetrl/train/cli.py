@@ -8,6 +8,7 @@ config from them and calls `run_fn(config)`.
 
 * `--help` (or `-h`) prints the program's docstring and its flags, one block per sub-config,
   each with its default; `--helpfull` is absl's listing of every flag of every library.
+* stdout is line-buffered, also into a pipe or a file, so a run's lines show as they come.
 * Other libraries' INFO logs (Orbax, JAX) are off unless `--verbosity` (absl's `-v`) is
   given: `--verbosity=0` brings them back.
 * A flag that does not exist or whose value does not parse, a bad flag value, a bad config
@@ -17,6 +18,9 @@ config from them and calls `run_fn(config)`.
   no intact checkpoint, or by a `--task.reward` function that cannot be used (a result of the
   wrong length, failures batch after batch: `jetrl.data.RewardError`) prints its message and
   exits with code 1. No traceback.
+* Ctrl-C during a run's steps lets the step finish, writes its checkpoint and prints one line
+  (the step saved, the command that resumes) with exit code 130; a second Ctrl-C stops at
+  once (`jetrl.train.interrupt`). Before the steps, Ctrl-C stops at once with one line too.
 * A flag name from before the configuration had sub-configs is refused with its new name
   (the field says which names it had: `field(..., former=...)`).
 * In a run of several processes, any other error (a collective that lost a process) prints its
@@ -29,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import sys
 import traceback
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -39,6 +44,8 @@ from absl import logging as absl_logging
 from jetrl.config import ConfigError, FlagError, former_names
 from jetrl.config.flags import CONFIG_FLAG, config_from_flags, define_flags, grouped_help
 from jetrl.config.tree import closest
+from jetrl.train.interrupt import EXIT_CODE as INTERRUPT_EXIT_CODE
+from jetrl.train.interrupt import RunInterrupted
 
 FLAGS = flags.FLAGS
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "-helpshort", "-?")
@@ -136,6 +143,7 @@ def main(
     tree's fields name (`field(..., former=...)`).
   errors: exception types a run raises for a failed run (not a usage error): their message is
   printed and the exit code is 1."""
+  line_buffered()
   names = define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
   if any(a in HELP_ARGS for a in sys.argv[1:]):
     print(usage(default, doc, exclude))
@@ -152,6 +160,8 @@ def main(
       run_fn(config)
     except ConfigError as e:  # a bad value, or refused at start-up
       fail(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C: jetrl.train.interrupt
+      interrupted(e)
     except errors as e:  # pylint: disable=catching-non-exception
       fail(str(e), code=1)
     except Exception:  # pylint: disable=broad-except
@@ -166,6 +176,35 @@ def main(
       fail(str(e))
 
   app.run(_main, flags_parser=_parse)
+
+
+def line_buffered() -> None:
+  """stdout written line by line even into a pipe or a file (`| tee run.log`), so progress
+  and the compile clocks show as they happen, not in blocks at exit."""
+  try:
+    sys.stdout.reconfigure(line_buffering=True)
+  except (AttributeError, ValueError):  # replaced by something else (a notebook, a test)
+    pass
+
+
+def resume_command() -> str:
+  """The command line that started this process, as a shell would rerun it."""
+  return shlex.join([os.path.basename(sys.executable) or "python", *sys.argv])
+
+
+def interrupted(e: KeyboardInterrupt) -> None:
+  """One line for a run stopped by Ctrl-C, and exit code 130: what was saved and the command
+  that resumes it (`RunInterrupted`), or that the run stopped before its steps."""
+  if isinstance(e, RunInterrupted):
+    what = f"saved the checkpoint of step {e.step} in {e.directory}"
+  else:
+    what = "stopped before a step finished; nothing new saved"
+  print(
+    f"{program()}: interrupted: {what}; resume with: {resume_command()}",
+    file=sys.stderr,
+    flush=True,
+  )
+  sys.exit(INTERRUPT_EXIT_CODE)
 
 
 def several_processes() -> bool:

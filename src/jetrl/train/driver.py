@@ -19,6 +19,8 @@ import json
 import os
 from typing import Any, Callable, Optional
 
+import jax
+
 from jetrl import parallel
 from jetrl.train import pieces, resume
 from jetrl.train.config import given_task_config
@@ -32,9 +34,10 @@ from jetrl.train.hooks import (
   SkipHook,
   run_hooks,
 )
+from jetrl.train.interrupt import Interrupts, RunInterrupted
 from jetrl.train.run_files import write_atomic
 from jetrl.train.skips import SkipTracker
-from jetrl.train.workdir import start_fresh, take_workdir
+from jetrl.train.workdir import LOCK_NAME, start_fresh, take_workdir
 from jetrl.train.writers import (
   WANDB_ID_FILE,
   MetricWriter,
@@ -93,7 +96,7 @@ def tokenizer_and_task(cfg, given=None, reward=None):
   pieces.token_ids(tok)  # a tokenizer without eos is an error before anything is built
   encode = pieces.prompt_encoder(cfg.task, tok)
   positions = None  # a checkpoint's positions bound its prompts; a preset's grow to fit
-  if os.path.isdir(cfg.model.name):
+  if pieces.model_folder(cfg.model) is not None:
     positions = pieces.model_config(cfg.model, tok, 0).max_seq_len
   task, width = pieces.load_task(
     cfg.task,
@@ -131,11 +134,26 @@ def restore_or_start(cfg, kind: RunKind, ckpt, tree, log):
     return tree, None
   tree, meta = restored
   start = int(meta["step"])
+  say_length_change(start, (meta.get("config") or {}).get("steps"), cfg.steps, log)
   for name in kind.metric_files:
     writer = MetricWriter(cfg.workdir, name[: -len(".jsonl")], enabled=parallel.is_primary())
     writer.truncate_after(start)
   resume.record_changes(cfg.workdir, start, changes, log)
   return tree, meta
+
+
+def say_length_change(start: int, saved_steps, steps: int, log) -> None:
+  """A line when a resumed run's --steps differs from the run its checkpoint (of step `start`)
+  was written by: a finished run extended, or a run's length changed."""
+  if not isinstance(saved_steps, int) or saved_steps == steps:
+    return
+  if start >= saved_steps:
+    log(f"extending a finished run from {saved_steps} to {steps} steps (--steps={steps})")
+  else:
+    log(
+      f"changing the run's length from {saved_steps} to {steps} steps (--steps={steps}), "
+      f"resuming at step {start}"
+    )
 
 
 @dataclasses.dataclass
@@ -214,6 +232,7 @@ class Hooks:
   all: list[Hook]
   evaluation: EvalHook  # the held-out evaluation (not text evaluation)
   plot: PlotHook
+  checkpoint: Optional[CheckpointHook] = None  # also written when a run is interrupted
 
 
 def user_hooks(hooks, entry: str) -> tuple[Hook, ...]:
@@ -248,14 +267,15 @@ def make_hooks(
     return {"step": step, **spec.meta(loop), "kind": out.kind.kind, "config": cfg.to_dict()}
 
   progress = Progress(cfg.steps, start, write=log if out.primary else _silent)
+  ckpt_hook = CheckpointHook(ckpt, cfg.checkpoint.every, spec.tree, meta)
   hooks = [
     MetricsHook(out.writer("metrics"), progress, cfg.logging.every, spec.console),
     *spec.extra,
     SkipHook(SkipTracker(cfg.max_skipped_steps, spec.skip_hint), spec.updates_per_step),
     eval_hook,
-    CheckpointHook(ckpt, cfg.checkpoint.every, spec.tree, meta),
+    ckpt_hook,
   ] + ([plot_hook] if cfg.logging.plots and out.primary else [])
-  return Hooks(hooks + list(user), eval_hook, plot_hook)
+  return Hooks(hooks + list(user), eval_hook, plot_hook, ckpt_hook)
 
 
 def run_steps(
@@ -265,17 +285,36 @@ def run_steps(
   loop: LoopState,
   start: int,
   step: Callable[[int, LoopState], None],
+  log: Callable[[str], None] = print,
 ) -> None:
   """`step(i, loop)` for i = start .. cfg.steps - 1, each followed by the hooks due after step
-  i + 1; the hooks and the TensorBoard and W&B writers are closed however it ends."""
+  i + 1; the hooks and the TensorBoard and W&B writers are closed however it ends.
+
+  Ctrl-C (`jetrl.train.interrupt`, one process): the first lets the step finish and its hooks
+  run, then the step's checkpoint is written (unless it just was) and `RunInterrupted` is
+  raised once it is on disk; a second stops the process at once."""
+  interrupts = Interrupts(log, enabled=jax.process_count() == 1)
+  stopped = None
   try:
-    for i in range(start, cfg.steps):
-      step(i, loop)
-      run_hooks(hooks.all, i + 1, i + 1 == cfg.steps, loop)
+    with interrupts:
+      for i in range(start, cfg.steps):
+        interrupts.step = i + 1
+        step(i, loop)
+        last = i + 1 == cfg.steps
+        run_hooks(hooks.all, i + 1, last, loop)
+        if interrupts.requested:
+          ckpt = hooks.checkpoint
+          if ckpt is not None and not ckpt.due(i + 1, last):
+            ckpt(i + 1, loop)
+          stopped = i + 1
+          break
   finally:
     for hook in hooks.all:
-      hook.close()
+      hook.close()  # waits for the checkpoint to be on disk
     out.close()
+  if stopped is not None:
+    ckpt = hooks.checkpoint
+    raise RunInterrupted(stopped, "" if ckpt is None else ckpt.checkpointer.directory)
 
 
 def finish(out: Outputs, hooks: Hooks, summary: dict) -> dict:
@@ -298,6 +337,7 @@ def run_guarded(cfg, task, log, body):
     import_wandb()  # a missing package is an error before anything is built
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
   log = parallel.primary_log(log)  # the others say only their warnings and errors
+  new = not os.path.exists(cfg.workdir)
   lock = take_workdir(cfg.workdir, log)
   reward = None
   try:
@@ -308,3 +348,16 @@ def run_guarded(cfg, task, log, body):
       reward.close()
     if lock is not None:
       lock.release()
+      if new:
+        remove_if_only_lock(cfg.workdir)
+
+
+def remove_if_only_lock(workdir: str) -> None:
+  """Removes a workdir this run created when all it holds is the run's released lock file (a
+  run that failed before writing anything), so a failed command leaves nothing behind."""
+  try:
+    if os.listdir(workdir) == [LOCK_NAME]:
+      os.remove(os.path.join(workdir, LOCK_NAME))
+      os.rmdir(workdir)
+  except OSError:
+    pass  # another run took it meanwhile, or it is not ours to remove

@@ -22,6 +22,7 @@ from typing import Optional
 import jax
 
 from jetrl.config import field, node
+from jetrl.train.progress import ticking
 from jetrl.sampling import GenerationConfig
 from jetrl.train import evaluation, pieces, validation
 from jetrl.train.checkpoint import load_params_from
@@ -91,22 +92,22 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     if cfg.init_from:
       params = load_params_from(cfg.init_from, params, log)
     log(
-      f"jetrl eval: model={cfg.model.name}{' from ' + cfg.init_from if cfg.init_from else ''} "
+      f"jetrl eval: model={pieces.describe_model(cfg.model)}{' from ' + cfg.init_from if cfg.init_from else ''} "
       f"task={cfg.task.name} ({cfg.task.prompt_format} prompts) recipe={cfg.recipe} "
       f"{cfg.eval.size} problems x {cfg.sampling.max_new_tokens} new tokens on "
       f"{jax.devices()[0].platform}"
     )
     t0 = time.time()
     run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg)
-    log("compiling the sampler (first batch only)...")
-    res = evaluation.evaluate(
-      params,
-      run_pieces,
-      recipe.rollout,
-      cfg.eval,
-      max_new_tokens=cfg.sampling.max_new_tokens,
-      log=log,
-    )
+    with ticking("compiling the sampler (first batch only) and evaluating", log) as clock:
+      res = evaluation.evaluate(
+        params,
+        run_pieces,
+        recipe.rollout,
+        cfg.eval,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        log=clock.line,
+      )
   finally:
     if reward is not None:
       reward.close()

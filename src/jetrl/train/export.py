@@ -22,6 +22,7 @@ from typing import Optional
 from jetrl.config import FlagError, check_fields, field, from_dict
 from jetrl.models import PRESETS
 from jetrl.models.export import EXPORT_DTYPES, export_hf
+from jetrl.models.hub import is_hub_id
 from jetrl.train import pieces
 from jetrl.models.lora import LoraConfig, merge
 from jetrl.models.lora_export import export_peft
@@ -87,7 +88,7 @@ def run_model_spec(meta: dict, workdir: str) -> ModelSpec:
       "workdir", f"the run in {workdir} has a model config this version cannot read: {e}"
     ) from None
   for flag, path in (("model.name", model.name), ("model.tokenizer", model.tokenizer)):
-    if path is not None and path not in PRESETS and not os.path.isdir(path):
+    if path is not None and path not in PRESETS and not os.path.isdir(path) and not is_hub_id(path):
       raise FlagError(
         "workdir",
         f"the run in {workdir} was trained with --{flag}={path}, a "
@@ -140,7 +141,7 @@ def _stage_tokenizer(model: ModelSpec, tok, stop: tuple, dest: str) -> None:
     for key, value in (("bos_token_id", tok.bos_token_id), ("pad_token_id", tok.pad_token_id))
     if value is not None
   }
-  for folder in (model.name, model.tokenizer):  # the model's generation config first
+  for folder in (pieces.model_folder(model), model.tokenizer):  # the model's config first
     path = os.path.join(folder or "", "generation_config.json")
     if folder and folder not in PRESETS and os.path.isfile(path):
       with open(path, encoding="utf-8") as f:

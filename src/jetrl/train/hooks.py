@@ -17,6 +17,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from jetrl.train.progress import ticking
 from jetrl.train.skips import SkipTracker
 from jetrl.train.writers import MetricWriter, Progress
 
@@ -123,9 +124,10 @@ class EvalHook(Hook):
 
   def __call__(self, step, loop):
     t0 = time.time()
-    if self.last is None:
-      self.log(f"  eval @ step {step}: compiling the evaluation (first evaluation only)...")
-    self.last = self.evaluate(loop)
+    first = self.log if self.last is None else None  # the first evaluation compiles
+    what = f"  eval @ step {step}: compiling the evaluation (first evaluation only)"
+    with ticking(what, first, report=False):  # the line below says how long it took
+      self.last = self.evaluate(loop)
     self.writer.write(step, self.last)
     bf16 = self.last.get("eval_accuracy_bf16")
     self.log(

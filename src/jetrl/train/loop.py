@@ -230,7 +230,8 @@ def _hooks(
 def _banner(cfg: TrainConfig, p: pieces.Pieces) -> str:
   reward = f", reward {cfg.task.reward}" if cfg.task.reward else ""
   return (
-    f"jetrl RL: recipe={cfg.recipe} model={cfg.model.name} ({p.mcfg.n_layers} layers, d_model "
+    f"jetrl RL: recipe={cfg.recipe} model={pieces.describe_model(cfg.model)} "
+    f"({p.mcfg.n_layers} layers, d_model "
     f"{p.mcfg.d_model}) task={cfg.task.name} ({cfg.task.prompt_format} prompts{reward}) "
     f"steps={cfg.steps} rows/step={cfg.rows} stop ids={list(pieces.token_ids(p.tok).stop)} "
     f"on {jax.devices()[0].platform}"
@@ -239,16 +240,17 @@ def _banner(cfg: TrainConfig, p: pieces.Pieces) -> str:
 
 def _run(cfg: TrainConfig, log, given=None, reward=None, *, user=()) -> dict:
   p = _pieces(cfg, log, given, reward)
+  log(_banner(cfg, p))
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, start, data_pos = _restore(cfg, ckpt, _initial_state(cfg, p, log), log)
   out = driver.open_outputs(cfg, driver.RL, start)
-  log(_banner(cfg, p))
   rl_step = _rl_step(cfg, p)
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state, data_pos=data_pos)
   if start == 0:
     hooks.evaluation(0, loop)
-  driver.run_steps(cfg, out, hooks, loop, start, functools.partial(_step, rl_step, start, log))
+  step = functools.partial(_step, rl_step, start, log)
+  driver.run_steps(cfg, out, hooks, loop, start, step, log)
   parallel.barrier("jetrl:run-end")  # the primary's last records are written
   return _finish(cfg, out, hooks, loop)
 

@@ -22,21 +22,26 @@ from typing import Iterator, Optional
 
 from jetrl.config import ConfigError, FlagError, check_fields, check_int, field
 from jetrl.data import Task
-from jetrl.data.registry import SYNTHETIC_TASKS, task_class, task_names
+from jetrl.data.custom_jsonl import CHECKERS
+from jetrl.data.registry import DATASET_TASKS, SYNTHETIC_TASKS, task_class, task_names
 from jetrl.data.user_reward import DEFAULT_TIMEOUT as DEFAULT_REWARD_TIMEOUT
 from jetrl.data.user_reward import check_spec_form
+from jetrl.models.config import PRESETS
 from jetrl.sampling.config import temperature_field
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """Which model: a preset (random init, sized to the tokenizer) or a Hugging Face folder, and
-  the tokenizer that goes with it."""
+  """Which model: a preset (random init, sized to the tokenizer), a Hugging Face folder or a
+  hub id, and the tokenizer that goes with it."""
 
   name: str = field(
     "tiny",
-    "A model preset (jetrl.models.PRESETS) or a Hugging Face folder (config.json, safetensors "
-    "weights, tokenizer, chat template, generation config).",
+    f"A model preset: {', '.join(PRESETS)} (RANDOM weights in that model's shape, not the "
+    "trained model); a Hugging Face folder (config.json, safetensors weights, "
+    "tokenizer, chat template, generation config); or a hub id such as "
+    "Qwen/Qwen2.5-0.5B-Instruct (its snapshot in the local hub cache, HF_HUB_CACHE / HF_HOME, "
+    "or downloaded there where the network allows).",
     former=("model",),
   )
   n_layers: Optional[int] = field(
@@ -107,7 +112,10 @@ class TaskConfig:
 
   name: str = field(
     "addition",
-    "Task: addition, multiplication, sorting, gsm8k, math500, or a name registered with "
+    f"Task: {', '.join(SYNTHETIC_TASKS)} (synthetic: --task.difficulty, --task.length); "
+    f"{', '.join(t for t in DATASET_TASKS if t != 'jsonl')} (datasets: --task.data_path, or "
+    "the hub); jsonl (a JSON-lines file of your own: --task.data_path, --task.prompt_field, "
+    "--task.answer_field, --task.checker); or a name registered with "
     "jetrl.data.register_task.",
     former=("task",),
   )
@@ -122,8 +130,31 @@ class TaskConfig:
   )
   data_path: Optional[str] = field(
     None,
-    "Local JSON-lines file or directory of a dataset task (none: the hub).",
+    "Local JSON-lines file or directory of a dataset task (none: the hub; required by jsonl).",
     former=("data_path",),
+  )
+  prompt_field: str = field(
+    "question",
+    "--task.name=jsonl: the field of each row that holds the question (the prompt).",
+  )
+  answer_field: str = field(
+    "answer",
+    "--task.name=jsonl: the field of each row that holds the reference answer (a string or a "
+    "number).",
+  )
+  solution_field: Optional[str] = field(
+    None,
+    "--task.name=jsonl: the field of each row that holds a worked solution ending in the "
+    "answer, for a supervised warm start (none: no solutions).",
+  )
+  checker: str = field(
+    "number",
+    "--task.name=jsonl: how a completion is scored against the answer. number: its final "
+    "number (#### 42, \\boxed{42} or the last number) equals the answer as a number; math: its "
+    "\\boxed{} answer equals the answer as MATH answers are compared (normalised, then sympy); "
+    "exact: its \\boxed{} answer (else what follows ####, else its last line) is the answer "
+    "string.",
+    choices=CHECKERS,
   )
   prompt_format: str = field(
     "plain",
@@ -161,6 +192,17 @@ class TaskConfig:
         f"{self.name!r} is not accepted; choose one of {list(task_names())} (a task of your "
         "own: register it with jetrl.data.register_task, or pass it to run(config, task=...))",
       )
+    if self.name == "jsonl" and self.data_path is None:
+      raise ConfigError(
+        "data_path",
+        "--task.name=jsonl reads your own JSON-lines file: pass --task.data_path=FILE.jsonl "
+        "(with --task.prompt_field, --task.answer_field and --task.checker naming its fields "
+        "and how answers are checked; docs/tasks.md)",
+      )
+    if self.name != "jsonl":
+      for name in ("prompt_field", "answer_field", "solution_field", "checker"):
+        if getattr(self, name) != getattr(TaskConfig, name):
+          raise ConfigError(name, "is only for --task.name=jsonl (your own JSON-lines file)")
     if self.name in SYNTHETIC_TASKS:  # each synthetic task's own ranges
       cls = task_class(self.name)
       check_int("difficulty", self.difficulty, *cls.difficulty_range)

@@ -46,7 +46,9 @@ from jetrl.models import (
   load_pretrained,
   load_tokenizer,
 )
+from jetrl.models.config import PRESETS
 from jetrl.models.hf_io import config_from_hf
+from jetrl.models.hub import hub_folder, is_hub_id
 
 Encoder = Callable[[str], list]
 
@@ -98,6 +100,13 @@ def make_task(task, *, seed: int) -> Task:
     kw = dict(seed=seed, template="message" if task.prompt_format == "chat" else "base")
     if task.data_path:
       kw["path"] = task.data_path
+    if task.name == "jsonl":  # your own file: its fields and checker
+      kw.update(
+        prompt_field=task.prompt_field,
+        answer_field=task.answer_field,
+        solution_field=task.solution_field,
+        checker=task.checker,
+      )
     return get_task(task.name, **kw)
   accepted = task_kwargs(task.name)
   kw = {"seed": seed} if "seed" in accepted else {}
@@ -201,14 +210,42 @@ def load_task(
   return loaded, prompt_width(probes["train"] + probes["test"]) + 16
 
 
+def model_folder(model) -> Optional[str]:
+  """The folder of `--model.name`: a local folder as is, a hub id (`org/name`) as its
+  snapshot in the local hub cache (downloaded there where the network allows:
+  `jetrl.models.hub`); None for a preset. FlagError (--model.name) for a hub id it cannot
+  have."""
+  name = model.name
+  if os.path.isdir(name):
+    return name
+  if name.lower() in PRESETS or not is_hub_id(name):
+    return None
+  try:
+    return hub_folder(name)
+  except ValueError as e:
+    raise FlagError("model.name", str(e)) from None
+
+
+def describe_model(model) -> str:
+  """What `--model.name` is, for a run's first line: a preset says its weights are random."""
+  name = model.name
+  if name.lower() in PRESETS and not os.path.isdir(name):
+    return f"{name} (preset: RANDOM weights, the shape of {name} only; not a trained model)"
+  folder = model_folder(model)
+  if folder is not None and folder != name:
+    return f"{name} (hub cache: {folder})"
+  return name
+
+
 def make_tokenizer(model, task=None) -> Tokenizer:
   """The run's tokenizer: the model folder's (or --model.tokenizer's files instead), with the
   end-of-generation ids of both folders; a tokenizer folder's for a preset; else the
   character tokenizer, which only fits the synthetic tasks and tasks of your own."""
   flag = "model.tokenizer" if model.tokenizer else "model.name"
+  folder = model_folder(model)
   try:
-    if os.path.isdir(model.name):
-      return load_model_tokenizer(model.name, model.tokenizer)
+    if folder is not None:
+      return load_model_tokenizer(folder, model.tokenizer)
     if model.tokenizer:
       return load_tokenizer(model.tokenizer)
   except (OSError, ValueError) as e:
@@ -227,8 +264,9 @@ def model_config(model, tok: Tokenizer, max_seq_len: int) -> ModelConfig:
   """The model's config without its weights, for sequences up to `max_seq_len`: a preset
   sized to the tokenizer, or a checkpoint's config.json (cheap: memory and tokenizer checks
   run before any weight), checked against the tokenizer (`check_tokenizer`)."""
-  if os.path.isdir(model.name):
-    path = os.path.join(model.name, "config.json")
+  folder = model_folder(model)
+  if folder is not None:
+    path = os.path.join(folder, "config.json")
     try:
       with open(path, encoding="utf-8") as f:
         mcfg = config_from_hf(json.load(f))
@@ -237,7 +275,7 @@ def model_config(model, tok: Tokenizer, max_seq_len: int) -> ModelConfig:
   else:
     mcfg = dataclasses.replace(get_config(model.name), vocab_size=len(tok))
   if model.n_layers is not None:
-    if os.path.isdir(model.name) and model.n_layers > mcfg.n_layers:
+    if folder is not None and model.n_layers > mcfg.n_layers:
       raise FlagError(
         "model.n_layers", f"{model.n_layers} is more than the checkpoint's {mcfg.n_layers} layers"
       )
@@ -251,9 +289,10 @@ def model_config(model, tok: Tokenizer, max_seq_len: int) -> ModelConfig:
 def make_params(model, mcfg, seed: int):
   """float32 params for `mcfg` (from model_config): a checkpoint's weights (checked finite and
   of a float dtype at load), or a seeded random init."""
-  if not os.path.isdir(model.name):
+  folder = model_folder(model)
+  if folder is None:
     return init_params(mcfg, jax.random.PRNGKey(seed))
-  _, params = load_pretrained(model.name)
+  _, params = load_pretrained(folder)
   n_layers = mcfg.n_layers
   return dict(params, layers=jax.tree_util.tree_map(lambda a: a[:n_layers], params["layers"]))
 

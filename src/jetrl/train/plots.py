@@ -2,8 +2,10 @@
 agreement by token position, time per step, and the SFT loss.
 
 Every plot is FIGSIZE inches at DPI (1000 x 500 pixels and more), labels both axes, draws each
-series in its own colour and line style (train reward and train accuracy stay two lines when
-their values are equal) and keeps its legend outside the data (right of the axes). A log
+series in its own colour, line style and marker (train reward and train accuracy stay two lines
+when their values are equal, and the legend then says they coincide) and keeps its legend
+outside the data (right of the axes). On agreement.png's log axis a value at or below 1e-12
+(k3 is often exactly 0) is drawn on a labelled floor line, its count in the legend. A log
 axis is used only where values span orders of magnitude; a handful of position bins is drawn
 as categories on linear axes. The first step a process runs compiles the sampler and the
 update (`time/compiled` in its record): time.png hatches that bar, and when it would dwarf the
@@ -24,6 +26,10 @@ from jetrl.train.nodes import EvalConfig
 
 # A compiling step this many times the median step is clipped in time.png.
 CLIP_FACTOR = 3.0
+# agreement.png on a log axis draws values at or below this on it, said in the legend.
+FLOOR = 1e-12
+# reward.png's legend when train accuracy equals train reward at every step (a 0/1 reward).
+COINCIDE = " (equal to train reward at every step: the two lines coincide)"
 FIGSIZE = (10.0, 5.0)  # inches
 DPI = 100
 
@@ -117,11 +123,16 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
 
   fig, ax = plt.subplots(figsize=FIGSIZE)
   drawn = [0.0, 1.0]
-  for key, label, style in (
-    ("reward_mean", "train reward", dict(color="tab:blue", linestyle="-", linewidth=2.0)),
-    ("accuracy", "train accuracy", dict(color="tab:orange", linestyle="--", marker="s", ms=3)),
+  reward, accuracy = _series(recs, "reward_mean"), _series(recs, "accuracy")
+  same = len(reward[0]) > 0 and all(np.array_equal(a, b) for a, b in zip(reward, accuracy))
+  for (x, y), label, style in (
+    (reward, "train reward", dict(color="tab:blue", linestyle="-", linewidth=3.0, alpha=0.6)),
+    (
+      accuracy,
+      "train accuracy" + (COINCIDE if same else ""),
+      dict(color="tab:orange", linestyle="--", marker="s", ms=3, linewidth=1.2),
+    ),
   ):
-    x, y = _series(recs, key)
     ax.plot(x, y, label=label, **style)
     drawn += [v for v in y if np.isfinite(v)]
   if evals:
@@ -135,17 +146,28 @@ def write_plots(workdir: str, eval_label: Optional[str] = None) -> list[str]:
   paths.append(save(fig, os.path.join(out_dir, "reward.png")))
 
   fig, ax = plt.subplots(figsize=FIGSIZE)
-  drawn = []
-  for key, label in (
-    (names.agree(names.ABS_DIFF_MEAN), "mean |Δ log p|"),
-    (names.agree(names.ABS_DIFF_MAX), "max |Δ log p|"),
-    (names.agree(names.KL_K3), "k3 KL"),
+  series = []
+  for key, label, style in (
+    (names.agree(names.ABS_DIFF_MEAN), "mean |Δ log p|", dict(linestyle="-", marker="o")),
+    (names.agree(names.ABS_DIFF_MAX), "max |Δ log p|", dict(linestyle="--", marker="^")),
+    (names.agree(names.KL_K3), "k3 KL", dict(linestyle=":", marker="s")),
   ):
     x, y = _series(recs, key)
     if len(x):
-      ax.plot(x, np.maximum(y, 1e-12), label=label)
-      drawn += list(y)
-  if use_log_scale(drawn):
+      series.append((x, y, label, style))
+  log = use_log_scale([v for _, y, _, _ in series for v in y])
+  floored = False
+  for x, y, label, style in series:
+    if log:  # a log axis cannot draw 0 (k3 is often 0 in float32 for tiny gaps)
+      low = y <= FLOOR
+      floored = floored or bool(low.any())
+      y = np.maximum(y, FLOOR)
+      if low.any():
+        label += f" ({int(low.sum())} steps at or below {FLOOR:g}: drawn on the floor)"
+    ax.plot(x, y, label=label, ms=3, **style)
+  if floored:
+    ax.axhline(FLOOR, color="0.5", linewidth=0.8, linestyle="-.", label=f"floor {FLOOR:g}")
+  if log:
     ax.set_yscale("log")
   ax.set_xlabel("RL step"), ax.set_ylabel("nats (per sampled token)"), ax.grid(alpha=0.3)
   ax.set_title("Rollout vs training forward")

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl import parallel
+from jetrl.train.progress import ticking
 from jetrl.models.lora import attach
 from jetrl.rl import metrics as names
 from jetrl.rl import (
@@ -58,19 +59,18 @@ class RLStep:
       rollout_params, t_reshard = parallel.switch_layout(
         state.params, self.pieces.layout, self.pieces.sample_layout, log
       )
-    if log is not None:  # the process's first step
-      log("compiling the sampler (first step only)...")
     t0 = time.time()
-    out = sample(
-      rollout_params,
-      self.pieces.mcfg,
-      prompts,
-      k_sample,
-      self.sampling,
-      self.pieces.recipe.rollout,
-      layout=self.pieces.sample_layout,
-    )
-    jax.block_until_ready(out.tokens)
+    with ticking("compiling the sampler (first step only)", log):  # log: the first step's
+      out = sample(
+        rollout_params,
+        self.pieces.mcfg,
+        prompts,
+        k_sample,
+        self.sampling,
+        self.pieces.recipe.rollout,
+        layout=self.pieces.sample_layout,
+      )
+      jax.block_until_ready(out.tokens)
     del rollout_params
     t_roll = time.time() - t0
 
@@ -103,27 +103,26 @@ class RLStep:
       samples = self._samples(step + 1, problems, out, rewards)
     t_reward = time.time() - t0 - t_roll
 
-    if log is not None:
-      log("compiling the update (first step only)...")
     t1 = time.time()
     if self.pieces.layout is not None:
       batch = self.pieces.layout.shard_batch(batch)
-    state, m = self.update_fn(
-      state,
-      batch,
-      k_update,
-      model_config=self.pieces.mcfg,
-      cfg=u,
-      optimizer=cfg.optimizer,
-      total_steps=cfg.optimizer_steps,
-      precision=self.pieces.recipe.train,
-      temperature=cfg.sampling.temperature,
-      top_k=cfg.sampling.top_k,
-      top_p=cfg.sampling.top_p,
-      bin_edges=self.bin_edges,
-      lora=cfg.lora if cfg.lora.enabled else None,
-    )
-    jax.block_until_ready(state.params)
+    with ticking("compiling the update (first step only)", log):
+      state, m = self.update_fn(
+        state,
+        batch,
+        k_update,
+        model_config=self.pieces.mcfg,
+        cfg=u,
+        optimizer=cfg.optimizer,
+        total_steps=cfg.optimizer_steps,
+        precision=self.pieces.recipe.train,
+        temperature=cfg.sampling.temperature,
+        top_k=cfg.sampling.top_k,
+        top_p=cfg.sampling.top_p,
+        bin_edges=self.bin_edges,
+        lora=cfg.lora if cfg.lora.enabled else None,
+      )
+      jax.block_until_ready(state.params)
     t_update = time.time() - t1
 
     record = dict(

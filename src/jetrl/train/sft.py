@@ -26,6 +26,7 @@ import optax
 
 from jetrl.config import FlagError
 from jetrl.data.synthetic import misreport
+from jetrl.train.progress import ticking
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.masking import masked_mean
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
@@ -232,19 +233,21 @@ class SFTStep:
     return batch
 
   def __call__(self, i: int, loop: LoopState) -> None:
-    if self.log is not None and i == self.start:
-      self.log("compiling the SFT step (first step only)...")
-    params, opt_state, loss, gnorm, ok, lr = self.step_fn(
-      loop.state["params"],
-      loop.state["opt_state"],
-      self.batch(i),
-      model_config=self.p.mcfg,
-      precision=self.p.recipe.train,
-      optimizer=self.cfg.optimizer,
-      total_steps=self.cfg.steps,
-    )
+    log = self.log if i == self.start else None  # the process's first step compiles
+    batch = self.batch(i)
+    with ticking("compiling the SFT step (first step only)", log):
+      params, opt_state, loss, gnorm, ok, lr = self.step_fn(
+        loop.state["params"],
+        loop.state["opt_state"],
+        batch,
+        model_config=self.p.mcfg,
+        precision=self.p.recipe.train,
+        optimizer=self.cfg.optimizer,
+        total_steps=self.cfg.steps,
+      )
+      ok = bool(ok)  # waits for the step
     loop.state = {"params": params, "opt_state": opt_state}
-    loop.skipped = 0 if bool(ok) else 1
+    loop.skipped = 0 if ok else 1
     self.skipped += loop.skipped
     loop.record = {
       "loss": loss,
@@ -276,6 +279,11 @@ def _hooks(cfg: SFTConfig, p, out: driver.Outputs, ckpt, start: int, log, user=(
 
 def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   p, train_tasks = _pieces(cfg, log, given, reward)
+  log(
+    f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
+    f"{pieces.describe_model(cfg.model)} ({p.mcfg.n_layers} layers) "
+    f"steps={cfg.steps} batch={cfg.batch_size} recipe={cfg.recipe}"
+  )
   state, step_fn = _initial_state(cfg, p)
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log)
@@ -283,15 +291,10 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   if meta is not None:
     log(f"resumed SFT at step {start}")
   out = driver.open_outputs(cfg, driver.SFT, start)
-  log(
-    f"jetrl SFT: task={cfg.task.name} ({cfg.task.prompt_format} prompts) model="
-    f"{cfg.model.name} ({p.mcfg.n_layers} layers) "
-    f"steps={cfg.steps} batch={cfg.batch_size} recipe={cfg.recipe}"
-  )
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state)
   step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped), log, start)
-  driver.run_steps(cfg, out, hooks, loop, start, step)
+  driver.run_steps(cfg, out, hooks, loop, start, step, log)
   return _finish(cfg, p, out, hooks, loop, log)
 
 

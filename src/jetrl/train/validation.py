@@ -4,7 +4,7 @@ compiled or written.
 The values themselves are checked by the config classes when they are built
 (`jetrl.config`); what is left needs the file system: a workdir that is a file, a remote
 workdir this runner cannot write to, an `--init_from` folder without checkpoints, a model that
-is neither a preset nor a directory. Each is a `FlagError` in the flag style
+is none of a preset, a directory or a hub id in the cache. Each is a `FlagError` in the flag style
 (`--workdir: ... is a file; give a directory`), never a traceback at step 1 or a run that
 quietly trains nothing. See docs/reliability.md.
 """
@@ -18,6 +18,7 @@ from typing import Optional
 from jetrl.config import FlagError
 from jetrl.data.user_reward import check_spec
 from jetrl.models import PRESETS
+from jetrl.models.hub import hub_folder, is_hub_id
 
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -86,14 +87,30 @@ def check_init_from(init_from: Optional[str]) -> None:
     )
 
 
+def preset_list() -> str:
+  """The presets, said to be random weights (for help and error texts)."""
+  return (
+    f"presets {', '.join(sorted(PRESETS))} (RANDOM weights in the shape of the model they "
+    "name, not trained ones)"
+  )
+
+
 def check_model(name: str, tokenizer: Optional[str] = None) -> None:
-  """`--model.name` must be a preset or a directory, `--model.tokenizer` a directory (their
-  files are checked when they load)."""
-  if name not in PRESETS:
+  """`--model.name` must be a preset, a directory or a hub id (`org/name`: in the local hub
+  cache, or downloaded there), `--model.tokenizer` a directory (their files are checked when
+  they load)."""
+  if name.lower() not in PRESETS:
     check_local("model.name", name)
-    if not os.path.isdir(name):
+    if is_hub_id(name):
+      try:
+        hub_folder(name)
+      except ValueError as e:
+        raise FlagError("model.name", str(e)) from None
+    elif not os.path.isdir(name):
       raise FlagError(
-        "model.name", f"{name!r} is neither a preset ({sorted(PRESETS)}) nor a directory"
+        "model.name",
+        f"{name!r} is none of the {preset_list()}, a model folder, or a Hugging Face hub id "
+        "(org/name)",
       )
   if tokenizer is not None:
     check_local("model.tokenizer", tokenizer)
