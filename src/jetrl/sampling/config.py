@@ -52,8 +52,9 @@ class SamplingConfig(GenerationConfig):
     None,
     "Sample from the k most likely tokens only (none: all). In RL the rollout records each "
     "token's log-prob under the truncated, renormalised distribution and the update "
-    "recomputes it under the same truncation of its own logits (docs/numerics.md, "
-    '"Log-probs under top-k / top-p"): on-policy, bit for bit under jet_exact.',
+    "recomputes it under the same truncation of its own logits "
+    '(docs/numerics.md, "Log-probs under top-k / top-p"): on-policy, bit for bit under '
+    "jet_exact.",
     lo=1,
     legacy=((0, None),),  # before it was Optional, 0 meant all tokens
   )
