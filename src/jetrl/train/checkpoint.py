@@ -93,7 +93,10 @@ class Checkpointer:
     return ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=self.keep, create=self.create, enable_async_checkpointing=False
+        max_to_keep=self.keep,
+        create=self.create,
+        read_only=not self.create,  # a reader (export, --init_from) never saves or deletes
+        enable_async_checkpointing=False,
       ),
     )
 
