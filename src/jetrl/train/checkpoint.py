@@ -37,6 +37,7 @@ from jetrl import parallel
 from jetrl.models import load_pretrained
 from jetrl.train import checksum
 from jetrl.train.checksum import META_CHECKSUM, meta_digest, verify, verify_meta  # noqa: F401
+from jetrl.train.run_files import own_dir
 from jetrl.train.validation import FlagError, checkpoint_steps, is_hf_folder
 
 DAMAGED_DIR = "checkpoints_damaged"
@@ -87,6 +88,9 @@ class Checkpointer:
     self.keep = keep
     self.create = create
     self.restored: Optional[str] = None  # the folder `restore_latest` restored
+    if create:  # a link planted as checkpoints/ would take the checkpoints elsewhere
+      os.makedirs(self.workdir, exist_ok=True)
+      own_dir(self.directory)
     self._mngr = self._manager()
 
   def _manager(self):
@@ -116,6 +120,7 @@ class Checkpointer:
       raise ValueError(f"checkpoint {step}: its metadata says step {meta['step']!r}")
     meta["checksums"] = checksum.tree_checksums(state)
     meta[META_CHECKSUM] = meta_digest(meta)
+    own_dir(self.directory)  # still the run's own folder, not a link planted since
     try:
       self._mngr.save(
         step,
@@ -232,7 +237,7 @@ class Checkpointer:
     log(f"warning: {message}")
     if parallel.is_primary():
       dest = os.path.join(self.workdir, DAMAGED_DIR, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      own_dir(os.path.dirname(dest))
       shutil.move(os.path.join(self.directory, str(step)), dest)
     parallel.barrier(f"jetrl:checkpoint-set-aside-{step}")  # moved before anyone looks again
     self._mngr.close()
