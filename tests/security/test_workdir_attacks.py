@@ -145,6 +145,21 @@ def test_a_hard_linked_metrics_file_is_refused_not_written_through(workdir, vict
   assert victim.read_text() == SECRET
 
 
+def test_the_links_wandb_makes_in_its_folder_are_its_own(workdir, elsewhere):
+  """W&B keeps `wandb/latest-run` as a link (in a moved-aside run's folder too); a `wandb`
+  folder that is itself a link is refused like any other."""
+  from jetrl.train.workdir import take_workdir
+
+  for folder in (workdir / "wandb", workdir / "previous" / "20250101-000000" / "wandb"):
+    (folder / "run-1").mkdir(parents=True)
+    os.symlink("run-1", folder / "latest-run")
+  take_workdir(str(workdir), log=lambda *a: None).release()
+  os.rename(workdir / "wandb", elsewhere / "wandb")
+  os.symlink(elsewhere / "wandb", workdir / "wandb")
+  with pytest.raises(FlagError, match=r"wandb' is a symbolic link"):
+    take_workdir(str(workdir), log=lambda *a: None)
+
+
 def test_a_fifo_in_a_workdir_is_refused(workdir):
   from jetrl.train.workdir import take_workdir
 

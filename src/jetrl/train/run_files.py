@@ -6,7 +6,8 @@ link to a user's file once had that file emptied or replaced by the run's config
 workdir's tree is the run's own:
 
 - `check_tree`, when a run takes its workdir (before it writes anything but its lock): no
-  symbolic link anywhere under the workdir, nothing but plain files and folders, and no file
+  symbolic link anywhere under the workdir (but inside `wandb/`, where the wandb library
+  keeps links of its own), nothing but plain files and folders, and no file
   of the workdir itself (where the run appends and rewrites) with a second hard link.
 - Every file a run writes goes through these functions: a file is opened with `O_NOFOLLOW` (a
   link is refused with an error naming it; so is a file opened for writing that has another
@@ -88,11 +89,15 @@ def own_dir(path: str) -> str:
   return path
 
 
+OWN_LINKS = "wandb"  # W&B's folder: the wandb library makes links of its own in it (latest-run)
+
+
 def check_tree(workdir: str) -> None:
   """FlagError (--workdir) naming the first path under `workdir` that a run must not write
   through: a symbolic link (to a file or a folder) at any depth, anything but a plain file or
   folder (a FIFO would block a read), or a file directly in the workdir (the files a run
-  appends to and rewrites) with more than one hard link."""
+  appends to and rewrites) with more than one hard link. A `wandb` folder (the wandb library's
+  own, which holds links it makes) must not be a link itself; what is in it is not checked."""
   todo = [workdir]
   while todo:
     folder = todo.pop()
@@ -102,7 +107,8 @@ def check_tree(workdir: str) -> None:
         if stat.S_ISLNK(st.st_mode):
           _refuse_link(entry.path, OSError(errno.ELOOP, "a link"))
         elif stat.S_ISDIR(st.st_mode):
-          todo.append(entry.path)
+          if entry.name != OWN_LINKS:
+            todo.append(entry.path)
         elif not stat.S_ISREG(st.st_mode):
           raise FlagError(
             "workdir",
