@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -225,3 +227,96 @@ def test_a_checkpoint_of_another_seed_recipe_or_lora_rank_is_refused(tmp_path, p
   assert flag in str(caught.value)
   assert ck.steps() == [6]  # refused, not set aside: the flags can be given to resume it
   ck.close()
+
+
+# kill -9 at each moment of a save, simulated on a real checkpoint: what a save leaves when it
+# is cut short there (tests/train/test_checkpoint_integrity.py kills a real save at three
+# moments). A resume restores the newest intact checkpoint, bit for bit.
+
+
+def random_tree(step: int) -> dict:
+  rng = np.random.default_rng(step)
+  return {
+    "w": jnp.asarray(rng.standard_normal((64, 48)), jnp.float32),
+    "b": jnp.asarray(rng.standard_normal(96), jnp.bfloat16),
+    "step": jnp.asarray(step, jnp.int32),
+  }
+
+
+def _files(step_dir, pattern):
+  return sorted(step_dir.glob(pattern), key=lambda p: (-p.stat().st_size, str(p)))
+
+
+def _cut(path):
+  data = path.read_bytes()
+  path.write_bytes(data[: len(data) // 2])
+
+
+STAGES = {
+  # Orbax writes into <step>.orbax-checkpoint-tmp-<time> and renames it when complete.
+  "a temporary folder with part of the state": lambda d: (
+    shutil.rmtree(d / "meta"),
+    d.rename(d.with_name("9.orbax-checkpoint-tmp-1765000000")),
+  ),
+  "a complete temporary folder, not renamed": lambda d: d.rename(
+    d.with_name("9.orbax-checkpoint-tmp-1765000000")
+  ),
+  "renamed, before the metadata": lambda d: shutil.rmtree(d / "meta"),
+  "renamed, the metadata torn": lambda d: _cut(d / "meta" / "metadata"),
+  "renamed, the state missing": lambda d: shutil.rmtree(d / "state"),
+  "renamed, an array file torn": lambda d: _cut(_files(d / "state", "**/d/*")[0]),
+  "renamed, every array file empty": lambda d: [
+    p.write_bytes(b"") for p in _files(d / "state", "**/d/*")
+  ],
+  "renamed, the array index missing": lambda d: [
+    p.unlink() for p in _files(d / "state", "**/manifest.ocdbt")
+  ],
+}
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_save_cut_short_at_any_stage_resumes_from_the_last_intact_one_bit_exact(tmp_path, stage):
+  ck = Checkpointer(str(tmp_path), keep=3)
+  for s in (3, 6, 9):
+    ck.save(s, random_tree(s), {"data_pos": 2 * s})
+  ck.close()
+  STAGES[stage](tmp_path / "checkpoints" / "9")
+  target = jax.tree_util.tree_map(jnp.zeros_like, random_tree(0))
+  ck = Checkpointer(str(tmp_path), keep=3)
+  with warnings.catch_warnings(record=True):
+    warnings.simplefilter("always")
+    state, meta = ck.restore_latest(target, log=lambda *a: None)
+  assert meta["step"] == 6 and meta["data_pos"] == 12
+  assert ck.restored == str(tmp_path / "checkpoints" / "6")
+  ck.close()
+  assert_bits(state, random_tree(6))
+  # The next save of step 9 succeeds where the cut one was.
+  ck = Checkpointer(str(tmp_path), keep=3)
+  ck.save(9, random_tree(9), {"data_pos": 18})
+  state, meta = ck.restore_latest(target, log=lambda *a: None)
+  assert meta["step"] == 9
+  assert_bits(state, random_tree(9))
+  ck.close()
+
+
+def test_a_step_missing_only_orbax_s_index_of_its_state_is_whole_and_restored(tmp_path):
+  """state/_METADATA (Orbax's description of the tree) gone: the arrays still read and match
+  their checksums, so the checkpoint is intact and restored bit for bit."""
+  ck = Checkpointer(str(tmp_path), keep=3)
+  for s in (6, 9):
+    ck.save(s, random_tree(s), {"data_pos": 2 * s})
+  ck.close()
+  (tmp_path / "checkpoints" / "9" / "state" / "_METADATA").unlink()
+  ck = Checkpointer(str(tmp_path), keep=3)
+  target = jax.tree_util.tree_map(jnp.zeros_like, random_tree(0))
+  state, meta = ck.restore_latest(target, log=lambda *a: None)
+  ck.close()
+  assert meta["step"] == 9
+  assert_bits(state, random_tree(9))
+
+
+def assert_bits(state, want):
+  for key in want:
+    got, expected = np.asarray(state[key]), np.asarray(want[key])
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert got.tobytes() == expected.tobytes(), key  # bit for bit
