@@ -182,3 +182,26 @@ def test_a_workdir_that_is_a_link_is_resolved_once_and_said(tmp_path, elsewhere,
   assert (
     f"--workdir {link} is a symbolic link to {elsewhere}: the run writes in {elsewhere}" in logs
   )
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused_before_writing(workdir, tiny_train_config):
+  """The first run holds `.lock`; a second `run` on the same workdir stops at once, naming the
+  holder, and changes nothing of the first run's files."""
+  import fcntl
+
+  from jetrl.train import run
+
+  (workdir / "metrics.jsonl").write_text('{"step": 1}\n')
+  fd = os.open(workdir / ".lock", os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"4242 otherhost\n", 0)
+    with pytest.raises(
+      FlagError, match=r"^--workdir: .* is in use by another run \(pid 4242 on otherhost\)"
+    ):
+      run(tiny_train_config(workdir), log=lambda *a: None)
+    assert sorted(os.listdir(workdir)) == [".lock", "metrics.jsonl"]
+    assert (workdir / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert os.pread(fd, 100, 0) == b"4242 otherhost\n"  # the holder's line kept
+  finally:
+    os.close(fd)
