@@ -76,7 +76,7 @@ def export_hf(
   out = os.path.abspath(os.path.expanduser(out))
   check_replaceable(out, overwrite)
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  with staged_folder(out) as tmp:
+  with staged_folder(out, export=True) as tmp:
     save_pretrained(params, config, tmp, tokenizer_from=tokenizer_from)
     umask = current_umask()
     for name in os.listdir(tmp):  # safetensors writes its file owner-only (0600)

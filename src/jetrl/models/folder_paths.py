@@ -92,10 +92,10 @@ def check_replaceable(out: str, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def staged_folder(out: str):
+def staged_folder(out: str, *, export: bool = False):
   """Yields an empty folder next to `out` to write into; when the block completes, that folder
-  replaces `out` (an existing `out` is moved aside, then removed), with a marker listing its
-  files (`EXPORT_MARKER`). It has the permissions a
+  replaces `out` (an existing `out` is moved aside, then removed), with (`export`) a marker
+  listing its files (`EXPORT_MARKER`). It has the permissions a
   plain mkdir gives (mkdtemp's 0700 would outlive the rename). On an error it is removed and
   `out` is left as it was. The parent of `out` must exist."""
   parent, name = os.path.dirname(out), os.path.basename(out)
@@ -103,9 +103,10 @@ def staged_folder(out: str):
   os.chmod(tmp, 0o777 & ~current_umask())
   try:
     yield tmp
-    marker = {"written_by": "jetrl export", "files": sorted(os.listdir(tmp))}
-    with open(os.path.join(tmp, EXPORT_MARKER), "w", encoding="utf-8") as f:
-      json.dump(marker, f, indent=1)
+    if export:
+      marker = {"written_by": "jetrl export", "files": sorted(os.listdir(tmp))}
+      with open(os.path.join(tmp, EXPORT_MARKER), "w", encoding="utf-8") as f:
+        json.dump(marker, f, indent=1)
     old = None
     if os.path.exists(out):
       old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")

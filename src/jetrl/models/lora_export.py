@@ -83,7 +83,7 @@ def export_peft(
   out = os.path.abspath(os.path.expanduser(out))
   check_replaceable(out, overwrite)
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  with staged_folder(out) as tmp:
+  with staged_folder(out, export=True) as tmp:
     save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(tmp, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
       json.dump(peft_config(cfg, base_model), f, indent=2)
