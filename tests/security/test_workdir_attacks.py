@@ -205,3 +205,25 @@ def test_a_second_run_on_a_workdir_in_use_is_refused_before_writing(workdir, tin
     assert os.pread(fd, 100, 0) == b"4242 otherhost\n"  # the holder's line kept
   finally:
     os.close(fd)
+
+
+def test_train_py_exits_with_code_2_naming_a_planted_folder_link(workdir, elsewhere):
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  os.symlink(elsewhere, workdir / "checkpoints")
+  result = subprocess.run(
+    [sys.executable, os.path.join(root, "experiments", "train.py"), f"--workdir={workdir}"],
+    env=dict(os.environ, PYTHONPATH=os.path.join(root, "src"), JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+    f"train.py: error: --workdir: '{workdir}/checkpoints' is a symbolic link; a run's workdir "
+    "holds only its own files and folders, never links, so that nothing is written elsewhere "
+    "(remove the link, or use another --workdir)"
+  )
+  assert os.listdir(elsewhere) == []

@@ -34,8 +34,9 @@ def _refuse_link(path: str, e: OSError) -> None:
   if e.errno == errno.ELOOP or os.path.islink(path):
     raise FlagError(
       "workdir",
-      f"{path!r} is a symbolic link; a run writes only plain files in its workdir (remove "
-      "the link, or use another --workdir)",
+      f"{path!r} is a symbolic link; a run's workdir holds only its own files and folders, "
+      "never links, so that nothing is written elsewhere (remove the link, or use another "
+      "--workdir)",
     ) from None
 
 
