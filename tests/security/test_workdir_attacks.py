@@ -182,6 +182,10 @@ def test_a_workdir_that_is_a_link_is_resolved_once_and_said(tmp_path, elsewhere,
   assert (
     f"--workdir {link} is a symbolic link to {elsewhere}: the run writes in {elsewhere}" in logs
   )
+  from jetrl.train.run_files import resolve_workdir
+
+  assert resolve_workdir(f"{link}/", logs.append) == str(elsewhere)
+  assert resolve_workdir(str(elsewhere), logs.append) == str(elsewhere)
 
 
 def test_a_second_run_on_a_workdir_in_use_is_refused_before_writing(workdir, tiny_train_config):

@@ -123,7 +123,7 @@ def check_tree(workdir: str) -> None:
 def resolve_workdir(workdir: str, log: Callable[[str], None]) -> str:
   """`workdir`, or, when it is itself a symbolic link, the folder it points to (said in the
   log): a run writes in one real folder, whose tree `check_tree` checks."""
-  if not os.path.islink(workdir):
+  if not os.path.islink(workdir.rstrip(os.sep) or workdir):  # `link/` is the link too
     return workdir
   real = os.path.realpath(workdir)
   log(f"--workdir {workdir} is a symbolic link to {real}: the run writes in {real}")
