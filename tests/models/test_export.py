@@ -121,7 +121,42 @@ def test_refusals(params, tmp_path):
   with pytest.raises(ValueError, match="exists and is not empty"):
     M.export_hf(params, CONFIG, str(out))
   assert (out / "notes.txt").read_text() == "mine"
+  # overwrite replaces only a folder an earlier export wrote, holding nothing else.
+  with pytest.raises(ValueError, match=r"was not written by an export \(no \.jetrl-export"):
+    M.export_hf(params, CONFIG, str(out), overwrite=True)
+  assert sorted(os.listdir(out)) == ["notes.txt"]
+  (out / "notes.txt").unlink()
+  M.export_hf(params, CONFIG, str(out))
   M.export_hf(params, CONFIG, str(out), overwrite=True)
-  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(out)) == [".jetrl-export.json", "config.json", "model.safetensors"]
+  assert json.loads((out / ".jetrl-export.json").read_text())["files"] == [
+    "config.json",
+    "model.safetensors",
+  ]
   _, again = M.load_pretrained(str(out))
   jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+
+
+def test_overwrite_never_deletes_what_the_export_did_not_write(params, tmp_path):
+  """An export's folder with a file added, a forged marker, or a run's folder: refused, each
+  file left as it was (`--overwrite` once deleted a whole run's workdir)."""
+  out = tmp_path / "out"
+  M.export_hf(params, CONFIG, str(out))
+  (out / "notes.txt").write_text("mine")
+  (out / "runs").mkdir()
+  with pytest.raises(
+    ValueError, match=r"holds files the earlier export did not write: \['notes.txt', 'runs'\]"
+  ):
+    M.export_hf(params, CONFIG, str(out), overwrite=True)
+  assert (out / "notes.txt").read_text() == "mine" and (out / "runs").is_dir()
+  run = tmp_path / "run"
+  (run / "checkpoints" / "2").mkdir(parents=True)
+  (run / ".jetrl-export.json").write_text("not json")
+  with pytest.raises(ValueError, match="was not written by an export"):
+    M.export_hf(params, CONFIG, str(run), overwrite=True)
+  assert (run / "checkpoints" / "2").is_dir()
+  link = tmp_path / "link"
+  os.symlink(out, link)
+  with pytest.raises(ValueError, match="is a symbolic link"):
+    M.export_hf(params, CONFIG, str(link), overwrite=True)
+  assert sorted(os.listdir(tmp_path)) == ["link", "out", "run"]  # no temporary folder left

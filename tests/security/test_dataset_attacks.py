@@ -4,6 +4,7 @@ the model's positions when a run starts: each gold answer is scored once, agains
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -93,3 +94,51 @@ def test_a_prompt_longer_than_the_model_is_refused_at_start_up(tmp_path):
     cfg, seed=0, tok=tok, encode=encode
   )  # a preset's positions grow to fit it
   assert width >= 5000
+
+
+def load(path):
+  return pieces.load_task(
+    TaskConfig(name="gsm8k", data_path=str(path)), seed=0, tok=char_tokenizer()
+  )
+
+
+def test_a_data_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(tmp_path):
+  """`--task.data_path` is the user's to give (read with their rights, links followed), but a
+  FIFO in a data folder once blocked the start-up for ever, and /dev/zero never ends."""
+  import signal
+
+  def late(*_):
+    raise TimeoutError("the data path blocked the start-up")
+
+  d = tmp_path / "gsm"
+  d.mkdir()
+  write(d / "train.jsonl", gsm_rows(4))
+  os.mkfifo(d / "test.jsonl")
+  old = signal.signal(signal.SIGALRM, late)
+  signal.alarm(30)
+  try:
+    with pytest.raises(FlagError, match=r"^--task.data_path: gsm8k: .*test\.jsonl: not a regular"):
+      load(d)
+    (d / "test.jsonl").unlink()
+    os.symlink("/dev/zero", d / "test.jsonl")
+    with pytest.raises(FlagError, match=r"test\.jsonl: not a regular file"):
+      load(d)
+    for path in ("/dev/zero", str(d / "test.jsonl")):
+      with pytest.raises(FlagError, match=r"^--task.data_path: .*neither a regular file nor a"):
+        load(path)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_a_data_path_anywhere_is_read_as_data_only(tmp_path):
+  """A path outside the working directory (`../..`) is the user's own: it is read as JSON
+  lines, and a file that is not is an error naming its line, never more of its content."""
+  secret = tmp_path / "secret.txt"
+  secret.write_text("password=hunter2\n")
+  relative = os.path.relpath(secret)
+  with pytest.raises(FlagError) as caught:
+    load(relative)
+  assert "secret.txt:1: invalid JSON" in str(caught.value)
+  assert "hunter2" not in str(caught.value)
+  assert secret.read_text() == "password=hunter2\n"

@@ -94,7 +94,11 @@ def test_merged_export_loads_in_transformers_with_the_adapted_logits(runs, tmp_p
   peft_out = export_run(
     ExportConfig(workdir=straight.workdir, out=str(tmp_path / "adapter"), adapter=True), log=quiet
   )
-  assert sorted(os.listdir(peft_out)) == ["adapter_config.json", "adapter_model.safetensors"]
+  assert sorted(os.listdir(peft_out)) == [
+    ".jetrl-export.json",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+  ]
 
 
 def test_lora_refusals(runs, tiny_train_config, tmp_path):

@@ -165,6 +165,31 @@ def define_flags(
   return names
 
 
+MAX_CONFIG_VALUES = 100_000  # a run's whole config is a few hundred
+
+
+def _check_size(data: Any, path: str) -> None:
+  """FlagError (--config) when the file's tree holds more than MAX_CONFIG_VALUES keys and
+  values, YAML aliases counted as often as they are used: nine levels of ten aliases (a
+  billion strings, a few hundred bytes of YAML) once took 15 GB while an error message
+  spelled the value out. Stops counting at the limit."""
+  count, todo = 0, [data]
+  while todo:
+    x = todo.pop()
+    count += 1
+    if count > MAX_CONFIG_VALUES:
+      raise FlagError(
+        CONFIG_FLAG,
+        f"{path}: holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are "
+        "expanded; a config file sets a few hundred fields",
+      )
+    if isinstance(x, dict):
+      todo.extend(x.keys())
+      todo.extend(x.values())
+    elif isinstance(x, (list, tuple)):
+      todo.extend(x)
+
+
 def load_config_file(path: str, default: Any) -> Any:
   """The config a file describes, on top of `default` (see the module docstring). A Python
   file is executed: it is code the user chose to run, like a reward plugin (docs/reliability.md,
@@ -201,6 +226,7 @@ def load_config_file(path: str, default: Any) -> Any:
     raise FlagError(CONFIG_FLAG, f"{path}: {type(e).__name__}: {e}") from None
   if isinstance(data, cls):
     return data
+  _check_size(data, path)
   if is_config(data):
     raise FlagError(
       CONFIG_FLAG,

@@ -7,7 +7,9 @@ or an empty file is a ValueError such as
   data/train.jsonl:188: invalid JSON (Expecting ',' delimiter, column 41)
   data/train.jsonl:12: not UTF-8 text (byte 0xff at column 7)
 
-so a broken row is found when the task loads, not when a run reaches it. Each row comes with
+so a broken row is found when the task loads, not when a run reaches it. A path is the user's
+to give (any file they can read, through links too: it is only read), but it must be a
+regular file: a FIFO, a device such as /dev/zero or a socket is refused before it is opened. Each row comes with
 where it was read (`path:line`, or `path item k` in an array), which the tasks' field checks
 name too (`jetrl.data.loading`).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 
 def _where(path: str, line: int) -> str:
@@ -26,6 +29,11 @@ def read_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
   """[(where, row)] of a JSON-lines file or a `.json` array file; ValueError naming the file
   and line for undecodable bytes, invalid JSON, a non-object row or no rows."""
   path = os.fspath(path)
+  if not stat.S_ISREG(os.stat(path).st_mode):  # before opening: opening a FIFO blocks
+    raise ValueError(
+      f"{path}: not a regular file (a FIFO, a device or a socket would block or never end); "
+      "data files are JSON-lines files"
+    )
   with open(path, "rb") as f:
     data = f.read()
   if not data.strip():

@@ -79,7 +79,10 @@ def load_source_splits(
   elif os.path.isfile(path):
     files = [path]
   else:
-    raise ValueError(f"path {path!r} is neither a file nor a directory")
+    raise ValueError(
+      f"path {path!r} is neither a regular file nor a directory (missing, or a FIFO, a "
+      "device or a socket); give a JSON-lines file or a directory of them"
+    )
   data_files = {}
   for f in files:
     name = re.sub(r"\W", "_", os.path.basename(f).split(".")[0]) or "data"

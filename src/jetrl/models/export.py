@@ -10,7 +10,8 @@ Why: a trained policy leaves jetrl as a folder other tools read. `export_hf` is
   naming its end-of-generation ids when that folder has none, so `generate` stops where jetrl's
   sampler stops;
 - the folder is written next to `out` and renamed into place when complete; an existing
-  non-empty `out` is refused unless `overwrite=True`.
+  non-empty `out` is refused unless `overwrite=True` and it is an earlier export's folder
+  holding nothing else (`folder_paths.check_replaceable`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.models.config import ModelConfig
-from jetrl.models.folder_paths import current_umask, staged_folder
+from jetrl.models.folder_paths import check_replaceable, current_umask, staged_folder
 from jetrl.models.hf_io import resolve_path, save_pretrained
 from jetrl.models.params import check_params
 from jetrl.models.hf_tokenizer import load_tokenizer
@@ -56,7 +57,8 @@ def export_hf(
   tokenizer_from: a checkpoint folder (or hub name) whose tokenizer files, chat template and
     generation config are copied (checked against `config` first).
   dtype: "float32", "bfloat16" or "float16" to cast the weights to; None keeps their dtype.
-  overwrite: replace an existing non-empty `out` (otherwise a ValueError).
+  overwrite: replace an existing non-empty `out` that an earlier export wrote and that holds
+    nothing else (otherwise a ValueError naming what is in the way).
   """
   check_params(params, config)
   if dtype is not None and str(dtype) not in EXPORT_DTYPES:
@@ -72,14 +74,9 @@ def export_hf(
     tokenizer_from = resolve_path(tokenizer_from)
     tok = load_tokenizer(tokenizer_from, config=config)
   out = os.path.abspath(os.path.expanduser(out))
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"export: {out} is a file; give a directory")
-  if os.path.isdir(out) and os.listdir(out) and not overwrite:
-    raise ValueError(
-      f"export: {out} exists and is not empty; choose another folder or pass overwrite=True"
-    )
+  check_replaceable(out, overwrite)
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  with staged_folder(out) as tmp:
+  with staged_folder(out, export=True) as tmp:
     save_pretrained(params, config, tmp, tokenizer_from=tokenizer_from)
     umask = current_umask()
     for name in os.listdir(tmp):  # safetensors writes its file owner-only (0600)

@@ -1,9 +1,15 @@
 """Model folders on disk: the paths a folder names for its own files (an index's shards), kept
-inside the folder, and a folder written beside its place and renamed into it when complete."""
+inside the folder, and a folder written beside its place and renamed into it when complete.
+
+An export's folder holds a marker (`EXPORT_MARKER`) listing the files it wrote. Replacing an
+existing folder (`overwrite`) is allowed only for such a folder holding nothing else
+(`check_replaceable`): an `--out` naming a run's workdir, or the folder around it, once had
+the run's checkpoints, metrics and plots deleted by the export."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -34,10 +40,62 @@ def current_umask() -> int:
   return umask
 
 
+EXPORT_MARKER = ".jetrl-export.json"  # {"written_by": "jetrl export", "files": [...]}
+
+
+def exported_files(folder: str) -> "list[str] | None":
+  """The files an export wrote in `folder`, as its marker lists them; None without a marker."""
+  path = os.path.join(folder, EXPORT_MARKER)
+  if os.path.islink(path) or not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      files = json.load(f).get("files")
+  except (OSError, ValueError, AttributeError):
+    return None
+  if not isinstance(files, list) or not all(isinstance(n, str) for n in files):
+    return None
+  return files
+
+
+def check_replaceable(out: str, overwrite: bool) -> None:
+  """ValueError unless an export may write `out`: missing, an empty folder, or, with
+  `overwrite`, a folder an earlier export wrote (its marker there) that holds only the files
+  that export wrote. A link is refused (the export replaces names, not what they point to)."""
+  if os.path.islink(out):
+    raise ValueError(f"export: {out} is a symbolic link; give the folder itself")
+  if not os.path.lexists(out):
+    return
+  if not os.path.isdir(out):
+    raise ValueError(f"export: {out} is a file; give a directory")
+  present = sorted(os.listdir(out))
+  if not present:
+    return
+  if not overwrite:
+    raise ValueError(
+      f"export: {out} exists and is not empty; pass overwrite=True to replace an earlier "
+      "export's folder, or choose another folder"
+    )
+  files = exported_files(out)
+  if files is None:
+    raise ValueError(
+      f"export: {out} was not written by an export (no {EXPORT_MARKER} in it); overwrite "
+      "replaces only an earlier export's folder: choose another folder, or empty it yourself"
+    )
+  foreign = [n for n in present if n not in files and n != EXPORT_MARKER]
+  if foreign:
+    raise ValueError(
+      f"export: {out} holds files the earlier export did not write: {foreign[:8]}"
+      f"{' ...' if len(foreign) > 8 else ''}; overwrite would delete them: move them out, "
+      "or choose another folder"
+    )
+
+
 @contextlib.contextmanager
-def staged_folder(out: str):
+def staged_folder(out: str, *, export: bool = False):
   """Yields an empty folder next to `out` to write into; when the block completes, that folder
-  replaces `out` (an existing `out` is moved aside, then removed). It has the permissions a
+  replaces `out` (an existing `out` is moved aside, then removed), with (`export`) a marker
+  listing its files (`EXPORT_MARKER`). It has the permissions a
   plain mkdir gives (mkdtemp's 0700 would outlive the rename). On an error it is removed and
   `out` is left as it was. The parent of `out` must exist."""
   parent, name = os.path.dirname(out), os.path.basename(out)
@@ -45,6 +103,10 @@ def staged_folder(out: str):
   os.chmod(tmp, 0o777 & ~current_umask())
   try:
     yield tmp
+    if export:
+      marker = {"written_by": "jetrl export", "files": sorted(os.listdir(tmp))}
+      with open(os.path.join(tmp, EXPORT_MARKER), "w", encoding="utf-8") as f:
+        json.dump(marker, f, indent=1)
     old = None
     if os.path.exists(out):
       old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")

@@ -20,7 +20,9 @@ Hugging Face folders. `convert_gguf(gguf_path, out_dir)` writes one:
 
 Only what a GGUF of the llama architecture with a byte-level BPE ("gpt2") vocabulary needs is
 supported; anything else is a ValueError naming it. The GGUF is read as data (numpy memory
-maps); nothing in it is executed, and the chat template is rendered later in jinja2's sandbox
+maps), after every length its header declares is checked against the file
+(`jetrl.models.gguf_layout`: a 45-byte file declaring a huge array once hung the reader);
+nothing in it is executed, and the chat template is rendered later in jinja2's sandbox
 (`jetrl.models.hf_tokenizer`).
 """
 
@@ -33,6 +35,7 @@ from typing import Any, Optional
 import numpy as np
 
 from jetrl.models.config import ModelConfig
+from jetrl.models.gguf_layout import check_layout
 from jetrl.models.hf_io import config_to_hf
 
 # GGUF tensor name (after "blk.{i}.") -> transformers name (after "model.layers.{i}.")
@@ -92,6 +95,7 @@ def _reader(path: str):
       "reading a GGUF file needs the `gguf` package: "
       "pip install 'jetrl[smollm2]' (or pip install gguf)"
     ) from e
+  check_layout(path)  # every declared length fits the file, before the reader trusts them
   try:
     return gguf, gguf.GGUFReader(path)
   except Exception as e:  # pylint: disable=broad-except

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jetrl.models.config import ModelConfig
-from jetrl.models.folder_paths import current_umask, staged_folder
+from jetrl.models.folder_paths import check_replaceable, current_umask, staged_folder
 from jetrl.models.lora import HF_MODULES, LoraConfig, check_adapters
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -74,20 +74,16 @@ def export_peft(
   """Write `adapters` as a PEFT adapter folder at `out`; returns its path.
 
   base_model: recorded as `base_model_name_or_path` (the folder or hub name of the base).
-  overwrite: replace an existing non-empty `out` (otherwise a ValueError).
+  overwrite: replace an existing non-empty `out` that an earlier export wrote and that holds
+    nothing else (otherwise a ValueError naming what is in the way).
   """
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
 
   tensors = adapter_tensors(adapters, config, cfg)
   out = os.path.abspath(os.path.expanduser(out))
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"export: {out} is a file; give a directory")
-  if os.path.isdir(out) and os.listdir(out) and not overwrite:
-    raise ValueError(
-      f"export: {out} exists and is not empty; choose another folder or pass overwrite=True"
-    )
+  check_replaceable(out, overwrite)
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  with staged_folder(out) as tmp:
+  with staged_folder(out, export=True) as tmp:
     save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(tmp, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
       json.dump(peft_config(cfg, base_model), f, indent=2)

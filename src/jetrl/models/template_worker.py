@@ -10,10 +10,13 @@ A chat template is a jinja2 program from a downloaded folder. jinja2's sandbox s
   request     {"id": 3, "kwargs": {...}}   reply {"id": 3, "text": "..."}, or with "type"
                                            and "error" (an exception's class name, message)
 
-Before it compiles the template the process limits its address space (MEMORY_LIMIT), its CPU
+Before it parses the template the process limits its address space (MEMORY_LIMIT), its CPU
 time (CPU_SECONDS over its life), core files and file writes (none) and child processes
-(none once unprivileged). The parent kills it when a reply is late (`RENDER_TIMEOUT`) and
-starts a new one for the next render. A rendered text longer than MAX_TEXT_CHARS is an error.
+(none once unprivileged). It compiles the template when the first render asks, inside that
+render's time: jinja2's code generator evaluates constant expressions while compiling (even
+unoptimized, to inline constant output), so `{{ 9 ** 30000000 }}` once cost the worker's
+60 s start-up allowance instead of the 10 s render limit. The parent kills it when a reply is
+late (`RENDER_TIMEOUT`) and starts a new one for the next render. A rendered text longer than MAX_TEXT_CHARS is an error.
 The parent only parses the template (`check_syntax`), which evaluates nothing.
 """
 
@@ -91,18 +94,22 @@ def main() -> int:
 
     first = json.loads(sys.stdin.readline())
     confine()
-    compiled = compile_template(first["template"])
+    template = first["template"]
+    check_syntax(template)  # parsing evaluates nothing; compiling may (see `main`)
   except Exception as e:  # pylint: disable=broad-except
     out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
     out.flush()
     return 1
   out.write('{"ready": true}\n')
   out.flush()
+  compiled = None
   for line in sys.stdin:
     rid = None
     try:
       req = json.loads(line)
       rid = req.get("id")
+      if compiled is None:  # inside the render the parent times
+        compiled = compile_template(template)
       text = compiled.render(**req["kwargs"])
       if len(text) > MAX_TEXT_CHARS:
         raise MemoryError(f"the rendered text has {len(text)} characters")

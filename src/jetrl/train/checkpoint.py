@@ -10,8 +10,8 @@ checksums) carries a SHA-256 of the rest of it, so that everything a resume read
 arrays do not match their checksums, or that holds a non-finite value is moved aside to
 `<workdir>/checkpoints_damaged/<step>` with a warning, and the next older one is tried. A
 workdir with checkpoints but none intact is an error, never a silent restart from step 0.
-A checkpoint whose metadata has no checksums is restored with a warning naming it, its arrays
-checked for finiteness only. See docs/reliability.md.
+A checkpoint whose metadata lacks its checksums, or names another step than its folder, is
+damaged like one that does not match them. See docs/reliability.md.
 
 Several processes: every process saves and restores its own shards (Orbax finalizes the
 checkpoint from process 0 once all have written), the processes agree on whether a checkpoint
@@ -22,8 +22,6 @@ restores in any number of processes (docs/scaling.md).
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
 import shutil
 import time
@@ -38,10 +36,11 @@ from etils import epath
 from jetrl import parallel
 from jetrl.models import load_pretrained
 from jetrl.train import checksum
+from jetrl.train.checksum import META_CHECKSUM, meta_digest, verify, verify_meta  # noqa: F401
+from jetrl.train.run_files import own_dir
 from jetrl.train.validation import FlagError, checkpoint_steps, is_hf_folder
 
 DAMAGED_DIR = "checkpoints_damaged"
-META_CHECKSUM = "meta_checksum"  # SHA-256 of the rest of the metadata
 
 
 class CheckpointError(RuntimeError):
@@ -88,13 +87,20 @@ class Checkpointer:
     self.directory = os.path.join(self.workdir, "checkpoints")
     self.keep = keep
     self.create = create
+    self.restored: Optional[str] = None  # the folder `restore_latest` restored
+    if create:  # a link planted as checkpoints/ would take the checkpoints elsewhere
+      os.makedirs(self.workdir, exist_ok=True)
+      own_dir(self.directory)
     self._mngr = self._manager()
 
   def _manager(self):
     return ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=self.keep, create=self.create, enable_async_checkpointing=False
+        max_to_keep=self.keep,
+        create=self.create,
+        read_only=not self.create,  # a reader (export, --init_from) never saves or deletes
+        enable_async_checkpointing=False,
       ),
     )
 
@@ -109,8 +115,12 @@ class Checkpointer:
     bad = checksum.non_finite(state)
     if bad:
       raise ValueError(f"refusing to save checkpoint {step}: non-finite values in {bad[:4]}")
-    meta = dict(meta, checksums=checksum.tree_checksums(state))
+    meta = {"step": step, **meta}
+    if meta["step"] != step:
+      raise ValueError(f"checkpoint {step}: its metadata says step {meta['step']!r}")
+    meta["checksums"] = checksum.tree_checksums(state)
     meta[META_CHECKSUM] = meta_digest(meta)
+    own_dir(self.directory)  # still the run's own folder, not a link planted since
     try:
       self._mngr.save(
         step,
@@ -146,7 +156,7 @@ class Checkpointer:
       ),
     )
     meta = dict(out.meta)
-    verify_meta(meta, f"{self.directory}/{step}")
+    verify_meta(meta, f"{self.directory}/{step}", step)
     verify(out.state, meta, f"{self.directory}/{step}")
     return out.state, meta
 
@@ -172,7 +182,7 @@ class Checkpointer:
     a flipped `"step": 6` -> `7` would skip a step, `"data_pos"` shift the data)."""
     out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     meta = dict(out.meta)
-    verify_meta(meta, f"{self.directory}/{step}")
+    verify_meta(meta, f"{self.directory}/{step}", step)
     return meta
 
   def restore_latest(
@@ -206,6 +216,7 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         restored, why = None, f"{type(e).__name__}: {e}"
       if parallel.all_true(restored is not None):
+        self.restored = os.path.join(self.directory, str(step))
         return restored
       failures.append((step, why or "unreadable in another process"))
       self._set_aside(step, failures[-1][1], log)
@@ -226,7 +237,7 @@ class Checkpointer:
     log(f"warning: {message}")
     if parallel.is_primary():
       dest = os.path.join(self.workdir, DAMAGED_DIR, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      own_dir(os.path.dirname(dest))
       shutil.move(os.path.join(self.directory, str(step)), dest)
     parallel.barrier(f"jetrl:checkpoint-set-aside-{step}")  # moved before anyone looks again
     self._mngr.close()
@@ -234,57 +245,6 @@ class Checkpointer:
 
   def close(self):
     self._mngr.close()
-
-
-def meta_digest(meta: dict) -> str:
-  """SHA-256 of the metadata's canonical JSON (sorted keys), its own checksum left out."""
-  body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
-  text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-  return hashlib.sha256(text.encode()).hexdigest()
-
-
-def verify_meta(meta: dict, where: str) -> None:
-  """ValueError unless the metadata matches its checksum; a warning when it has none."""
-  saved = meta.get(META_CHECKSUM)
-  if saved is None:
-    if "checksums" in meta:  # written by a version that checksummed the arrays only
-      warnings.warn(
-        f"checkpoint {where} (step {meta.get('step', '?')}) has no checksum of its metadata: "
-        "its step, data position and config are taken as they are",
-        RuntimeWarning,
-        stacklevel=3,
-      )
-    return
-  if saved != meta_digest(meta):
-    raise ValueError(
-      f"{where}: the metadata (step, data position, config, array checksums) does not match "
-      "its checksum"
-    )
-
-
-def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
-  """ValueError unless `state` (the subtree at `prefix`, when given) matches the checksums in
-  `meta` and is finite. Metadata without checksums is warned about (the arrays can then only be
-  checked for finiteness)."""
-  saved = meta.get("checksums")
-  if saved is None:
-    warnings.warn(
-      f"checkpoint {where} (step {meta.get('step', '?')}) has no checksums in its metadata "
-      "(written without them, or its metadata was rewritten): its arrays are only checked "
-      "for NaN and Inf, not against what was saved",
-      RuntimeWarning,
-      stacklevel=3,
-    )
-  else:
-    wrong = checksum.mismatches(saved, state, prefix)
-    if wrong:
-      raise ValueError(
-        f"{where}: {len(wrong)} arrays do not match their checksums: "
-        f"{wrong[:4]}{' ...' if len(wrong) > 4 else ''}"
-      )
-  bad = checksum.non_finite(state)
-  if bad:
-    raise ValueError(f"{where}: non-finite values (NaN or Inf) in {bad[:4]}")
 
 
 def load_params_from(workdir: str, target_params: Any, log: Callable[[str], None] = print) -> Any:

@@ -10,16 +10,24 @@ with its flat index by two 32-bit finalisers (MurmurHash3's fmix32 with differen
 the mixed words are summed modulo 2**32. Any change of one element changes each half of the
 digest with probability 1 - 2**-32; moving values to other positions changes it too. It guards
 against damage, not against an adversary who can write the checkpoint.
+
+A checkpoint's metadata (step, data position, config, the arrays' digests) carries a SHA-256 of
+the rest of it (`meta_digest`, under `META_CHECKSUM`). Both are required: a checkpoint whose
+metadata lacks either is damaged (`verify_meta`, `verify`), never trusted as it is (deleting
+the metadata's checksum once switched the check off, and an edited step resumed).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+META_CHECKSUM = "meta_checksum"  # SHA-256 of the rest of the metadata
 _SEEDS = (0x9E3779B9, 0x85EBCA6B)
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
@@ -92,3 +100,47 @@ def non_finite(tree: Any) -> list[str]:
 @jax.jit
 def _all_finite(leaves):
   return [jnp.all(jnp.isfinite(x)) for x in leaves]
+
+
+def meta_digest(meta: dict) -> str:
+  """SHA-256 of the metadata's canonical JSON (sorted keys), its own checksum left out."""
+  body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def verify_meta(meta: dict, where: str, step: Any = None) -> None:
+  """ValueError unless the metadata holds its checksum and the arrays' checksums, matches its
+  checksum, and (given `step`: the checkpoint's folder) records that step."""
+  missing = [k for k in (META_CHECKSUM, "checksums") if k not in meta]
+  if missing:
+    raise ValueError(
+      f"{where}: the metadata has no {' and no '.join(missing)} (every checkpoint is written "
+      "with both; removed, its step, data position and config cannot be trusted)"
+    )
+  if meta[META_CHECKSUM] != meta_digest(meta):
+    raise ValueError(
+      f"{where}: the metadata (step, data position, config, array checksums) does not match "
+      "its checksum"
+    )
+  if step is not None and meta.get("step") != step:
+    raise ValueError(
+      f"{where}: the metadata says step {meta.get('step')!r}, its folder is step {step}"
+    )
+
+
+def verify(state: Any, meta: dict, where: str, prefix: str = "") -> None:
+  """ValueError unless `state` (the subtree at `prefix`, when given) matches the checksums in
+  `meta` (every saved one under `prefix`, none missing) and is finite."""
+  saved = meta.get("checksums")
+  if not isinstance(saved, dict):
+    raise ValueError(f"{where}: the metadata has no checksums of the arrays")
+  wrong = mismatches(saved, state, prefix)
+  if wrong:
+    raise ValueError(
+      f"{where}: {len(wrong)} arrays do not match their checksums: "
+      f"{wrong[:4]}{' ...' if len(wrong) > 4 else ''}"
+    )
+  bad = non_finite(state)
+  if bad:
+    raise ValueError(f"{where}: non-finite values (NaN or Inf) in {bad[:4]}")

@@ -9,7 +9,8 @@ console line, the skipped-updates stop, evaluation, checkpoints, plots), runs it
 the hooks after each (`run_steps`) and writes its summary (`finish`). What differs between the
 two kinds of run is a `RunKind` (file names, checkpoint kind) and a `HookSpec` (what is
 evaluated, saved and shown). `run_guarded` is what every run does around all of it: paths
-checked, processes started, the workdir locked, the user's reward loaded and released.
+checked, processes started, the workdir resolved (a link: its folder), locked and its tree
+checked (no link in it: `run_files.check_tree`), the user's reward loaded and released.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from jetrl.train.hooks import (
   run_hooks,
 )
 from jetrl.train.interrupt import Interrupts, RunInterrupted
-from jetrl.train.run_files import write_atomic
+from jetrl.train.run_files import resolve_workdir, write_atomic
 from jetrl.train.skips import SkipTracker
 from jetrl.train.workdir import LOCK_NAME, start_fresh, take_workdir
 from jetrl.train.writers import (
@@ -337,6 +338,7 @@ def run_guarded(cfg, task, log, body):
     import_wandb()  # a missing package is an error before anything is built
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
   log = parallel.primary_log(log)  # the others say only their warnings and errors
+  cfg = cfg.replace(workdir=resolve_workdir(cfg.workdir, log))  # a link: its folder, once
   new = not os.path.exists(cfg.workdir)
   lock = take_workdir(cfg.workdir, log)
   reward = None

@@ -23,6 +23,7 @@ from jetrl.config import FlagError, check_fields, field, from_dict
 from jetrl.models import PRESETS
 from jetrl.models.export import EXPORT_DTYPES, export_hf
 from jetrl.models.hub import is_hub_id
+from jetrl.models.folder_paths import check_replaceable
 from jetrl.train import pieces
 from jetrl.models.lora import LoraConfig, merge
 from jetrl.models.lora_export import export_peft
@@ -37,7 +38,9 @@ class ExportConfig(Tree):
 
   workdir: Optional[str] = field(None, "The workdir of an RL or SFT run (required).")
   out: Optional[str] = field(
-    None, "The Hugging Face folder to write (required); a non-empty one needs --overwrite."
+    None,
+    "The Hugging Face folder to write (required): outside every run's workdir; an existing "
+    "non-empty one only with --overwrite, and only when an earlier export wrote it.",
   )
   step: Optional[int] = field(None, "The checkpoint's step (none: the newest intact one).", lo=0)
   dtype: Optional[str] = field(
@@ -45,7 +48,11 @@ class ExportConfig(Tree):
     "Cast the weights to this dtype (none: as the checkpoint stores them).",
     choices=EXPORT_DTYPES,
   )
-  overwrite: bool = field(False, "Replace a non-empty --out.")
+  overwrite: bool = field(
+    False,
+    "Replace a non-empty --out that an earlier export wrote (its .jetrl-export.json there) and "
+    "that holds nothing else; any other folder is refused, naming what is in the way.",
+  )
   adapter: bool = field(
     False,
     "For a LoRA run: write its adapters as a PEFT adapter folder (adapter_config.json, "
@@ -70,12 +77,58 @@ class ExportConfig(Tree):
     if not self.out:
       raise FlagError("out", "is required (the folder to write)")
     check_local("out", self.out)
-    if os.path.exists(self.out) and not os.path.isdir(self.out):
-      raise FlagError("out", f"{self.out!r} is a file; give a directory")
-    if os.path.isdir(self.out) and os.listdir(self.out) and not self.overwrite:
+    check_out(self.out, self.workdir, self.overwrite)
+
+
+def _holds_run(folder: str) -> bool:
+  """A run's workdir: checkpoints, or metric records, in it."""
+  return bool(checkpoint_steps(folder)) or any(
+    os.path.lexists(os.path.join(folder, n)) for n in RUN_MARKS
+  )
+
+
+RUN_MARKS = ("metrics.jsonl", "sft_metrics.jsonl")
+
+
+def check_out(out: str, workdir: str, overwrite: bool) -> None:
+  """FlagError (--out) unless the export may write `out`: not the run's workdir, inside it or
+  around it, nor inside any other run's workdir; missing or empty, or (with `overwrite`) an
+  earlier export's folder holding only what that export wrote (`check_replaceable`). Nothing
+  is touched before this passes."""
+  real, run = os.path.realpath(out), os.path.realpath(workdir)
+  where = (
+    "is the run's --workdir"
+    if real == run
+    else "is inside the run's --workdir"
+    if real.startswith(run + os.sep)
+    else "holds the run's --workdir"
+    if run.startswith(real.rstrip(os.sep) + os.sep)
+    else None
+  )
+  if where:
+    raise FlagError(
+      "out",
+      f"{out!r} {where} {workdir!r}; the export writes a folder of its own (replacing it with "
+      "--overwrite): give a path outside the run, such as a sibling of the workdir",
+    )
+  folder = real
+  while True:
+    if _holds_run(folder):
       raise FlagError(
-        "out", f"{self.out!r} exists and is not empty; pass --overwrite to replace it"
+        "out",
+        f"{out!r} {'is' if folder == real else 'is inside'} the workdir of a run ({folder}: "
+        "checkpoints or metrics); give a path outside every run",
       )
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      break
+    folder = parent
+  try:
+    check_replaceable(out, overwrite)
+  except ValueError as e:
+    raise FlagError(
+      "out", str(e).removeprefix("export: ").replace("overwrite=True", "--overwrite")
+    ) from None
 
 
 def run_model_spec(meta: dict, workdir: str) -> ModelSpec:

@@ -165,7 +165,7 @@ def _restore(cfg: TrainConfig, ckpt: Checkpointer, state: TrainState, log):
   if meta is None:
     return state, 0, 0
   start, data_pos = int(meta["step"]), int(meta["data_pos"])
-  log(f"resumed from {ckpt.directory}/{start} (step {start}, data position {data_pos})")
+  log(f"resumed from {ckpt.restored} (step {start}, data position {data_pos})")
   return TrainState(**tree, frozen=state.frozen), start, data_pos
 
 

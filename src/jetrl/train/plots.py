@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jetrl.rl import metrics as names
+from jetrl.train.run_files import own_dir
 from jetrl.train.writers import read_jsonl
 from jetrl.train.nodes import EvalConfig
 
@@ -85,7 +86,7 @@ def bin_labels(edges: Sequence[int]) -> list[str]:
 
 def save(fig, path: str) -> str:
   plt = off_screen()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  own_dir(os.path.dirname(path))  # a link planted as plots/ is refused, not followed
   tmp = f"{path}.tmp-{os.getpid()}"  # renamed over `path`: a link there is replaced, not followed
   if os.path.lexists(tmp):
     os.unlink(tmp)

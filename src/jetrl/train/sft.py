@@ -289,7 +289,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   state, meta = driver.restore_or_start(cfg, driver.SFT, ckpt, state, log)
   start = 0 if meta is None else int(meta["step"])
   if meta is not None:
-    log(f"resumed SFT at step {start}")
+    log(f"resumed SFT at step {start} from {ckpt.restored}")
   out = driver.open_outputs(cfg, driver.SFT, start)
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state)

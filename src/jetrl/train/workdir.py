@@ -25,7 +25,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from jetrl import parallel
-from jetrl.train.run_files import open_no_follow
+from jetrl.train.run_files import check_tree, open_no_follow, own_dir
 from jetrl.train.validation import FlagError
 from jetrl.train.writers import read_jsonl
 
@@ -125,7 +125,9 @@ class WorkdirLock:
 
 
 def take_workdir(workdir: str, log: Callable[[str], None] = print):
-  """Creates and locks `workdir` for a run; the lock (None in the other processes).
+  """Creates and locks `workdir` for a run, and checks its tree (`run_files.check_tree`: no
+  link, no hard-linked run file, before anything is written); the lock (None in the other
+  processes).
 
   With several processes the primary alone takes the lock, for the whole run: the others
   write only their checkpoint shards, inside the run the lock protects. Its refusal (a
@@ -133,7 +135,13 @@ def take_workdir(workdir: str, log: Callable[[str], None] = print):
 
   def take():
     make_workdir(workdir)
-    return WorkdirLock(workdir, log)
+    lock = WorkdirLock(workdir, log)
+    try:
+      check_tree(workdir)  # before the run writes anything but its lock
+    except BaseException:
+      lock.release()
+      raise
+    return lock
 
   return parallel.on_primary(take)
 
@@ -223,7 +231,8 @@ def move_aside(workdir: str, names: Sequence[str]) -> str:
   while os.path.exists(dest):
     k += 1
     dest = os.path.join(workdir, PREVIOUS_DIR, f"{stamp}-{k}")
-  os.makedirs(dest)
+  own_dir(os.path.join(workdir, PREVIOUS_DIR))
+  own_dir(dest)
   for name in names:
     src = os.path.join(workdir, name)
     if os.path.exists(src):

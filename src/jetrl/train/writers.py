@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from jetrl.config import FlagError
-from jetrl.train.run_files import append_text, refuse_link, write_atomic
+from jetrl.train.run_files import append_text, own_dir, refuse_link, write_atomic
 
 
 def _clean(d: dict) -> dict:
@@ -60,6 +60,7 @@ class TensorBoard:
     if self._writer is None:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
 
+      own_dir(self.directory)  # never a link's target
       self._writer = SummaryWriter(
         self.directory, purge_step=self.purge_step, filename_suffix=f".{time.time_ns():020d}"
       )
