@@ -8,7 +8,7 @@ bytes left before it is read, and every tensor's data against the end of the fil
 else is a ValueError naming the file, the offset and what was declared. It reads the header
 through a memory map, touching nothing of the tensor data.
 
-Format (little- or big-endian, versions 2 and 3; docs/gguf.md of ggml): "GGUF", u32 version,
+Format (little- or big-endian, versions 2 and 3; the GGUF specification in the ggml repository): "GGUF", u32 version,
 u64 tensor count, u64 metadata count; each metadata entry a string key, a u32 value type and a
 value (a string: u64 length + bytes; an array: u32 item type, u64 count, the items); each
 tensor a string name, u32 dimension count, u64 dimensions, u32 ggml type, u64 offset into the
