@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 import jetrl.precision as precision
-from jetrl.precision import gemms
+from jetrl.kernels import gemms
 
 FLAGS = flags.FLAGS
 _T0 = time.perf_counter()
@@ -144,7 +144,7 @@ def random_prompts(vocab_size: int, n: int, length: int) -> list[list[int]]:
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """A recipe as measured: `fused_quant` runs it on cuBLASLt with the one-pass quantization
-  kernel (jetrl.precision.quant_kernel), labelled "<recipe>+fq"; `decode_gemm` also runs a
+  kernel (jetrl.kernels.quant_kernel), labelled "<recipe>+fq"; `decode_gemm` also runs a
   decode step's FP8 GEMMs on the Pallas decode kernel (JETRL_DECODE_GEMM=pallas,
   gemm_pallas.decode_matmul_nt), labelled "<recipe>+fq+pd"."""
 
@@ -179,7 +179,7 @@ def variants(
 ) -> tuple[Variant, ...]:
   """Each recipe, then each of `fused_quant` (recipes too) with the one-pass kernel, then each
   of `decode_gemm` with the one-pass kernel and the Pallas decode GEMM, then each of
-  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.precision.mlp off)."""
+  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.kernels.mlp off)."""
   return (
     tuple(Variant(r) for r in recipes)
     + tuple(Variant(r, True) for r in fused_quant)
@@ -229,7 +229,7 @@ def unfused_mlp(on: bool) -> Iterator[None]:
     yield
     return
   import jax  # pylint: disable=import-outside-toplevel
-  from jetrl.precision import mlp  # pylint: disable=import-outside-toplevel
+  from jetrl.kernels import mlp  # pylint: disable=import-outside-toplevel
 
   jax.clear_caches()
   mlp.set_fused_mlp(False)

@@ -69,7 +69,8 @@ def test_tpu_v5e_gemm_flops():
 
 @need_cuda
 def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
-  from jetrl.precision import get_recipe, linear
+  from jetrl.kernels import linear
+  from jetrl.precision import get_recipe
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
@@ -96,7 +97,8 @@ def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
   ],
 )
 def test_pallas_kernels_compile_as_their_custom_calls(backend, fused_quant, kinds):
-  from jetrl.precision import gemms, get_recipe, linear, with_gemm_backend
+  from jetrl.kernels import gemms, linear
+  from jetrl.precision import get_recipe, with_gemm_backend
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
@@ -306,7 +308,7 @@ def test_a_decode_step_is_eight_kernels_a_layer_under_bf16_and_jet(tmp_path):
 @need_cuda
 def test_swiglu_kernels_take_the_mlp_quantization_out_of_the_jet_update(tmp_path):
   """qwen2.5-1.5b's shapes, one layer, 2 x 256 tokens: with SwiGLU's FP8 kernels
-  (jetrl.precision.mlp, on by default) jet's update runs fewer kernels and moves fewer bytes
+  (jetrl.kernels.mlp, on by default) jet's update runs fewer kernels and moves fewer bytes
   than with the MLP unfused (JETRL_FUSED_MLP=0): the five quantizations of the backward's
   widest arrays and the forward's h are written by the two kernels."""
   flags = ("--target=h200", "--model=qwen2.5-1.5b", "--layers=1", "--recipe=jet")
@@ -348,8 +350,9 @@ def test_the_decode_gemm_compiles_as_one_kernel_of_enough_programs():
   """JETRL_DECODE_GEMM=pallas: a decode step's FP8 GEMM from a QuantizedInput compiles for an
   H200 as one Pallas kernel of N / 16 programs for a 2048-wide projection (128, where
   cuBLASLt's 128 x 128 tiles run 16), reading FP8 operands, its FLOPs counted."""
-  from jetrl.precision import QuantizedInput, get_recipe, linear, prequantize_weight
-  from jetrl.precision import gemms
+  from jetrl.kernels import linear
+  from jetrl.precision import QuantizedInput, get_recipe, prequantize_weight
+  from jetrl.kernels import gemms
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))

@@ -163,7 +163,7 @@ def test_use_flash_only_for_a_gpu_and_long_enough_rows():
 def test_the_one_kernel_decode_attention_matches_float64():
   """models/decode_attention.py in interpret mode: six query heads a kv head (not a power of
   two), holes in the mask, and slots past n_slots that hold huge values it must not read."""
-  from jetrl.models import decode_attention as da
+  from jetrl.kernels import decode_attention as da
 
   cd = jnp.bfloat16
   q, k, v, _ = _inputs(cd, b=3, h=6, hkv=2, s=192, dh=64, seed=5)

@@ -160,7 +160,7 @@ def test_fused_gemm_is_each_parts_own_under_jet(params):
   128-block, the concatenated weight's tiles and the output gradient's 1 x 128 groups never
   straddle two parts, so the fused fprop, dgrad and wgrad equal the separate ones to float32
   accumulation order (a shared tile would rescale a part: errors of FP8's size, ~1e-2)."""
-  from jetrl.precision import linear
+  from jetrl.kernels import linear
 
   prec = get_recipe("jet").train
   layer = jax.tree_util.tree_map(lambda a: a[0], params["layers"])

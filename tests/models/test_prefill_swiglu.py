@@ -12,7 +12,7 @@ import pytest
 from jetrl import models as M
 from jetrl.models import layers
 from jetrl.precision import get_recipe
-from jetrl.precision import mlp as _mlp
+from jetrl.kernels import mlp as _mlp
 from jetrl.precision import target as _target
 from model_helpers import perturbed, tiny_config
 

@@ -1,4 +1,4 @@
-"""jet_exact's CPU kernels (`jetrl.precision.cpu_kernels`): the exact FP8 GEMM against the numpy
+"""jet_exact's CPU kernels (`jetrl.kernels.cpu_kernels`): the exact FP8 GEMM against the numpy
 float64 blockwise reference and the XLA path, bit for bit, on every kind of tail and both
 threading splits; the exact dot against integer references in numpy; the model's exact forward
 with and without the kernels; clear errors; the kernel really in the compiled program."""
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from fp8_reference import ref_exact_gemm, to_bf16
-from jetrl.precision import cpu_kernels, ffi_build, get_recipe, quantize_weight
-from jetrl.precision.exact import fp8_fprop
+from jetrl.kernels import cpu_kernels, ffi_build
+from jetrl.precision import get_recipe, quantize_weight
+from jetrl.kernels.exact_gemm import fp8_fprop
 
 G = get_recipe("jet_exact").train.fprop
 
@@ -97,7 +98,7 @@ def test_exact_dot_rejects_bad_operands():
 
 
 def test_the_compiled_programs_call_the_kernels():
-  from jetrl.precision import linear
+  from jetrl.kernels import linear
 
   x = jnp.ones((4, 256), jnp.bfloat16)
   w = jnp.ones((256, 64), jnp.float32)
@@ -185,7 +186,7 @@ def test_the_portable_code_path_gives_the_same_bits(tmp_path):
   import sys
 
   code = (
-    "from jetrl.precision import cpu_kernels as c\n"
+    "from jetrl.kernels import cpu_kernels as c\n"
     "c.FLAGS = ('-O2', '-march=x86-64-v2', '-ffp-contract=off')\n"
     "print('REASON', c.unavailable_reason())\n"
   )

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.precision import cublaslt
+from jetrl.kernels import cublaslt
 
 HERE = Path(__file__).parent
 
@@ -146,7 +146,8 @@ def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch
   blocks, transposed wgrad operands, the one-pass quantization kernel when fused) against the
   XLA path: the stand-in sums in float64, so only float32 rounding separates them."""
   import dataclasses
-  from jetrl.precision import Fp8Gemm, Precision, gemms, linear, with_gemm_backend
+  from jetrl.kernels import gemms, linear
+  from jetrl.precision import Fp8Gemm, Precision, with_gemm_backend
 
   del host_gemm
   gemms.set_fused_quant(fused)

@@ -13,12 +13,11 @@ from jetrl.precision import (
   QuantizedInput,
   check_fp8_in_compiled,
   get_recipe,
-  linear,
   prequantize_weight,
   quantize,
 )
-from jetrl.precision import gemm_pallas as gp
-from jetrl.precision import gemms
+from jetrl.kernels import gemm_pallas as gp
+from jetrl.kernels import gemms, linear
 from jetrl.precision import target as _target
 
 

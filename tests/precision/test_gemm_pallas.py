@@ -25,12 +25,11 @@ from jetrl.precision import (
   Precision,
   check_fp8_in_compiled,
   get_recipe,
-  linear,
   quantize,
-  scaled_matmul_nt,
   with_gemm_backend,
 )
-from jetrl.precision import backend, fp8_checks, gemm_pallas
+from jetrl.kernels import backend, gemm_pallas, linear, scaled_matmul_nt
+from jetrl.precision import fp8_checks
 
 BLOCK = Fp8Gemm()
 M, K, N = 130, 300, 200  # partial token tiles, partial K and N blocks
@@ -190,7 +189,7 @@ def test_backend_field_validation_and_resolution(monkeypatch):
   with pytest.raises(ValueError) as e:
     Fp8Gemm(gemm_backend="triton")
   assert all(name in str(e.value) for name in GEMM_BACKENDS)
-  from jetrl.precision import cublaslt
+  from jetrl.kernels import cublaslt
 
   on_hopper = ON_FP8_GPU and cublaslt.unavailable_reason() is None
   assert backend.resolve(Fp8Gemm()) == (
@@ -276,7 +275,7 @@ def test_a_kernel_without_a_dot_is_not_a_gemm(xwd):
   """The one-pass quantization kernel (no tt.dot) before the FP8 GEMM kernel: the check counts
   one GEMM, FP8, not a bf16 one (its input is bf16), lowered here and in the compiled
   program's op names (what `compiled_hlo_gemms` reads on a GPU)."""
-  from jetrl.precision import quant_kernel
+  from jetrl.kernels import quant_kernel
 
   x, _, _ = xwd
   xb = jnp.asarray(x[:128, :256], jnp.bfloat16)
@@ -416,7 +415,7 @@ import json
 import jax.numpy as jnp
 import jetrl.precision
 from jax._src.pallas.triton import lowering as tl
-from jetrl.precision import gemm_pallas as gp
+from jetrl.kernels import gemm_pallas as gp
 
 registered = lambda: gp._block_dot_p in tl.triton_lowering_rules
 out = {"after_import": registered()}

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.precision import cublaslt, gemms, get_recipe, prequantize_weight, quantize
+from jetrl.kernels import cublaslt, gemms
+from jetrl.precision import get_recipe, prequantize_weight, quantize
 
 
 @pytest.mark.parametrize("k, pad", [(1536, 0), (8960, 2), (384, 1), (640, 3)])

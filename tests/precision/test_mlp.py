@@ -1,4 +1,4 @@
-"""The fused FP8 MLP (jetrl.precision.mlp), traced for a GPU and run here (interpret mode):
+"""The fused FP8 MLP (jetrl.kernels.mlp), traced for a GPU and run here (interpret mode):
 where it applies, its kernels in the program, and its output and gradients against the
 unfused path and against a float64 MLP."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from jetrl.models import layers
 from jetrl.precision import get_recipe, prequantize_weight
-from jetrl.precision import mlp
+from jetrl.kernels import mlp
 from jetrl.precision import target as _target
 
 M, D, F = 512, 256, 384

@@ -15,10 +15,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jetrl.models import decode_attention as _da
-from jetrl.models import exact_ops
+from jetrl.kernels import decode_attention as _da
+from jetrl.kernels import exact_ops
 from jetrl.models.config import ModelConfig
-from jetrl.models.flash import flash_attention
+from jetrl.kernels.flash import flash_attention
 from jetrl.models.layers import apply_rope, fused_weight, project, rms_norm
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.precision import target as _target
@@ -189,7 +189,7 @@ def attend_flash(
   ignored either way). Softmax in float32, online; kv heads are repeated to the query heads
   (the kernel takes one kv head per query head) and their gradients summed back by JAX. T is
   padded at the end to whole tiles: causal, no real query sees those keys. On a mesh each
-  device attends over its own rows and heads (`jetrl.models.flash`).
+  device attends over its own rows and heads (`jetrl.kernels.flash`).
   """
   b, t, h, dh = q.shape
   g = h // k.shape[2]

@@ -14,14 +14,14 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.models import attention as attn
-from jetrl.models import decode_attention as _da
-from jetrl.models import decode_fused as _fused
+from jetrl.kernels import decode_attention as _da
+from jetrl.kernels import decode_fused as _fused
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import activation_dtype, lm_head, project, rms_norm, rope_tables, swiglu
 from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision, is_batch_invariant
-from jetrl.precision import mlp as _mlp
+from jetrl.kernels import mlp as _mlp
 from jetrl.precision import target as _target
 
 

@@ -16,15 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import exact_ops
+from jetrl.kernels import exact_ops
 from jetrl.models.config import ModelConfig, RopeScaling
 from jetrl.models.lora import LoraWeight, lora_linear
 from jetrl.models.params import LM_HEAD_GRID
-from jetrl.precision import Precision, QuantizedInput, QuantizedWeight, linear
-from jetrl.precision import gemms as _gemms
-from jetrl.precision import mlp as _mlp
-from jetrl.precision import swiglu_kernel as _sk
-from jetrl.precision.norm_kernel import rms_norm_cd
+from jetrl.kernels.linear import linear
+from jetrl.precision import Precision, QuantizedInput, QuantizedWeight
+from jetrl.kernels import gemms as _gemms
+from jetrl.kernels import mlp as _mlp
+from jetrl.kernels import swiglu_kernel as _sk
+from jetrl.kernels.norm_kernel import rms_norm_cd
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, dtype_from_name, format_dtype
 
@@ -133,7 +134,7 @@ def swiglu(x: jax.Array, layer, precision: Optional[Precision], cd) -> jax.Array
   H200, the fused backward's gradient [M, 2F] is a concatenation that XLA cannot fuse with the
   recomputed silu(gate) * up, which costs more than the shared quantization of x saves
   (docs/benchmarks.md, 2026-12-06). Under a blockwise FP8 recipe compiled for a GPU the MLP
-  is `jetrl.precision.mlp.swiglu_mlp`: the same GEMMs, its FP8 groups written by SwiGLU's
+  is `jetrl.kernels.mlp.swiglu_mlp`: the same GEMMs, its FP8 groups written by SwiGLU's
   forward and backward kernels. A rollout's prefill there (gate / up fused, quantized once)
   takes h's groups from SwiGLU's kernel too (`_quantized_swiglu_applies`)."""
   if "w_gate" in layer and "w_down" in layer:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import exact_ops
+from jetrl.kernels import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.decoder import hidden_states
 from jetrl.models.layers import activation_dtype, lm_head

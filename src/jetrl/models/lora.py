@@ -32,11 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.config import ConfigError, check_fields, field
-from jetrl.models import exact_ops
+from jetrl.kernels import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.params import LINEAR_WEIGHTS, param_shapes
-from jetrl.precision import Precision, QuantizedWeight, linear, prequantize_weight
-from jetrl.precision.backend import wants_k_major
+from jetrl.kernels.linear import linear
+from jetrl.precision import Precision, QuantizedWeight, prequantize_weight
+from jetrl.kernels.backend import wants_k_major
 
 # --lora.targets name -> the projection's params name (and its Hugging Face module name).
 TARGETS = {

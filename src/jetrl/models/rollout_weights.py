@@ -27,13 +27,13 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from jetrl.models import exact_ops
+from jetrl.kernels import exact_ops
 from jetrl.models.layers import activation_dtype, fusable
 from jetrl.models.lora import LoraWeight
 from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
 from jetrl.precision import Precision, QuantizedWeight, is_batch_invariant, prequantize_weight
-from jetrl.precision.backend import wants_k_major
-from jetrl.precision.gemms import with_gemm_scales
+from jetrl.kernels.backend import wants_k_major
+from jetrl.kernels.gemms import with_gemm_scales
 
 
 def prequantize_linear_weights(params, precision: Optional[Precision]):

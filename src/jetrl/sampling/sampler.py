@@ -38,7 +38,7 @@ from jetrl.models import (
   positions_from_mask,
   rollout_weights,
 )
-from jetrl.models.exact_ops import token_logprobs_from_logits
+from jetrl.kernels.exact_ops import token_logprobs_from_logits
 from jetrl.models.layers import activation_dtype
 from jetrl.precision import Precision, is_batch_invariant
 from jetrl.sampling.categorical import draw

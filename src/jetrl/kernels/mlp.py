@@ -40,9 +40,9 @@ from typing import Optional
 
 import jax
 
-from jetrl.precision import gemms as _gemms
-from jetrl.precision import norm_kernel as _nk
-from jetrl.precision import swiglu_kernel as _sk
+from jetrl.kernels import gemms as _gemms
+from jetrl.kernels import norm_kernel as _nk
+from jetrl.kernels import swiglu_kernel as _sk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dtype_from_name, format_dtype
 from jetrl.precision.recipes import Precision

@@ -2,7 +2,7 @@
 
 Each `Fp8Gemm` carries a `gemm_backend` field (static under jit, like the rest of a recipe):
 
-  "auto"              on Hopper, cuBLASLt's blockwise FP8 GEMM (jetrl.precision.cublaslt);
+  "auto"              on Hopper, cuBLASLt's blockwise FP8 GEMM (jetrl.kernels.cublaslt);
                       on another FP8-capable NVIDIA GPU (compute capability >= 8.9), or when
                       cuBLASLt cannot serve, the Pallas kernel; XLA everywhere else
   "xla"               quantize, dequantize to float32, one float32 matmul (the CPU emulation;
@@ -29,23 +29,16 @@ import logging
 import os
 from typing import Optional
 
-from jetrl.precision import cublaslt
+from jetrl.kernels import cublaslt
+from jetrl.precision.recipes import GEMM_BACKENDS, check_backend  # noqa: F401 (re-exported)
 from jetrl.precision import target as _target
 
-GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
 KERNELS = ("cublaslt", "pallas", "pallas_interpret")
 ENV_VAR = "JETRL_GEMM_BACKEND"
 # FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) and later.
 MIN_COMPUTE_CAPABILITY = (8, 9)
 
 log = logging.getLogger("jetrl")
-
-
-def check_backend(name: str, what: str = "gemm_backend") -> str:
-  """`name` if it is one of GEMM_BACKENDS, else a ValueError listing them."""
-  if name not in GEMM_BACKENDS:
-    raise ValueError(f"unknown {what} {name!r}; accepted: {list(GEMM_BACKENDS)}")
-  return name
 
 
 @functools.lru_cache(maxsize=None)

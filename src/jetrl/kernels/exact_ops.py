@@ -30,7 +30,7 @@ keys and queries of 64-wide heads, 2^-13 for value rows; see docs/numerics.md).
 
 Each op is a `jax.custom_vjp` whose backward is the VJP of the standard (jet) op: exactness
 is about the forward values; gradients are those of jet's numerics. The elementwise pieces
-(`exp64`, `log64`, `rsqrt32`, `with_reference_vjp`) are in `jetrl.models.exact_math`.
+(`exp64`, `log64`, `rsqrt32`, `with_reference_vjp`) are in `jetrl.precision.exact_math`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models.exact_math import exp64, log64, rsqrt32, with_reference_vjp
-from jetrl.precision import cpu_kernels as _cpu_kernels
+from jetrl.precision.exact_math import exp64, log64, rsqrt32, with_reference_vjp
+from jetrl.kernels import cpu_kernels as _cpu_kernels
 from jetrl.precision.exact import F64, dot_bits, exact_sum, pow2, to_grid, x64
 
 # At most MAX_KEYS key slots; PV_BITS: grid bits of the probabilities (times 2^e of the value

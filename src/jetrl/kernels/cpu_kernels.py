@@ -8,7 +8,7 @@ attention and the LM head. `csrc/exact_cpu.cc` computes them in one call each:
     float64 FMAs (exact, so their order and fusion cannot matter), the scaling and the float32
     sum over blocks in the same IEEE operations and order as the XLA path;
   - `exact_dot`: a batched float64 dot of operands on fixed-point grids (QK^T, PV, the LM
-    head: `jetrl.models.exact_ops`), whose every partial sum is exact.
+    head: `jetrl.kernels.exact_ops`), whose every partial sum is exact.
 An exact sum has one value, so the results are the XLA path's bit for bit; the tests check
 both against numpy references. The kernels are built on first use with -march=native
 (`ffi_build`), registered for XLA's CPU platform and checked bit for bit against the XLA path
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.precision import ffi_build
+from jetrl.kernels import ffi_build
 from jetrl.precision import target as _target
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_cpu.cc"
@@ -159,7 +159,7 @@ def exact_fp8_gemm(
 
 def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
   """float64 c [T, M, N] = a [T, M, K] times b [T, K, N] (or b [T, N, K] when b_nk), for
-  operands whose every partial sum is exact in float64 (`jetrl.models.exact_ops`' grids):
+  operands whose every partial sum is exact in float64 (`jetrl.kernels.exact_ops`' grids):
   one value whatever the order. a float32 / float64, b bfloat16 / float32. Call it inside
   `jax.enable_x64`; one-device processes only (see `exact_fp8_gemm`)."""
   if a.ndim != 3 or b.ndim != 3:

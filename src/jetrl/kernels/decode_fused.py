@@ -27,12 +27,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jetrl.models import decode_attention as _da
-from jetrl.models.config import ModelConfig
-from jetrl.precision import QuantizedInput, QuantizedWeight, linear
-from jetrl.precision import gemms as _gemms
-from jetrl.precision import quant_kernel as _qk
-from jetrl.precision import swiglu_kernel as _sk
+from jetrl.kernels import decode_attention as _da
+from jetrl.kernels.linear import linear
+from jetrl.precision import QuantizedInput, QuantizedWeight
+from jetrl.kernels import gemms as _gemms
+from jetrl.kernels import quant_kernel as _qk
+from jetrl.kernels import swiglu_kernel as _sk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dtype_from_name, format_dtype
 
@@ -130,7 +130,7 @@ def swiglu_quant(gate_up, cd, dtype, *, interpret=False, values=False):
   return (result, outs[2]) if values else result
 
 
-def applies(layers, config: ModelConfig, precision, rows: int, n_slots: int) -> bool:
+def applies(layers, config, precision, rows: int, n_slots: int) -> bool:
   """Whether a decode step's layers run here: compiling for a GPU, a rollout's FP8 forward
   whose every projection runs on cuBLASLt from a QuantizedInput (`gemms.takes_quantized_input`)
   with fused q / k / v and gate / up weights, head size 128, whole groups and row blocks,
@@ -157,7 +157,7 @@ def applies(layers, config: ModelConfig, precision, rows: int, n_slots: int) -> 
   return True
 
 
-def layers_step(x, layers, config: ModelConfig, precision, cd, cos, sin, cache, seen, index, n):
+def layers_step(x, layers, config, precision, cd, cos, sin, cache, seen, index, n):
   """The layers of a decode step (`applies`): x [B, 1, D] the embedded tokens; returns the
   last layer's residual stream [B, 1, D] and the new per-layer keys and values."""
   b, _, d = x.shape

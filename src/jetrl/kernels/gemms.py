@@ -7,8 +7,8 @@
 Every backend is handed the same FP8 values and scales (`jetrl.precision.quantize`, traced
 into the surrounding program), so backends differ only in the order of float32 sums:
   xla       dequantize, then one float32 matmul (the CPU emulation and the reference);
-  cublaslt  cuBLASLt's blockwise-scaled FP8 GEMM (Hopper; jetrl.precision.cublaslt);
-  pallas    the Pallas Triton kernel (jetrl.precision.gemm_pallas), also in interpret mode.
+  cublaslt  cuBLASLt's blockwise-scaled FP8 GEMM (Hopper; jetrl.kernels.cublaslt);
+  pallas    the Pallas Triton kernel (jetrl.kernels.gemm_pallas), also in interpret mode.
 Per-tensor scaling ("tensor") on the cuBLASLt backend is XLA's native FP8 dot with the two
 scales applied to its float32 result. See docs/numerics.md for the formulas and tolerances.
 """
@@ -22,27 +22,16 @@ import functools
 import os
 from typing import Optional
 
-from jetrl.precision import backend as _backend
-from jetrl.precision import cublaslt as _cublaslt
-from jetrl.precision import gemm_pallas as _gp
-from jetrl.precision import quant_kernel as _qk
+from jetrl.kernels import backend as _backend
+from jetrl.kernels import cublaslt as _cublaslt
+from jetrl.kernels import gemm_pallas as _gp
+from jetrl.kernels import quant_kernel as _qk
 from jetrl.precision import target as _target
 from jetrl.precision.formats import dot_precision, format_dtype
-from jetrl.precision.quantize import dequantize, quantize, quantize_rows_t
-from jetrl.precision.weights import QuantizedInput, QuantizedWeight, weight_blocks
-
-
-def matmul_f32(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False):
-  """a @ b (optionally transposed operands) with float32 accumulation and output."""
-  ca = 0 if transpose_a else 1
-  cb = 1 if transpose_b else 0
-  return jax.lax.dot_general(
-    a,
-    b,
-    (((ca,), (cb,)), ((), ())),
-    precision=dot_precision(a, b),
-    preferred_element_type=jnp.float32,
-  )
+from jetrl.precision import xla_gemms as _xla
+from jetrl.precision.quantize import dequantize, quantize_rows_t
+from jetrl.precision.xla_gemms import matmul_f32
+from jetrl.precision.weights import QuantizedInput, QuantizedWeight
 
 
 def matmul_cd(a: jax.Array, b: jax.Array, cd):
@@ -56,24 +45,6 @@ def matmul_cd(a: jax.Array, b: jax.Array, cd):
       a, b, (((1,), (0,)), ((), ())), precision=dot_precision(a, b), preferred_element_type=cd
     )
   return matmul_f32(a, b).astype(cd)
-
-
-def _groups(g, shape, role: str):
-  """Tile shape of a 2-D activation / gradient operand: "row" (1xB) or "col" (Bx1)."""
-  if g.scaling == "tensor":
-    return tuple(shape)
-  return (1, g.block) if role == "row" else (g.block, 1)
-
-
-def fake_quant(x: jax.Array, g, role: str, fmt: str) -> jax.Array:
-  """Quantize then dequantize (float32) with the tiles of `role`."""
-  block = _groups(g, x.shape, role)
-  q, s = quantize(x, block, format_dtype(fmt), g.pow2_scale)
-  return dequantize(q, s, block)
-
-
-def _quant(x, g, role: str, fmt: str):
-  return quantize(x, _groups(g, x.shape, role), format_dtype(fmt), g.pow2_scale)
 
 
 # Up to this many rows (a decode step's), the cuBLASLt backend quantizes an activation in one
@@ -105,7 +76,7 @@ def _fused_quant_setting() -> str:
 
 def fused_quant_enabled() -> bool:
   """Whether the cuBLASLt backend quantizes activations and gradients with the one-pass
-  Pallas kernel (jetrl.precision.quant_kernel) instead of XLA's fusions: JETRL_FUSED_QUANT=1
+  Pallas kernel (jetrl.kernels.quant_kernel) instead of XLA's fusions: JETRL_FUSED_QUANT=1
   or 0 says; unset, it is on in programs compiled for a GPU. The same FP8 values and scales
   either way (bit-identical in interpret mode on the CPU, and in the GPU suite's compiled
   test, tests/precision/test_quant_kernel.py). The variable is read once
@@ -214,11 +185,10 @@ def fprop(x2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
   (m, k), n = x2.shape, w.shape[1]
   name = _choose(g, m, n, k, g.fmt, g.fmt, out_dtype, True)
   if name == "xla":
-    q, s = w.kn()
-    return matmul_f32(fake_quant(x2, g, "row", g.fmt), dequantize(q, s, weight_blocks(g, q.shape)))
+    return _xla.fprop(x2, w, g)
   q_t, s_t = w.nk()
   if name == "cublaslt" and g.scaling == "tensor":
-    xq, xs = _quant(x2, g, "row", g.fmt)
+    xq, xs = _xla.quant(x2, g, "row", g.fmt)
     return _tensor_dot(xq, xs, q_t, s_t, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
     q_t, s_t = w.nk_padded()
@@ -274,10 +244,7 @@ def fprop_quantized(x: QuantizedInput, w: QuantizedWeight, g, out_dtype) -> jax.
       return _gp.decode_matmul_nt(x.q, x.scale_t, q_t, s_t, out_dtype=out_dtype)
     return _cublaslt.gemm_t(x.q, x.scale_t, q_t, s_t, b_blocks=True, out_dtype=out_dtype)
   if name == "xla" and g.scaling == "block" and g.block == _qk.B:
-    # fake_quant(x) is dequantize(quantize(x)): the same product from the given groups.
-    xd = dequantize(x.q, x.scale_t.T, (1, _qk.B))
-    q, s = w.kn()
-    return matmul_f32(xd, dequantize(q, s, weight_blocks(g, q.shape)))
+    return _xla.fprop_quantized(x, w)
   raise ValueError(
     f"linear: a QuantizedInput needs 1x128 block scaling on the cublaslt or xla GEMM "
     f"backend, got {g.scaling} scaling, block {g.block}, backend {name}"
@@ -289,12 +256,10 @@ def dgrad(dy2: jax.Array, w: QuantizedWeight, g, out_dtype) -> jax.Array:
   (m, n), k = dy2.shape, w.shape[0]
   name = _choose(g, m, k, n, g.grad_fmt, g.fmt, out_dtype, True)
   if name == "xla":
-    q, s = w.kn()
-    wd = dequantize(q, s, weight_blocks(g, q.shape))
-    return matmul_f32(fake_quant(dy2, g, "row", g.grad_fmt), wd, transpose_b=True)
+    return _xla.dgrad(dy2, w, g)
   if name == "cublaslt" and g.scaling == "tensor":
     q, s = w.kn()
-    dq, ds = _quant(dy2, g, "row", g.grad_fmt)
+    dq, ds = _xla.quant(dy2, g, "row", g.grad_fmt)
     return _tensor_dot(dq, ds, q, s, ((1,), (1,)), out_dtype)
   if name == "cublaslt":
     q, s = w.kn()  # [K, N]: contiguous along N, the contraction axis of dgrad
@@ -312,12 +277,10 @@ def wgrad(x2: jax.Array, dy2: jax.Array, g, out_dtype) -> jax.Array:
   (m, k), n = x2.shape, dy2.shape[1]
   name = _choose(g, k, n, m, g.fmt, g.grad_fmt, out_dtype, False)
   if name == "xla":
-    xd = fake_quant(x2, g, "col", g.fmt)
-    dyd = fake_quant(dy2, g, "col", g.grad_fmt)
-    return matmul_f32(xd, dyd, transpose_a=True)
+    return _xla.wgrad(x2, dy2, g)
   if name == "cublaslt" and g.scaling == "tensor":
-    xq, xs = _quant(x2, g, "col", g.fmt)
-    dq, ds = _quant(dy2, g, "col", g.grad_fmt)
+    xq, xs = _xla.quant(x2, g, "col", g.fmt)
+    dq, ds = _xla.quant(dy2, g, "col", g.grad_fmt)
     return _tensor_dot(xq, xs, dq, ds, ((0,), (0,)), out_dtype)
   if name == "cublaslt":
     # x^T and dy^T in 1xB groups along tokens: the transposes of their Bx1 quantization.
