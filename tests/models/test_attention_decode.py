@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.models import attention as attn
+from jetrl.kernels import attention as attn
+from jetrl.models.attention import causal_mask
 from jetrl.precision import target as _target
 
 
@@ -83,7 +84,7 @@ def _self_attention_inputs(b=2, t=100, h=4, hkv=2, dh=16, seed=3):
 
 
 def _dense(q, k, v, mask):
-  allowed = attn.causal_mask(mask, q.shape[0], q.shape[1])
+  allowed = causal_mask(mask, q.shape[0], q.shape[1])
   return attn.attend(q, attn.heads_first(k), attn.heads_first(v), allowed, jnp.float32)
 
 

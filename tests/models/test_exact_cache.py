@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
-from jetrl.models import attention as attn
+from jetrl.kernels import attention as attn
 from jetrl.kernels import exact_ops
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import get_recipe

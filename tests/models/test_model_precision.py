@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
+from jetrl.kernels import Plan
 from jetrl.models import layers
 from jetrl.precision import get_recipe
 from model_helpers import tiny_config
@@ -38,13 +39,13 @@ def test_every_projection_calls_linear_with_the_precision(params, tokens, monkey
   concatenated (gate and up stay apart in training); one scale per tensor (fp8_tensor) keeps
   all seven apart (a shared scale would change each part's values)."""
   calls = []
-  real = layers.linear
+  real = Plan.linear  # every projection of the layers goes through its plan's `linear`
 
-  def spy(x, w, precision):
-    calls.append((tuple(w.shape), w.dtype, precision))
-    return real(x, w, precision)
+  def spy(plan, x, w):
+    calls.append((tuple(w.shape), w.dtype, plan.precision))
+    return real(plan, x, w)
 
-  monkeypatch.setattr(layers, "linear", spy)
+  monkeypatch.setattr(Plan, "linear", spy)
   precision = get_recipe(recipe).train
   jax.make_jaxpr(lambda p: M.forward(p, CONFIG, tokens, precision=precision))(params)
   per_layer = {

@@ -418,8 +418,7 @@ def test_flash_attention_runs_on_each_devices_rows_forward_and_backward():
   bit for bit, and no device holds the whole batch's q."""
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jetrl.kernels import flash
-  from jetrl.models import attention
+  from jetrl.kernels import attention, flash
 
   assert flash.partitioned_backward_available()
   mesh = parallel.make_mesh("data:8")

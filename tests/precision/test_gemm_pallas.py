@@ -28,7 +28,8 @@ from jetrl.precision import (
   quantize,
   with_gemm_backend,
 )
-from jetrl.kernels import backend, gemm_pallas, linear, scaled_matmul_nt
+from jetrl.kernels import KernelConfig, backend, current_device, gemm_pallas, linear
+from jetrl.kernels import scaled_matmul_nt
 from jetrl.precision import fp8_checks
 
 BLOCK = Fp8Gemm()
@@ -183,8 +184,7 @@ def test_per_tensor_scaling_and_non_finite_through_kernel(xwd):
 
 
 def test_backend_field_validation_and_resolution(monkeypatch):
-  monkeypatch.delenv(backend.ENV_VAR, raising=False)
-  backend.env_backend.cache_clear()
+  monkeypatch.delenv("JETRL_GEMM_BACKEND", raising=False)
   assert GEMM_BACKENDS == ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
   with pytest.raises(ValueError) as e:
     Fp8Gemm(gemm_backend="triton")
@@ -205,18 +205,13 @@ def test_backend_field_validation_and_resolution(monkeypatch):
   assert backend.resolve(Fp8Gemm(block=96, gemm_backend="auto")) == "xla"
   with pytest.raises(ValueError, match="power of two"):
     backend.resolve(Fp8Gemm(block=96, gemm_backend="pallas"))
-  try:
-    monkeypatch.setenv(backend.ENV_VAR, "pallas_interpret")
-    backend.env_backend.cache_clear()
-    assert backend.resolve(Fp8Gemm()) == "pallas_interpret"
-    assert backend.resolve(Fp8Gemm(gemm_backend="xla")) == "xla"  # the field wins
-    monkeypatch.setenv(backend.ENV_VAR, "cuda")
-    backend.env_backend.cache_clear()
-    with pytest.raises(ValueError, match=backend.ENV_VAR):
-      backend.resolve(Fp8Gemm())
-  finally:
-    monkeypatch.delenv(backend.ENV_VAR, raising=False)
-    backend.env_backend.cache_clear()
+  # The kernel settings' gemm_backend says what "auto" resolves to; the field wins.
+  dev = current_device(KernelConfig(gemm_backend="pallas_interpret"))
+  assert backend.resolve(Fp8Gemm(), dev) == "pallas_interpret"
+  assert backend.resolve(Fp8Gemm(gemm_backend="xla"), dev) == "xla"
+  with pytest.raises(ValueError, match="JETRL_GEMM_BACKEND"):
+    KernelConfig.from_env({"JETRL_GEMM_BACKEND": "cuda"})
+  assert KernelConfig.from_env({"JETRL_GEMM_BACKEND": "pallas"}).gemm_backend == "pallas"
 
 
 def test_with_gemm_backend_keeps_recipes_unified_and_hashable():

@@ -17,15 +17,16 @@ and an integer reference before anything uses them; when any of that fails,
 process with one device (`usable()`): XLA cannot partition a custom call, and would gather
 its operands onto every device of a mesh.
 
-Environment: JETRL_EXACT_CPU_KERNEL=0 keeps the XLA path (the same bits, more slowly);
-JETRL_EXACT_CPU_THREADS=N sets the kernels' threads (default: XLA's intra-op threads).
+`KernelConfig.exact_cpu_kernel=False` (jetrl.kernels.device; JETRL_EXACT_CPU_KERNEL=0 where a
+run sets none) keeps the XLA path (the same bits, more slowly); JETRL_EXACT_CPU_THREADS=N sets
+the kernels' threads (default: XLA's intra-op threads; read by the library, no result depends
+on it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.kernels import ffi_build
-from jetrl.precision import target as _target
+from jetrl.kernels.device import Device, current_device
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_cpu.cc"
 TARGET = "jetrl_exact_fp8_gemm"
@@ -60,8 +61,6 @@ def unavailable_reason() -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def _load() -> Optional[str]:
-  if os.environ.get("JETRL_EXACT_CPU_KERNEL", "1") == "0":
-    return "disabled by JETRL_EXACT_CPU_KERNEL=0"
   try:
     path = ffi_build.build(SOURCE, flags=FLAGS)
     lib = ctypes.CDLL(str(path))
@@ -183,7 +182,14 @@ def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
   return call(a, b, b_nk=bool(b_nk))
 
 
-def usable() -> bool:
-  """Whether code being traced now should call the kernels: the CPU backend, one device in
-  the process (XLA would gather a custom call's operands onto every device), kernel built."""
-  return _target.platform() == "cpu" and jax.device_count() == 1 and available()
+def usable(dev: Optional[Device] = None) -> bool:
+  """Whether code traced for `dev` (default: `current_device()`) should call the kernels: the
+  CPU backend, its `KernelConfig.exact_cpu_kernel` on, one device in the process (XLA would
+  gather a custom call's operands onto every device), kernel built."""
+  dev = current_device() if dev is None else dev
+  return (
+    dev.platform == "cpu"
+    and dev.kernels.exact_cpu_kernel
+    and jax.device_count() == 1
+    and available()
+  )

@@ -19,8 +19,9 @@ falls back to the Pallas kernel or to XLA and says so. Nothing here runs, or is 
 CUDA, on a machine without a GPU: `pip install` and the CPU tests never need it.
 
 Environment: JETRL_CACHE_DIR (where the built library is kept; default ~/.cache/jetrl),
-CXX (the compiler; default c++ or g++), JETRL_CUBLASLT_GRAPHS=0 (keep the call out of XLA's
-CUDA graphs).
+CXX (the compiler; default c++ or g++). `KernelConfig.cublaslt_graphs=False` (JETRL_CUBLASLT_GRAPHS=0,
+read with the other kernel settings, jetrl.kernels.device) keeps the call out of XLA's CUDA
+graphs; the handler is registered once a process, with the environment's setting.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from jetrl.kernels.ffi_build import build, cache_dir, compiler  # noqa: F401 (re-exported)
 from jetrl.precision.formats import E4M3, E5M2
 from jetrl.kernels import partition
+from jetrl.kernels.device import KernelConfig
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_blockwise_gemm.cc"
 TARGET = "jetrl_fp8_blockwise_gemm"
@@ -146,7 +148,7 @@ def load_for_compile() -> Optional[str]:
 
 
 def _register(lib, platform: str) -> None:
-  graphs = os.environ.get("JETRL_CUBLASLT_GRAPHS", "1") != "0"
+  graphs = KernelConfig.from_env().cublaslt_graphs  # the registration is the process's
   symbol = lib.JetrlFp8BlockwiseGemmGraph if graphs else lib.JetrlFp8BlockwiseGemm
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(symbol), platform=platform)
   _State.info["cuda_graphs"] = graphs

@@ -67,9 +67,11 @@ def policy_logprobs(
   chunk_size: int = 256,
   remat: bool = False,
   split_tokens=None,
+  plan=None,
 ):
   """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T]).
-  split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`)."""
+  split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`); plan:
+  the kernels (`jetrl.kernels.Plan`; default: resolved for the precision)."""
   logp, ent = token_logprobs(
     params,
     model_config,
@@ -82,6 +84,7 @@ def policy_logprobs(
     chunk_size=chunk_size,
     remat=remat,
     split_tokens=split_tokens,
+    plan=plan,
   )
   t = batch.targets.shape[1]
   return completion_logprobs(logp, t), completion_logprobs(ent, t)

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jetrl.models.attention import use_flash
+from jetrl.kernels import KernelConfig, resolve_plan
 from jetrl.models.layers import activation_dtype
 from jetrl.models.lora import LoraConfig, attach
 from jetrl.precision import Precision
@@ -92,6 +92,7 @@ class StepSpec(NamedTuple):
   max_tokens: int
   lora: Optional[LoraConfig] = None
   split_tokens: Any = None  # jetrl.parallel's Layout.token_split on a mesh
+  plan: Any = None  # the kernels (jetrl.kernels.Plan), resolved for the precision
 
   def policy(self, params, frozen):
     """The params the model reads: `params`, or a LoRA run's adapters on its frozen base."""
@@ -111,6 +112,7 @@ class StepSpec(NamedTuple):
       chunk_size=self.cfg.chunk_size,
       remat=remat,
       split_tokens=self.split_tokens,
+      plan=self.plan,
     )
 
   def aggregate(self, per_token, mask):
@@ -290,6 +292,7 @@ def train_step(
   bin_edges: tuple[int, ...] = DEFAULT_EDGES,
   lora: Optional[LoraConfig] = None,
   split_tokens: Any = None,
+  kernels: Optional[KernelConfig] = None,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
@@ -298,6 +301,8 @@ def train_step(
   temperature: the sampling temperature the rollout log-probs were recorded at.
   lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
     are trained on its frozen base.
+  kernels: the kernel settings (`jetrl.kernels.KernelConfig`; None: the environment's); the
+    plan (`jetrl.kernels.resolve_plan`) is resolved from them once per trace.
   split_tokens: on a mesh, `Layout.token_split`: each layer's activations keep their rows on
     the devices that hold the batch's rows (`jetrl.parallel.sharded_update_step` passes it).
   Returns (new_state, metrics of float32 scalars; `learning_rate` is the rate of this
@@ -308,6 +313,7 @@ def train_step(
   rows = batch.inputs.shape[0]
   check_batch_divisible(rows, cfg)
   n_micro = cfg.minibatches * cfg.micro_batches
+  plan = resolve_plan(precision, kernels)
   spec = StepSpec(
     model_config=model_config,
     cfg=cfg,
@@ -318,16 +324,14 @@ def train_step(
       model_config,
       rows // n_micro,
       batch.inputs.shape[1],
-      flash=use_flash(
-        precision,
-        batch.inputs.shape[1],
-        model_config.head_dim,
-        activation_dtype(precision, state.params),
+      flash=plan.use_flash(
+        batch.inputs.shape[1], model_config.head_dim, activation_dtype(precision, state.params)
       ),
     ),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,
     split_tokens=split_tokens,
+    plan=plan,
   )
   opt = make_optimizer(optimizer, total_steps)
   learning_rate = learning_rate_schedule(optimizer, total_steps)(state.step)
@@ -351,6 +355,7 @@ STATIC_ARGNAMES = (
   "bin_edges",
   "lora",
   "split_tokens",
+  "kernels",
 )
 
 

@@ -38,9 +38,10 @@ from jetrl.models import (
   positions_from_mask,
   rollout_weights,
 )
-from jetrl.kernels.exact_ops import token_logprobs_from_logits
+from jetrl.kernels import KernelConfig, Plan, resolve_plan
+from jetrl.kernels.plan import plan_for
 from jetrl.models.layers import activation_dtype
-from jetrl.precision import Precision, is_batch_invariant
+from jetrl.precision import Precision
 from jetrl.sampling.categorical import draw
 from jetrl.sampling.config import SamplingConfig
 
@@ -119,12 +120,10 @@ def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   return x
 
 
-def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, exact: bool = False):
-  """Next tokens [R] and their recorded log-probs [R].
-
-  exact: record the log-prob with the batch-invariant log-softmax the training forward of a
-  batch-invariant precision uses (models/exact_ops.py), bit for bit.
-  """
+def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, plan: Plan):
+  """Next tokens [R] and their recorded log-probs [R], by the plan's sampling head
+  (`Plan.choice_logprobs`: a batch-invariant plan's is the log-softmax its training forward
+  uses, kernels/exact_ops.py, bit for bit)."""
   logits = logits.astype(jnp.float32)
   if config.greedy:
     tok = jnp.argmax(logits, axis=-1)
@@ -132,10 +131,8 @@ def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, exact: bo
   else:
     scaled = logits / config.temperature
     tok = draw(key, _process_logits(logits, config))
-  if exact:
-    return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, config.temperature)
-  logp = jax.nn.log_softmax(scaled, axis=-1)
-  return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+  tok = tok.astype(jnp.int32)
+  return tok, plan.choice_logprobs(logits, scaled, tok, config.temperature)
 
 
 def _repeat_cache(cache, n: int):
@@ -155,7 +152,8 @@ def _constrain(cache, cache_sharding):
 
 
 @functools.partial(
-  jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype", "cache_sharding")
+  jax.jit,
+  static_argnames=("model_config", "config", "precision", "cache_dtype", "cache_sharding", "plan"),
 )
 def _prefill(
   params,
@@ -167,9 +165,11 @@ def _prefill(
   precision: Optional[Precision],
   cache_dtype,
   cache_sharding=None,
+  plan=None,
 ):
   b, p = tokens.shape
-  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype, precision=precision)
+  plan = plan_for(precision, plan)
+  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype, plan=plan)
   positions = positions_from_mask(mask)
   # The cache is empty: the prompt attends to its own p slots, not the whole cache.
   logits, cache = forward_cached(
@@ -182,6 +182,7 @@ def _prefill(
     precision=precision,
     last_only=True,
     attend_slots=p,
+    plan=plan,
   )
   cache = _constrain(_repeat_cache(cache, config.n), cache_sharding)
   return cache, jnp.repeat(logits[:, -1], config.n, axis=0)
@@ -205,7 +206,7 @@ def decode_segments(max_new_tokens: int) -> tuple[int, ...]:
 
 @functools.partial(
   jax.jit,
-  static_argnames=("model_config", "config", "precision", "cache_sharding", "segments"),
+  static_argnames=("model_config", "config", "precision", "cache_sharding", "segments", "plan"),
   donate_argnames=("cache",),
 )
 def _decode(
@@ -220,8 +221,10 @@ def _decode(
   precision: Optional[Precision],
   cache_sharding=None,
   segments: Optional[tuple[int, ...]] = None,
+  plan=None,
 ):
   r, t_max = logits.shape[0], config.max_new_tokens
+  plan = plan_for(precision, plan)
   segments = segments or (t_max,)
   width = cache.mask.shape[1] - t_max  # the prompts' padded width P
   cache = _constrain(cache, cache_sharding)
@@ -243,7 +246,7 @@ def _decode(
   def body(slots):
     def step(s: DecodeState) -> DecodeState:
       key, sub = jax.random.split(s.key)
-      tok, lp = _choose(s.logits, sub, config, is_batch_invariant(precision))
+      tok, lp = _choose(s.logits, sub, config, plan)
       active = ~s.done
       tok = jnp.where(active, tok, config.pad_id)
       lp = jnp.where(active, lp, 0.0)
@@ -259,6 +262,7 @@ def _decode(
         precision=precision,
         last_only=True,
         attend_slots=slots,
+        plan=plan,
       )
       return DecodeState(
         step=s.step + 1,
@@ -302,6 +306,7 @@ def sample(
   precision: Optional[Precision] = None,
   *,
   layout=None,
+  kernels: Optional[KernelConfig] = None,
 ) -> Rollout:
   """Sample `config.n` completions per prompt with the rollout `precision`.
 
@@ -312,18 +317,20 @@ def sample(
   layout: a `jetrl.parallel.Layout` (params placed on it): prompt rows go over its batch
     axes and the KV cache is pinned to its cache sharding (batch over the batch axes, kv
     heads over `tensor`). None: whatever `jit` propagates from the params (one device).
+  kernels: the kernel settings (`jetrl.kernels.KernelConfig`; None: the environment's): the
+    plan (`jetrl.kernels.resolve_plan`) is resolved once here, for the device traced for, and
+    passed to the prefill and the decode loop.
   """
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
+  plan = resolve_plan(precision, kernels)
   tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
   cache_dtype = activation_dtype(precision, params)
   tokens_in, mask_in, cache_sharding = tokens, mask, None
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
-    cache_sharding = layout.cache_sharding(
-      len(tokens) * config.n, value_exponents=is_batch_invariant(precision)
-    )
+    cache_sharding = layout.cache_sharding(len(tokens) * config.n, value_exponents=plan.grids_cache)
   # Fused projections change which columns a tensor-parallel layout splits: single device only.
   params = rollout_params(params, precision=precision, fuse=layout is None)
   cache, logits = _prefill(
@@ -335,6 +342,7 @@ def sample(
     precision=precision,
     cache_dtype=cache_dtype,
     cache_sharding=cache_sharding,
+    plan=plan,
   )
   prompt_lens = jnp.repeat(jnp.asarray(mask.sum(1), jnp.int32), config.n)
   out, _ = _decode(
@@ -348,6 +356,7 @@ def sample(
     precision=precision,
     cache_sharding=cache_sharding,
     segments=decode_segments(config.max_new_tokens),
+    plan=plan,
   )
   rep = lambda a: jnp.repeat(jnp.asarray(a), config.n, axis=0)
   return Rollout(rep(tokens), rep(mask), *out)
