@@ -9,12 +9,13 @@ backend; importing this module after that keeps the order explicit).
 from __future__ import annotations
 
 import contextlib
+import os
 import dataclasses
 import math
 import shutil
 import tempfile
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from absl import flags
 
@@ -24,7 +25,6 @@ import numpy as np
 from jax import lax
 
 import jetrl.precision as precision
-from jetrl.precision import gemms
 
 FLAGS = flags.FLAGS
 _T0 = time.perf_counter()
@@ -144,7 +144,7 @@ def random_prompts(vocab_size: int, n: int, length: int) -> list[list[int]]:
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """A recipe as measured: `fused_quant` runs it on cuBLASLt with the one-pass quantization
-  kernel (jetrl.precision.quant_kernel), labelled "<recipe>+fq"; `decode_gemm` also runs a
+  kernel (jetrl.kernels.quant_kernel), labelled "<recipe>+fq"; `decode_gemm` also runs a
   decode step's FP8 GEMMs on the Pallas decode kernel (JETRL_DECODE_GEMM=pallas,
   gemm_pallas.decode_matmul_nt), labelled "<recipe>+fq+pd"."""
 
@@ -179,7 +179,7 @@ def variants(
 ) -> tuple[Variant, ...]:
   """Each recipe, then each of `fused_quant` (recipes too) with the one-pass kernel, then each
   of `decode_gemm` with the one-pass kernel and the Pallas decode GEMM, then each of
-  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.precision.mlp off)."""
+  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.kernels.mlp off)."""
   return (
     tuple(Variant(r) for r in recipes)
     + tuple(Variant(r, True) for r in fused_quant)
@@ -203,6 +203,24 @@ def recipe_of(variant: Variant, interpret: bool):
 
 
 @contextlib.contextmanager
+def _kernel_setting(name: str, value: Optional[str]) -> Iterator[None]:
+  """The kernel setting `name` (a JETRL_* variable, read where a plan is resolved without a
+  `KernelConfig`: jetrl.kernels.device) set to `value` inside (None: unset), restored after."""
+  before = os.environ.get(name)
+  if value is None:
+    os.environ.pop(name, None)
+  else:
+    os.environ[name] = value
+  try:
+    yield
+  finally:
+    if before is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = before
+
+
+@contextlib.contextmanager
 def decode_gemm(on: bool) -> Iterator[None]:
   """With `on`, the Pallas decode GEMM while programs are traced inside, JAX's caches cleared
   on entry and exit (the recipe object is the same as without it, so a cached trace would be
@@ -213,11 +231,10 @@ def decode_gemm(on: bool) -> Iterator[None]:
   import jax  # pylint: disable=import-outside-toplevel
 
   jax.clear_caches()
-  gemms.set_decode_gemm("pallas")
   try:
-    yield
+    with _kernel_setting("JETRL_DECODE_GEMM", "pallas"):
+      yield
   finally:
-    gemms.set_decode_gemm(None)
     jax.clear_caches()
 
 
@@ -229,14 +246,12 @@ def unfused_mlp(on: bool) -> Iterator[None]:
     yield
     return
   import jax  # pylint: disable=import-outside-toplevel
-  from jetrl.precision import mlp  # pylint: disable=import-outside-toplevel
 
   jax.clear_caches()
-  mlp.set_fused_mlp(False)
   try:
-    yield
+    with _kernel_setting("JETRL_FUSED_MLP", "0"):
+      yield
   finally:
-    mlp.set_fused_mlp(None)
     jax.clear_caches()
 
 
@@ -244,11 +259,8 @@ def unfused_mlp(on: bool) -> Iterator[None]:
 def fused_quant(on: bool = True) -> Iterator[None]:
   """The one-pass quantization kernel turned on (or off) while programs are traced inside;
   the default (on for a GPU) after."""
-  gemms.set_fused_quant(on)
-  try:
+  with _kernel_setting("JETRL_FUSED_QUANT", "1" if on else "0"):
     yield
-  finally:
-    gemms.set_fused_quant(None)
 
 
 def with_fused_quant(fn):

@@ -15,9 +15,10 @@ from jax import lax
 import _bench_common as common
 import jetrl.precision as precision
 from _bench_common import error_text, kernel_backend, loop_time, over_budget, with_fused_quant
-from jetrl.precision import backend, cublaslt
-from jetrl.precision import gemm_pallas as gp
-from jetrl.precision import quant_kernel as qk
+from jetrl import kernels
+from jetrl.kernels import backend, cublaslt
+from jetrl.kernels import gemm_pallas as gp
+from jetrl.kernels import quant_kernel as qk
 
 FLAGS = flags.FLAGS
 
@@ -65,7 +66,7 @@ def fp8_block_gemm(a, sa, b, sb):
 
 def linear_grads(recipe):
   """f(x, w, dy): both gradients of `linear` under the recipe's training precision."""
-  return lambda a, b, d: jax.vjp(lambda a_, b_: precision.linear(a_, b_, recipe.train), a, b)[1](d)
+  return lambda a, b, d: jax.vjp(lambda a_, b_: kernels.linear(a_, b_, recipe.train), a, b)[1](d)
 
 
 def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
@@ -117,13 +118,13 @@ def gemm_variants(m, k, n, interpret: bool, tiles_list, decode: bool):
     qw = precision.prequantize_weight(
       w, jet.rollout.fprop, k_major=backend.wants_k_major(jet.rollout.fprop)
     )
-    out["linear"] = (lambda a, q: precision.linear(a, q, jet.rollout), (x, qw))
+    out["linear"] = (lambda a, q: kernels.linear(a, q, jet.rollout), (x, qw))
     if common.CUBLASLT_OK:
-      out["linear_fq"] = (fq(lambda a, q: precision.linear(a, q, jet.rollout)), (x, qw))
+      out["linear_fq"] = (fq(lambda a, q: kernels.linear(a, q, jet.rollout)), (x, qw))
   else:
-    out["linear"] = (lambda a, b: precision.linear(a, b, jet.rollout), (x, w))
+    out["linear"] = (lambda a, b: kernels.linear(a, b, jet.rollout), (x, w))
     if common.CUBLASLT_OK:
-      out["linear_fq"] = (fq(lambda a, b: precision.linear(a, b, jet.rollout)), (x, w))
+      out["linear_fq"] = (fq(lambda a, b: kernels.linear(a, b, jet.rollout)), (x, w))
       out["quantize_x"] = (lambda a: precision.quantize(a, (1, 128)), (x,))
       out["quantize_x_fq"] = (
         lambda a: qk.quantize_rows_cols(a, jnp.float8_e4m3fn, cols=False),
@@ -245,7 +246,7 @@ def kernel_agreement(interpret: bool, m: int, k: int, n: int) -> dict:
     p = precision.with_gemm_backend(p32, be)
     f = jax.jit(
       lambda a, b, d, p=p: (lambda y, vjp: (y,) + vjp(d))(
-        *jax.vjp(lambda a_, b_: precision.linear(a_, b_, p), a, b)
+        *jax.vjp(lambda a_, b_: kernels.linear(a_, b_, p), a, b)
       )
     )
     outs[be] = [np.asarray(v, np.float64) for v in f(x, w, dy)]
@@ -270,11 +271,11 @@ def fp8_checks(interpret: bool, dump_dir) -> dict:
   res = {}
 
   def fp8_ptx_probe(a, b):
-    return precision.linear(a, b, jet)
+    return kernels.linear(a, b, jet)
 
   def train(a, b):
     return jax.grad(
-      lambda a_, b_: precision.linear(a_, b_, jet).astype(jnp.float32).sum(), argnums=(0, 1)
+      lambda a_, b_: kernels.linear(a_, b_, jet).astype(jnp.float32).sum(), argnums=(0, 1)
     )(a, b)
 
   xq, wq = x.astype(jnp.float8_e4m3fn), w.T.astype(jnp.float8_e4m3fn)

@@ -99,7 +99,7 @@ def run_update(
 ):
   try:
     from jetrl.rl import UpdateConfig, init_train_state, update_step  # pylint: disable=import-outside-toplevel
-    from jetrl.models.attention import use_flash  # pylint: disable=import-outside-toplevel
+    from jetrl.kernels.attention import use_flash  # pylint: disable=import-outside-toplevel
     from jetrl.rl.remat import resolve_remat  # pylint: disable=import-outside-toplevel
 
     cfg, params = load_model(model, jnp.float32)

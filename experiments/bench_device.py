@@ -108,7 +108,7 @@ flags.DEFINE_list(
   "Recipes whose update step is also timed with the one-pass quantization kernel but the "
   "MLP and the norms unfused (JETRL_FUSED_MLP=0; reported as <recipe>+fq-mlp): against "
   "<recipe>+fq, what "
-  "SwiGLU's FP8 kernels (jetrl.precision.mlp) save.",
+  "SwiGLU's FP8 kernels (jetrl.kernels.mlp) save.",
 )
 flags.DEFINE_float("update_budget_fraction", 0.85, "Budget share by which updates end.")
 flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
@@ -224,7 +224,7 @@ def main(argv):
   from _bench_common import add_speedups, elapsed  # pylint: disable=import-outside-toplevel
   from _bench_gemm import fp8_checks, gemm_header, kernel_agreement, run_gemms  # pylint: disable=import-outside-toplevel
   from _bench_steps import result_line, run_e2e, run_rollout, run_update, settings  # pylint: disable=import-outside-toplevel
-  from jetrl.precision import backend, cublaslt  # pylint: disable=import-outside-toplevel
+  from jetrl.kernels import backend, cublaslt  # pylint: disable=import-outside-toplevel
 
   rollout_variants = _variants("rollout_recipes", "rollout_fused_quant", "rollout_decode_gemm")
   update_variants = _variants("update_recipes", "update_fused_quant", mlp_flag="update_unfused_mlp")

@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared fie
 
 from _fields import json_out_field, recipes_field  # noqa: E402
 from jetrl.config import ConfigError, check_fields, field  # noqa: E402
-from jetrl.precision import RECIPES, get_recipe, linear  # noqa: E402
+from jetrl.kernels import linear  # noqa: E402
+from jetrl.precision import RECIPES, get_recipe  # noqa: E402
 from jetrl.train.cli import main  # noqa: E402
 from jetrl.train.config import Tree  # noqa: E402
 

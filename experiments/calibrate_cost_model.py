@@ -103,7 +103,7 @@ def _gemm_program(variant: str, m: int, k: int, n: int, devices):
 
   from _bench_common import call_loop
   from _bench_gemm import bf16_dot, fp8_block_gemm, linear_grads
-  from jetrl import precision
+  from jetrl import kernels, precision
   from jetrl.aot.programs import Program, one_device_sharding
 
   rep = one_device_sharding(devices)
@@ -122,7 +122,7 @@ def _gemm_program(variant: str, m: int, k: int, n: int, devices):
         sds((-(-n // 128), -(-k // 128)), jnp.float32),
       ),
     ),
-    "linear": (lambda a, b: precision.linear(a, b, jet.rollout), (x, w)),
+    "linear": (lambda a, b: kernels.linear(a, b, jet.rollout), (x, w)),
     "train_bf16": (linear_grads(bf16), (x, w, dy)),
     "train_jet": (linear_grads(jet), (x, w, dy)),
   }

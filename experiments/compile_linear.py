@@ -63,8 +63,9 @@ def main(argv):
   from jetrl.aot.programs import Program, one_device_sharding
   from jetrl.aot.targets import compiling_for, devices, get_target
   from jetrl.models import PRESETS, get_config
-  from jetrl.precision import QuantizedInput, get_recipe, linear, prequantize_weight
-  from jetrl.precision.gemms import with_gemm_scales
+  from jetrl.kernels import linear
+  from jetrl.precision import QuantizedInput, get_recipe, prequantize_weight
+  from jetrl.kernels.gemms import with_gemm_scales
 
   if FLAGS.model.lower() not in PRESETS:
     raise app.UsageError(f"--model: one of {sorted(PRESETS)}, got {FLAGS.model!r}")

@@ -69,7 +69,8 @@ def test_tpu_v5e_gemm_flops():
 
 @need_cuda
 def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
-  from jetrl.precision import get_recipe, linear
+  from jetrl.kernels import linear
+  from jetrl.precision import get_recipe
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
@@ -96,20 +97,18 @@ def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
   ],
 )
 def test_pallas_kernels_compile_as_their_custom_calls(backend, fused_quant, kinds):
-  from jetrl.precision import gemms, get_recipe, linear, with_gemm_backend
+  from jetrl.kernels import KernelConfig, linear, resolve_plan
+  from jetrl.precision import get_recipe, with_gemm_backend
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
   x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=rep)
   w = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=rep)
   rec = with_gemm_backend(get_recipe("jet"), backend)
-  f = jax.jit(lambda a, b: linear(a, b, rec.rollout))
-  gemms.set_fused_quant(fused_quant)
-  try:
-    with compiling_for(target):
-      c = compile_program(Program("linear", f, (x, w), {}), target)
-  finally:
-    gemms.set_fused_quant(None)
+  kernels = KernelConfig(fused_quant=fused_quant)
+  f = jax.jit(lambda a, b: linear(a, b, rec.rollout, resolve_plan(rec.rollout, kernels)))
+  with compiling_for(target):
+    c = compile_program(Program("linear", f, (x, w), {}), target)
   assert kinds <= {k.kind for k in c.launches.kernels}
   assert not any(k.kind == "cublas" for k in c.launches.kernels)  # no dequantized float dot
 
@@ -235,7 +234,7 @@ def test_compile_report_reads_a_hugging_face_folder(tmp_path):
 def test_flash_attention_compiles_with_its_matmuls_counted():
   """A training forward's attention compiled for an H200 is JAX's Pallas flash kernels, no
   dense [T, T] dots; their FLOPs come from q's shape (causal: half the tiles)."""
-  from jetrl.models import attention as attn
+  from jetrl.kernels import attention as attn
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
@@ -260,8 +259,9 @@ def test_flash_attention_compiles_with_its_matmuls_counted():
 def test_a_decode_step_linear_and_attention_compile_without_extra_kernels():
   """At decode sizes on an H200: jet's linear is one quantization kernel and the FP8 GEMM
   (XLA took three kernels to quantize), and one query's attention has no cuBLAS call."""
-  from jetrl.models import attention as attn
-  from jetrl.precision import get_recipe, linear
+  from jetrl.kernels import attention as attn
+  from jetrl.kernels import linear
+  from jetrl.precision import get_recipe
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
@@ -306,7 +306,7 @@ def test_a_decode_step_is_eight_kernels_a_layer_under_bf16_and_jet(tmp_path):
 @need_cuda
 def test_swiglu_kernels_take_the_mlp_quantization_out_of_the_jet_update(tmp_path):
   """qwen2.5-1.5b's shapes, one layer, 2 x 256 tokens: with SwiGLU's FP8 kernels
-  (jetrl.precision.mlp, on by default) jet's update runs fewer kernels and moves fewer bytes
+  (jetrl.kernels.mlp, on by default) jet's update runs fewer kernels and moves fewer bytes
   than with the MLP unfused (JETRL_FUSED_MLP=0): the five quantizations of the backward's
   widest arrays and the forward's h are written by the two kernels."""
   flags = ("--target=h200", "--model=qwen2.5-1.5b", "--layers=1", "--recipe=jet")
@@ -345,11 +345,11 @@ def test_compile_linear_command():
 
 @need_cuda
 def test_the_decode_gemm_compiles_as_one_kernel_of_enough_programs():
-  """JETRL_DECODE_GEMM=pallas: a decode step's FP8 GEMM from a QuantizedInput compiles for an
+  """KernelConfig(decode_gemm="pallas"): a decode step's FP8 GEMM from a QuantizedInput compiles for an
   H200 as one Pallas kernel of N / 16 programs for a 2048-wide projection (128, where
   cuBLASLt's 128 x 128 tiles run 16), reading FP8 operands, its FLOPs counted."""
-  from jetrl.precision import QuantizedInput, get_recipe, linear, prequantize_weight
-  from jetrl.precision import gemms
+  from jetrl.kernels import KernelConfig, linear, resolve_plan
+  from jetrl.precision import QuantizedInput, get_recipe, prequantize_weight
 
   target = get_target("h200")
   rep = one_device_sharding(devices(target))
@@ -357,18 +357,14 @@ def test_the_decode_gemm_compiles_as_one_kernel_of_enough_programs():
   xq = jax.ShapeDtypeStruct((64, 1536), jnp.float8_e4m3fn, sharding=rep)
   xs = jax.ShapeDtypeStruct((12, 64), jnp.float32, sharding=rep)
   w = jnp.zeros((1536, 2048), jnp.float32)
-  try:
-    gemms.set_decode_gemm("pallas")
-    with compiling_for(target):
-      wq = prequantize_weight(w, rollout.fprop, k_major=True)
-      wq = gemms.with_gemm_scales(wq, rollout.fprop)
-      spec = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), wq
-      )
-      f = jax.jit(lambda q, s, w_: linear(QuantizedInput(q, s), w_, rollout))
-      c = compile_program(Program("decode_gemm", f, (xq, xs, spec), {}), target)
-  finally:
-    gemms.set_decode_gemm(None)
+  with compiling_for(target):
+    plan = resolve_plan(rollout, KernelConfig(decode_gemm="pallas"))
+    wq = plan.with_gemm_scales(prequantize_weight(w, rollout.fprop, k_major=True), rollout.fprop)
+    spec = jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), wq
+    )
+    f = jax.jit(lambda q, s, w_: linear(QuantizedInput(q, s), w_, rollout, plan))
+    c = compile_program(Program("decode_gemm", f, (xq, xs, spec), {}), target)
   (k,) = [k for k in c.launches.kernels if k.kind == "pallas"]
   assert k.programs == 2048 // 16
   assert not any(x.kind == "jetrl_fp8_ffi" for x in c.launches.kernels)

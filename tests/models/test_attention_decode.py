@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.models import attention as attn
+from jetrl.kernels import attention as attn
+from jetrl.models.attention import causal_mask
 from jetrl.precision import target as _target
 
 
@@ -83,7 +84,7 @@ def _self_attention_inputs(b=2, t=100, h=4, hkv=2, dh=16, seed=3):
 
 
 def _dense(q, k, v, mask):
-  allowed = attn.causal_mask(mask, q.shape[0], q.shape[1])
+  allowed = causal_mask(mask, q.shape[0], q.shape[1])
   return attn.attend(q, attn.heads_first(k), attn.heads_first(v), allowed, jnp.float32)
 
 
@@ -163,7 +164,7 @@ def test_use_flash_only_for_a_gpu_and_long_enough_rows():
 def test_the_one_kernel_decode_attention_matches_float64():
   """models/decode_attention.py in interpret mode: six query heads a kv head (not a power of
   two), holes in the mask, and slots past n_slots that hold huge values it must not read."""
-  from jetrl.models import decode_attention as da
+  from jetrl.kernels import decode_attention as da
 
   cd = jnp.bfloat16
   q, k, v, _ = _inputs(cd, b=3, h=6, hkv=2, s=192, dh=64, seed=5)

@@ -10,10 +10,11 @@ import pytest
 
 from jetrl import models as M
 from jetrl.models import attention as attn
-from jetrl.models import decode_attention as da
-from jetrl.models import decode_fused as fu
+from jetrl.kernels import decode_attention as da
+from jetrl.kernels import decode_fused as fu
 from jetrl.models.layers import apply_rope, rms_norm
-from jetrl.precision import QuantizedInput, get_recipe, linear, prequantize_weight, quantize
+from jetrl.kernels import linear
+from jetrl.precision import QuantizedInput, get_recipe, prequantize_weight, quantize
 from jetrl.precision import target as _target
 from model_helpers import perturbed, tiny_config
 

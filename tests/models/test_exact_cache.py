@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
-from jetrl.models import attention as attn
-from jetrl.models import exact_ops
+from jetrl.kernels import attention as attn
+from jetrl.kernels import exact_ops
 from jetrl.models.params import LM_HEAD_GRID
 from jetrl.precision import get_recipe
 from jetrl.precision.exact import dot_bits

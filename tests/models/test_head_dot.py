@@ -1,4 +1,4 @@
-"""The LM head with its backward in bf16 (`layers.head_dot`, a GPU's form of `lm_head`)
+"""The LM head with its backward in bf16 (`jetrl.kernels.head.head_dot`, a GPU's form of `lm_head`)
 against a float64 reference of the same rounding points."""
 
 import jax
@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from jetrl.kernels import head
 from jetrl.models import layers
 from jetrl.precision import target as _target
 
@@ -22,7 +23,7 @@ def test_head_dot_values_and_gradients(tied):
   h = jnp.asarray(rng.normal(size=(b, t, d)), jnp.bfloat16)
   w = jnp.asarray(rng.normal(size=(v, d) if tied else (d, v)), jnp.bfloat16)
   g = rng.normal(size=(b, t, v)).astype(np.float32)  # a float32 logit gradient
-  logits, vjp = jax.vjp(lambda a, c: layers.head_dot(a, c, tied), h, w)
+  logits, vjp = jax.vjp(lambda a, c: head.head_dot(a, c, tied), h, w)
   dh, dw = vjp(jnp.asarray(g))
   h64, w64 = np.asarray(h, np.float64), np.asarray(w, np.float64)
   wk = w64.T if tied else w64  # [D, V]

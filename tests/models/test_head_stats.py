@@ -1,4 +1,4 @@
-"""`logprobs.head_stats` (the log-prob head with its own backward, taken when compiling for a
+"""`jetrl.kernels.head.head_stats` (the log-prob head with its own backward, taken when compiling for a
 GPU): its values and gradients against JAX's autodiff of the plain chunk statistics and a
 float64 numpy reference of the hand-derived gradient."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
-from jetrl.models import logprobs as lp
+from jetrl.kernels import head as lp
 from model_helpers import tiny_config
 
 
@@ -26,8 +26,8 @@ def test_head_stats_values_and_gradients(tied):
   def loss(f):
     return lambda h, w, t: jnp.sum(g_l * f(h, w, t)[0]) + jnp.sum(g_e * f(h, w, t)[1])
 
-  mine = lambda h, w, t: lp.head_stats(h, w, targets, t, key, cfg, jnp.float32)
-  plain = lambda h, w, t: lp._chunk_stats(h, targets, {key: w}, cfg, jnp.float32, t)
+  mine = lambda h, w, t: lp.head_stats(h, w, targets, t, tied, jnp.float32, False)
+  plain = lambda h, w, t: lp.chunk_stats(h, targets, w, tied, jnp.float32, t, "xla")
   for a, b in zip(mine(h, params[key], temp), plain(h, params[key], temp)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
   got = jax.grad(loss(mine), argnums=(0, 1, 2))(h, params[key], temp)

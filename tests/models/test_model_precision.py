@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
+from jetrl.kernels import Plan
 from jetrl.models import layers
 from jetrl.precision import get_recipe
 from model_helpers import tiny_config
@@ -38,13 +39,13 @@ def test_every_projection_calls_linear_with_the_precision(params, tokens, monkey
   concatenated (gate and up stay apart in training); one scale per tensor (fp8_tensor) keeps
   all seven apart (a shared scale would change each part's values)."""
   calls = []
-  real = layers.linear
+  real = Plan.linear  # every projection of the layers goes through its plan's `linear`
 
-  def spy(x, w, precision):
-    calls.append((tuple(w.shape), w.dtype, precision))
-    return real(x, w, precision)
+  def spy(plan, x, w):
+    calls.append((tuple(w.shape), w.dtype, plan.precision))
+    return real(plan, x, w)
 
-  monkeypatch.setattr(layers, "linear", spy)
+  monkeypatch.setattr(Plan, "linear", spy)
   precision = get_recipe(recipe).train
   jax.make_jaxpr(lambda p: M.forward(p, CONFIG, tokens, precision=precision))(params)
   per_layer = {
@@ -160,7 +161,7 @@ def test_fused_gemm_is_each_parts_own_under_jet(params):
   128-block, the concatenated weight's tiles and the output gradient's 1 x 128 groups never
   straddle two parts, so the fused fprop, dgrad and wgrad equal the separate ones to float32
   accumulation order (a shared tile would rescale a part: errors of FP8's size, ~1e-2)."""
-  from jetrl.precision import linear
+  from jetrl.kernels import linear
 
   prec = get_recipe("jet").train
   layer = jax.tree_util.tree_map(lambda a: a[0], params["layers"])

@@ -1,7 +1,7 @@
 """A rollout's prefill traced for a GPU and run here (`CompileTarget(interpret=True)`): with
 gate / up fused and the weights quantized once, SwiGLU's kernel writes h's FP8 groups for the
 down GEMM (`layers._quantized_swiglu_applies`). Against the unfused path, which writes h in
-bf16 and quantizes it in a pass of its own (JETRL_FUSED_MLP=0): the same FP8 values, so the
+bf16 and quantizes it in a pass of its own (`KernelConfig(fused_mlp=False)`): the same FP8 values, so the
 same outputs bit for bit, for one MLP and for a whole prefill."""
 
 import jax
@@ -12,7 +12,7 @@ import pytest
 from jetrl import models as M
 from jetrl.models import layers
 from jetrl.precision import get_recipe
-from jetrl.precision import mlp as _mlp
+from jetrl.kernels import KernelConfig, resolve_plan
 from jetrl.precision import target as _target
 from model_helpers import perturbed, tiny_config
 
@@ -35,23 +35,22 @@ def weights():
 
 
 def _traced_for_a_gpu(fn, *args, fused: bool):
-  """(jaxpr text, outputs) of fn traced for a GPU and run here, the fused MLP on or off."""
-  _mlp.set_fused_mlp(fused)
+  """(jaxpr text, outputs) of fn(plan, *args) traced for a GPU and run here, with the plan of
+  jet's rollout there, the fused MLP on or off."""
   _target.push(_target.CompileTarget("gpu", interpret=True))
-  fresh = lambda: lambda *a: fn(*a)  # a new function each time: JAX caches a function's trace
   try:
+    plan = resolve_plan(get_recipe("jet").rollout, KernelConfig(fused_mlp=fused))
+    fresh = lambda: lambda *a: fn(plan, *a)  # a new function each time: JAX caches a trace
     return str(jax.make_jaxpr(fresh())(*args)), jax.jit(fresh())(*args)
   finally:
     _target.pop()
-    _mlp.set_fused_mlp(None)
 
 
 def test_the_mlp_of_a_prefill_quantizes_h_in_swiglus_kernel(weights):
-  prec = get_recipe("jet").rollout
   layer = weights["layers"][0]  # a rollout holds its layers unstacked
   assert "w_gate_up" in layer  # the rollout's fused weight
   x = jnp.asarray(np.random.default_rng(0).normal(size=(ROWS, PROMPT, CFG.d_model)), BF16)
-  mlp = lambda x, layer: layers.swiglu(x, layer, prec, BF16)
+  mlp = lambda plan, x, layer: layers.swiglu(x, layer, plan, BF16)
   jaxpr, got = _traced_for_a_gpu(mlp, x, layer, fused=True)
   plain_jaxpr, want = _traced_for_a_gpu(mlp, x, layer, fused=False)
   assert jaxpr.count(KERNEL) == 1 and KERNEL not in plain_jaxpr
@@ -67,10 +66,11 @@ def test_a_prefill_gives_the_unfused_programs_logits_and_cache(weights):
   tokens = jax.random.randint(jax.random.PRNGKey(2), (ROWS, PROMPT), 0, CFG.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(PROMPT), (ROWS, PROMPT))
 
-  def prefill(w, t):
+  def prefill(plan, w, t):
     cache = M.init_cache(CFG, ROWS, CFG.max_seq_len)
+    mask = jnp.ones((ROWS, PROMPT), bool)
     return M.forward_cached(
-      w, CFG, t, cache, positions=pos, token_mask=jnp.ones((ROWS, PROMPT), bool), precision=prec
+      w, CFG, t, cache, positions=pos, token_mask=mask, precision=prec, plan=plan
     )
 
   jaxpr, (logits, cache) = _traced_for_a_gpu(prefill, weights, tokens, fused=True)

@@ -334,7 +334,7 @@ def test_exact_recipe_sampler_on_a_data_mesh_equals_one_device_training_forward(
   assert out.mask.sum() > 40 and diff.max() == 0.0
 
 
-# --- custom calls partitioned as their operands (jetrl.precision.partition) -------------------
+# --- custom calls partitioned as their operands (jetrl.kernels.partition) -------------------
 
 
 def _blockwise_gemm(a, sa_t, b, sb):
@@ -346,7 +346,7 @@ def _blockwise_gemm(a, sa_t, b, sb):
 def test_a_partitioned_gemm_shards_rows_and_sums_a_split_contraction():
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jetrl.precision import partition
+  from jetrl.kernels import partition
 
   f = partition.sharded(
     _blockwise_gemm,
@@ -388,7 +388,7 @@ def test_the_quantization_and_swiglu_kernels_run_on_their_shards():
   on one device, each device's kernel on its own rows."""
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jetrl.precision import quant_kernel, swiglu_kernel
+  from jetrl.kernels import quant_kernel, swiglu_kernel
 
   mesh = parallel.make_mesh("data:8")
   rows = NamedSharding(mesh, P("data"))
@@ -418,7 +418,7 @@ def test_flash_attention_runs_on_each_devices_rows_forward_and_backward():
   bit for bit, and no device holds the whole batch's q."""
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jetrl.models import attention, flash
+  from jetrl.kernels import attention, flash
 
   assert flash.partitioned_backward_available()
   mesh = parallel.make_mesh("data:8")
@@ -449,7 +449,7 @@ def test_the_norm_kernel_on_rows_or_columns_of_a_mesh():
   groups agree with one device's up to a last-bit change of the norm (another sum order)."""
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jetrl.precision.norm_kernel import norm_rows_cols
+  from jetrl.kernels.norm_kernel import norm_rows_cols
 
   mesh = parallel.make_mesh("data:8")
   rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""jet_exact's CPU kernels (`jetrl.precision.cpu_kernels`): the exact FP8 GEMM against the numpy
+"""jet_exact's CPU kernels (`jetrl.kernels.cpu_kernels`): the exact FP8 GEMM against the numpy
 float64 blockwise reference and the XLA path, bit for bit, on every kind of tail and both
 threading splits; the exact dot against integer references in numpy; the model's exact forward
 with and without the kernels; clear errors; the kernel really in the compiled program."""
@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from fp8_reference import ref_exact_gemm, to_bf16
-from jetrl.precision import cpu_kernels, ffi_build, get_recipe, quantize_weight
-from jetrl.precision.exact import fp8_fprop
+from jetrl.kernels import KernelConfig, cpu_kernels, current_device, ffi_build, linear
+from jetrl.kernels import resolve_plan
+from jetrl.precision import get_recipe, quantize_weight
+from jetrl.kernels.exact_gemm import fp8_fprop
 
 G = get_recipe("jet_exact").train.fprop
 
@@ -97,7 +99,7 @@ def test_exact_dot_rejects_bad_operands():
 
 
 def test_the_compiled_programs_call_the_kernels():
-  from jetrl.precision import linear
+  from jetrl.kernels import linear
 
   x = jnp.ones((4, 256), jnp.bfloat16)
   w = jnp.ones((256, 64), jnp.float32)
@@ -113,18 +115,19 @@ def test_the_compiled_programs_call_the_kernels():
   assert cpu_kernels.TARGET not in text
 
 
-def test_disabled_by_the_environment(monkeypatch):
-  monkeypatch.setenv("JETRL_EXACT_CPU_KERNEL", "0")
-  cpu_kernels._load.cache_clear()
-  try:
-    assert "JETRL_EXACT_CPU_KERNEL=0" in cpu_kernels.unavailable_reason()
-    assert not cpu_kernels.usable()
-    with pytest.raises(RuntimeError, match="not available here .disabled by"):
-      cpu_kernels.exact_dot(jnp.zeros((1, 2, 3)), jnp.zeros((1, 3, 4)), b_nk=False)
-  finally:
-    monkeypatch.delenv("JETRL_EXACT_CPU_KERNEL")
-    cpu_kernels._load.cache_clear()
-    assert cpu_kernels.unavailable_reason() is None
+def test_disabled_by_the_kernel_settings():
+  """`KernelConfig(exact_cpu_kernel=False)` (JETRL_EXACT_CPU_KERNEL=0 where none is given)
+  keeps the XLA path: the exact forward GEMM of a plan resolved with it calls no kernel."""
+  off = KernelConfig(exact_cpu_kernel=False)
+  assert KernelConfig.from_env({"JETRL_EXACT_CPU_KERNEL": "0"}) == off
+  assert cpu_kernels.unavailable_reason() is None and cpu_kernels.usable()
+  assert not cpu_kernels.usable(current_device(off))
+  x = jnp.ones((4, 256), jnp.float32)
+  w = jnp.ones((256, 128), jnp.float32)
+  exact = get_recipe("jet_exact").train
+  text = lambda plan: jax.jit(lambda a: linear(a, w, exact, plan)).lower(x).compile().as_text()
+  assert cpu_kernels.TARGET in text(resolve_plan(exact))
+  assert cpu_kernels.TARGET not in text(resolve_plan(exact, off))
 
 
 def test_the_model_with_and_without_the_kernels(monkeypatch):
@@ -163,7 +166,7 @@ def test_the_model_with_and_without_the_kernels(monkeypatch):
     )
     jax.clear_caches()
     with_kernels = run(cfg, params)
-    monkeypatch.setattr(cpu_kernels, "usable", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "usable", lambda dev=None: False)
     jax.clear_caches()  # the sampler's jitted steps were traced with the kernels
     without = run(cfg, params)
     monkeypatch.undo()
@@ -185,7 +188,7 @@ def test_the_portable_code_path_gives_the_same_bits(tmp_path):
   import sys
 
   code = (
-    "from jetrl.precision import cpu_kernels as c\n"
+    "from jetrl.kernels import cpu_kernels as c\n"
     "c.FLAGS = ('-O2', '-march=x86-64-v2', '-ffp-contract=off')\n"
     "print('REASON', c.unavailable_reason())\n"
   )

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.precision import cublaslt
+from jetrl.kernels import cublaslt
 
 HERE = Path(__file__).parent
 
@@ -146,11 +146,12 @@ def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch
   blocks, transposed wgrad operands, the one-pass quantization kernel when fused) against the
   XLA path: the stand-in sums in float64, so only float32 rounding separates them."""
   import dataclasses
-  from jetrl.precision import Fp8Gemm, Precision, gemms, linear, with_gemm_backend
+  from jetrl.kernels import KernelConfig, linear, resolve_plan
+  from jetrl.precision import Fp8Gemm, Precision, with_gemm_backend
 
   del host_gemm
-  gemms.set_fused_quant(fused)
-  try:
+  kernels = KernelConfig(fused_quant=fused)
+  if True:
     g = dataclasses.replace(Fp8Gemm(), grad_fmt="e5m2")
     p32 = Precision("float32", fprop=g, dgrad=g, wgrad=g)
     rng = np.random.default_rng(7)
@@ -160,10 +161,9 @@ def test_linear_on_the_cublaslt_path_matches_the_xla_path(host_gemm, monkeypatch
     outs = {}
     for be in ("xla", "cublaslt"):
       p = with_gemm_backend(p32, be)
-      y, vjp = jax.vjp(lambda a, b, p=p: linear(a, b, p), x, w)
+      plan = resolve_plan(p, kernels)
+      y, vjp = jax.vjp(lambda a, b, p=p, plan=plan: linear(a, b, p, plan), x, w)
       outs[be] = (y,) + vjp(dy)
     for got, ref in zip(outs["cublaslt"], outs["xla"]):
       ref = np.asarray(ref, np.float64)
       assert np.abs(np.asarray(got, np.float64) - ref).max() <= 1e-5 * np.abs(ref).max()
-  finally:
-    gemms.set_fused_quant(None)

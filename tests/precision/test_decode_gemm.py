@@ -1,4 +1,4 @@
-"""The decode-size FP8 GEMM (`gemm_pallas.decode_matmul_nt`, JETRL_DECODE_GEMM=pallas): in
+"""The decode-size FP8 GEMM (`gemm_pallas.decode_matmul_nt`, KernelConfig(decode_gemm="pallas")): in
 interpret mode against a float64 evaluation of the FP8 formula (each K-block's dot of FP8
 values times the row's group scale and the column block's weight scale), its shape checks,
 its FP8 dot in the program lowered for a GPU, and the setting that routes a decode step's
@@ -13,12 +13,11 @@ from jetrl.precision import (
   QuantizedInput,
   check_fp8_in_compiled,
   get_recipe,
-  linear,
   prequantize_weight,
   quantize,
 )
-from jetrl.precision import gemm_pallas as gp
-from jetrl.precision import gemms
+from jetrl.kernels import gemm_pallas as gp
+from jetrl.kernels import KernelConfig, gemms, linear, resolve_plan
 from jetrl.precision import target as _target
 
 
@@ -80,24 +79,27 @@ def test_lowered_for_a_gpu_it_feeds_fp8_to_the_dot():
 
 def test_the_setting_routes_a_decode_step_gemm(monkeypatch):
   """Traced for a GPU with cuBLASLt as the backend: the default runs a QuantizedInput's GEMM
-  on cuBLASLt's FFI call, JETRL_DECODE_GEMM=pallas on the decode kernel; a bad value is
-  refused, naming the variable."""
+  on cuBLASLt's FFI call, `KernelConfig(decode_gemm="pallas")` on the decode kernel; a bad
+  value is refused, naming the field (or the variable it is read from)."""
   rollout = get_recipe("jet").rollout
   x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 256)), jnp.bfloat16)
   q, s = quantize(x, (1, 128))
   wq = prequantize_weight(jnp.ones((256, 128), jnp.float32), rollout.fprop, k_major=True)
   monkeypatch.setattr(gemms, "_choose", lambda *a, **k: "cublaslt")
-  trace = lambda: str(
-    jax.make_jaxpr(lambda a, b: linear(QuantizedInput(a, b), wq, rollout))(q, s.T)
+  trace = lambda kernels: str(
+    jax.make_jaxpr(
+      lambda a, b: linear(QuantizedInput(a, b), wq, rollout, resolve_plan(rollout, kernels))
+    )(q, s.T)
   )
   _target.push(_target.CompileTarget("gpu", "9.0"))
   try:
-    gemms.set_decode_gemm(None)
-    assert "jetrl_fp8_blockwise_gemm" in trace() and "fp8_decode_gemm" not in trace()
-    gemms.set_decode_gemm("pallas")
-    assert "fp8_decode_gemm" in trace() and "jetrl_fp8_blockwise_gemm" not in trace()
+    default = trace(KernelConfig())
+    assert "jetrl_fp8_blockwise_gemm" in default and "fp8_decode_gemm" not in default
+    pallas = trace(KernelConfig(decode_gemm="pallas"))
+    assert "fp8_decode_gemm" in pallas and "jetrl_fp8_blockwise_gemm" not in pallas
+    with pytest.raises(ValueError, match="decode_gemm must be one of"):
+      KernelConfig(decode_gemm="triton")
     with pytest.raises(ValueError, match="JETRL_DECODE_GEMM must be one of"):
-      gemms.set_decode_gemm("triton")
+      KernelConfig.from_env({"JETRL_DECODE_GEMM": "triton"})
   finally:
     _target.pop()
-    gemms.set_decode_gemm(None)

@@ -14,9 +14,11 @@ import pytest
 
 from fp8_reference import ref_exact_gemm, to_bf16
 from jetrl.models import layers
-from jetrl.models.exact_ops import exp64, log64, rms_norm, rsqrt32
-from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, linear, quantize_weight
-from jetrl.precision.exact import exact_sum, fp8_fprop, x64
+from jetrl.kernels.exact_ops import exp64, log64, rms_norm, rsqrt32
+from jetrl.kernels import linear
+from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, quantize_weight
+from jetrl.kernels.exact_gemm import fp8_fprop
+from jetrl.precision.exact import exact_sum, x64
 
 EXACT = get_recipe("jet_exact")
 G = EXACT.train.fprop

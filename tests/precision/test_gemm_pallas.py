@@ -25,12 +25,12 @@ from jetrl.precision import (
   Precision,
   check_fp8_in_compiled,
   get_recipe,
-  linear,
   quantize,
-  scaled_matmul_nt,
   with_gemm_backend,
 )
-from jetrl.precision import backend, fp8_checks, gemm_pallas
+from jetrl.kernels import KernelConfig, backend, current_device, gemm_pallas, linear
+from jetrl.kernels import scaled_matmul_nt
+from jetrl.precision import fp8_checks
 
 BLOCK = Fp8Gemm()
 M, K, N = 130, 300, 200  # partial token tiles, partial K and N blocks
@@ -184,13 +184,12 @@ def test_per_tensor_scaling_and_non_finite_through_kernel(xwd):
 
 
 def test_backend_field_validation_and_resolution(monkeypatch):
-  monkeypatch.delenv(backend.ENV_VAR, raising=False)
-  backend.env_backend.cache_clear()
+  monkeypatch.delenv("JETRL_GEMM_BACKEND", raising=False)
   assert GEMM_BACKENDS == ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
   with pytest.raises(ValueError) as e:
     Fp8Gemm(gemm_backend="triton")
   assert all(name in str(e.value) for name in GEMM_BACKENDS)
-  from jetrl.precision import cublaslt
+  from jetrl.kernels import cublaslt
 
   on_hopper = ON_FP8_GPU and cublaslt.unavailable_reason() is None
   assert backend.resolve(Fp8Gemm()) == (
@@ -206,18 +205,13 @@ def test_backend_field_validation_and_resolution(monkeypatch):
   assert backend.resolve(Fp8Gemm(block=96, gemm_backend="auto")) == "xla"
   with pytest.raises(ValueError, match="power of two"):
     backend.resolve(Fp8Gemm(block=96, gemm_backend="pallas"))
-  try:
-    monkeypatch.setenv(backend.ENV_VAR, "pallas_interpret")
-    backend.env_backend.cache_clear()
-    assert backend.resolve(Fp8Gemm()) == "pallas_interpret"
-    assert backend.resolve(Fp8Gemm(gemm_backend="xla")) == "xla"  # the field wins
-    monkeypatch.setenv(backend.ENV_VAR, "cuda")
-    backend.env_backend.cache_clear()
-    with pytest.raises(ValueError, match=backend.ENV_VAR):
-      backend.resolve(Fp8Gemm())
-  finally:
-    monkeypatch.delenv(backend.ENV_VAR, raising=False)
-    backend.env_backend.cache_clear()
+  # The kernel settings' gemm_backend says what "auto" resolves to; the field wins.
+  dev = current_device(KernelConfig(gemm_backend="pallas_interpret"))
+  assert backend.resolve(Fp8Gemm(), dev) == "pallas_interpret"
+  assert backend.resolve(Fp8Gemm(gemm_backend="xla"), dev) == "xla"
+  with pytest.raises(ValueError, match="JETRL_GEMM_BACKEND"):
+    KernelConfig.from_env({"JETRL_GEMM_BACKEND": "cuda"})
+  assert KernelConfig.from_env({"JETRL_GEMM_BACKEND": "pallas"}).gemm_backend == "pallas"
 
 
 def test_with_gemm_backend_keeps_recipes_unified_and_hashable():
@@ -276,7 +270,7 @@ def test_a_kernel_without_a_dot_is_not_a_gemm(xwd):
   """The one-pass quantization kernel (no tt.dot) before the FP8 GEMM kernel: the check counts
   one GEMM, FP8, not a bf16 one (its input is bf16), lowered here and in the compiled
   program's op names (what `compiled_hlo_gemms` reads on a GPU)."""
-  from jetrl.precision import quant_kernel
+  from jetrl.kernels import quant_kernel
 
   x, _, _ = xwd
   xb = jnp.asarray(x[:128, :256], jnp.bfloat16)
@@ -416,7 +410,7 @@ import json
 import jax.numpy as jnp
 import jetrl.precision
 from jax._src.pallas.triton import lowering as tl
-from jetrl.precision import gemm_pallas as gp
+from jetrl.kernels import gemm_pallas as gp
 
 registered = lambda: gp._block_dot_p in tl.triton_lowering_rules
 out = {"after_import": registered()}

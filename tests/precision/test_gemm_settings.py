@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.precision import cublaslt, gemms, get_recipe, prequantize_weight, quantize
+from jetrl.kernels import cublaslt, gemms
+from jetrl.precision import get_recipe, prequantize_weight, quantize
 
 
 @pytest.mark.parametrize("k, pad", [(1536, 0), (8960, 2), (384, 1), (640, 3)])
@@ -20,9 +21,9 @@ def test_padded_scales_read_back_as_quantized(monkeypatch):
   g = get_recipe("jet").rollout.fprop
   w = jax.random.normal(jax.random.PRNGKey(0), (2, 640, 256), jnp.float32)  # two layers
   wq = prequantize_weight(w, g, k_major=True)
-  monkeypatch.setattr(gemms._backend, "resolve", lambda _: "xla")
+  monkeypatch.setattr(gemms._backend, "resolve", lambda *_: "xla")
   assert gemms.with_gemm_scales(wq, g) is wq  # XLA's GEMM reads scales unpadded
-  monkeypatch.setattr(gemms._backend, "resolve", lambda _: "cublaslt")
+  monkeypatch.setattr(gemms._backend, "resolve", lambda *_: "cublaslt")
   padded = gemms.with_gemm_scales(wq, g)
   assert padded.scale_pad == 3 and padded.scale.shape == (2, 2, 8)
   np.testing.assert_array_equal(np.asarray(padded.scale[..., 5:]), 1.0)
@@ -34,29 +35,13 @@ def test_padded_scales_read_back_as_quantized(monkeypatch):
   assert layer.nk_padded()[1].shape == (2, 8)
 
 
-def test_the_one_pass_quantization_default_and_a_bad_setting(monkeypatch):
-  from jetrl.precision import target as _target
+def test_the_one_pass_quantization_default_and_a_bad_setting():
+  from jetrl.kernels import Device, KernelConfig
 
-  try:
-    gemms.set_fused_quant(None)
-    _target.push(_target.CompileTarget("cpu"))
-    try:
-      assert not gemms.fused_quant_enabled()  # off for a CPU
-    finally:
-      _target.pop()
-    _target.push(_target.CompileTarget("gpu", "9.0"))
-    try:
-      assert gemms.fused_quant_enabled()  # on by default for a GPU
-      gemms.set_fused_quant(False)
-      assert not gemms.fused_quant_enabled()
-    finally:
-      _target.pop()
-    # unset before monkeypatch records it, which would restore the "0" set above after the test
-    gemms.set_fused_quant(None)
-    monkeypatch.setenv("JETRL_FUSED_QUANT", "yes")
-    gemms._fused_quant_setting.cache_clear()
-    with pytest.raises(ValueError, match="JETRL_FUSED_QUANT must be 0, 1 or unset"):
-      gemms.fused_quant_enabled()
-  finally:
-    monkeypatch.delenv("JETRL_FUSED_QUANT", raising=False)
-    gemms.set_fused_quant(None)
+  assert not gemms.fused_quant_enabled(Device("cpu"))  # off for a CPU
+  assert gemms.fused_quant_enabled(Device("gpu", "9.0", compiling=True))  # on for a GPU
+  off = Device("gpu", "9.0", compiling=True, kernels=KernelConfig(fused_quant=False))
+  assert not gemms.fused_quant_enabled(off)
+  assert KernelConfig.from_env({"JETRL_FUSED_QUANT": "0"}).fused_quant is False
+  with pytest.raises(ValueError, match="JETRL_FUSED_QUANT must be 0, 1 or unset"):
+    KernelConfig.from_env({"JETRL_FUSED_QUANT": "yes"})

@@ -19,12 +19,11 @@ from jetrl.precision import (
   Precision,
   check_fp8_in_compiled,
   get_recipe,
-  linear,
   prequantize_weight,
   quantize,
   with_gemm_backend,
 )
-from jetrl.precision import backend, cublaslt
+from jetrl.kernels import backend, cublaslt, linear
 from jetrl.precision import target as _target
 
 ON_GPU = backend.fp8_gpu_available()
@@ -133,7 +132,7 @@ def test_quantize_on_gpu_is_bit_identical_to_cpu():
 
 @pytest.mark.parametrize("fmt", [jnp.float8_e4m3fn, jnp.float8_e5m2])
 def test_one_pass_quantization_kernel_is_bit_identical_on_gpu(fmt):
-  from jetrl.precision.quant_kernel import quantize_rows_cols
+  from jetrl.kernels.quant_kernel import quantize_rows_cols
 
   rng = np.random.default_rng(3)
   x = rng.standard_normal((300, 520)) * np.exp(3 * rng.standard_normal((300, 1)))

@@ -1,4 +1,4 @@
-"""The fused FP8 MLP (jetrl.precision.mlp), traced for a GPU and run here (interpret mode):
+"""The fused FP8 MLP (jetrl.kernels.mlp), traced for a GPU and run here (interpret mode):
 where it applies, its kernels in the program, and its output and gradients against the
 unfused path and against a float64 MLP."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from jetrl.models import layers
 from jetrl.precision import get_recipe, prequantize_weight
-from jetrl.precision import mlp
+from jetrl.kernels import KernelConfig, current_device, mlp, resolve_plan
 from jetrl.precision import target as _target
 
 M, D, F = 512, 256, 384
@@ -30,7 +30,11 @@ class _Gpu:
 
   def __exit__(self, *exc):
     _target.pop()
-    mlp.set_fused_mlp(None)
+
+
+def _plan(precision, fused: bool = True):
+  """The plan for `precision` on the device traced for now, the fused MLP on or off."""
+  return resolve_plan(precision, KernelConfig(fused_mlp=fused))
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +44,15 @@ def runs():
   layer = _layer(rng)
   r = jnp.asarray(rng.normal(size=(2, M // 2, D)), jnp.float32)
 
-  def loss(x, layer):
-    y = layers.swiglu(x, layer, JET, jnp.bfloat16)
+  def loss(x, layer, plan):
+    y = layers.swiglu(x, layer, plan, jnp.bfloat16)
     return jnp.sum(y.astype(jnp.float32) * r), y
 
   out = {}
   for fused in (True, False):
     with _Gpu():
-      mlp.set_fused_mlp(fused)
-      grad = lambda: jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+      plan = _plan(JET, fused)
+      grad = lambda: jax.value_and_grad(lambda a, b: loss(a, b, plan), argnums=(0, 1), has_aux=True)
       jaxpr = str(jax.make_jaxpr(grad())(x, layer))
       (_, y), (dx, dw) = jax.jit(grad())(x, layer)
     out[fused] = (jaxpr, y, dx, dw)
@@ -106,36 +110,33 @@ def test_output_and_gradients_against_float64_and_the_unfused_path(runs):
 def test_where_it_applies():
   layer = _layer(np.random.default_rng(0))
   wg, wu, wd = layer["w_gate"], layer["w_up"], layer["w_down"]
-  assert not mlp.applies(M, wg, wu, wd, JET)  # a CPU program: the XLA path
-  assert not mlp.norm_applies(M, jnp.ones((D,)), wg, JET)
+  cpu = current_device()
+  assert not mlp.applies(M, wg, wu, wd, JET, cpu)  # a CPU program: the XLA path
+  assert not mlp.norm_applies(M, jnp.ones((D,)), wg, JET, cpu)
   with _Gpu():
-    assert mlp.applies(M, wg, wu, wd, JET)
-    assert not mlp.applies(256, wg, wu, wd, JET)  # a decode step's rows
-    assert not mlp.applies(M + 64, wg, wu, wd, JET)  # rows off the 128-tile
-    assert not mlp.applies(M, wg[:, :320], wu[:, :320], wd[:320], JET)  # F off the tile
-    assert not mlp.applies(M, wg, wu, wd, get_recipe("bf16").train)
-    assert not mlp.applies(M, wg, wu, wd, get_recipe("jet").rollout)  # no backward
-    assert not mlp.applies(M, wg, wu, wd, get_recipe("jet_exact").train)  # batch-invariant
+    gpu = current_device(KernelConfig())
+    assert mlp.applies(M, wg, wu, wd, JET, gpu)
+    assert not mlp.applies(256, wg, wu, wd, JET, gpu)  # a decode step's rows
+    assert not mlp.applies(M + 64, wg, wu, wd, JET, gpu)  # rows off the 128-tile
+    assert not mlp.applies(M, wg[:, :320], wu[:, :320], wd[:320], JET, gpu)  # F off the tile
+    assert not mlp.applies(M, wg, wu, wd, get_recipe("bf16").train, gpu)
+    assert not mlp.applies(M, wg, wu, wd, get_recipe("jet").rollout, gpu)  # no backward
+    assert not mlp.applies(M, wg, wu, wd, get_recipe("jet_exact").train, gpu)  # exact sums
     frozen = prequantize_weight(wg, JET.fprop)
-    assert not mlp.applies(M, frozen, wu, wd, JET)
+    assert not mlp.applies(M, frozen, wu, wd, JET, gpu)
     norm = jnp.ones((D,), jnp.float32)
-    assert mlp.norm_applies(M, norm, wg, JET)
-    assert not mlp.norm_applies(M, norm[:128], wg, JET)  # a norm of another width
-    assert not mlp.norm_applies(M, norm, frozen, JET)
-    assert not mlp.norm_applies(M, norm, wg, get_recipe("bf16").train)
-    mlp.set_fused_mlp(False)
-    assert not mlp.applies(M, wg, wu, wd, JET)
+    assert mlp.norm_applies(M, norm, wg, JET, gpu)
+    assert not mlp.norm_applies(M, norm[:128], wg, JET, gpu)  # a norm of another width
+    assert not mlp.norm_applies(M, norm, frozen, JET, gpu)
+    assert not mlp.norm_applies(M, norm, wg, get_recipe("bf16").train, gpu)
+    assert not mlp.applies(M, wg, wu, wd, JET, current_device(KernelConfig(fused_mlp=False)))
+    assert not _plan(JET, False).fused_mlp(M, wg, wu, wd) and _plan(JET).fused_mlp(M, wg, wu, wd)
 
 
-def test_a_bad_setting_is_refused(monkeypatch):
-  monkeypatch.setenv("JETRL_FUSED_MLP", "yes")
-  mlp._setting.cache_clear()
-  try:
-    with pytest.raises(ValueError, match="JETRL_FUSED_MLP must be 0, 1 or unset"):
-      mlp.fused_mlp_enabled()
-  finally:
-    monkeypatch.delenv("JETRL_FUSED_MLP")
-    mlp._setting.cache_clear()
+def test_a_bad_setting_is_refused():
+  with pytest.raises(ValueError, match="JETRL_FUSED_MLP must be 0, 1 or unset"):
+    KernelConfig.from_env({"JETRL_FUSED_MLP": "yes"})
+  assert KernelConfig.from_env({"JETRL_FUSED_MLP": "0"}).fused_mlp is False
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +154,14 @@ def norm_runs():
   def loss(x, layer, fused):
     if fused:
       norm = (layer["mlp_norm"], 1e-6)
-      y = mlp.swiglu_mlp(x, *(layer[k] for k in mlp_w), JET, norm=norm)
-      z = mlp.norm_linear(x, layer["mlp_norm"], 1e-6, layer["w"], JET)
-    else:
+      plan = _plan(JET)
+      y = plan.mlp(x, *(layer[k] for k in mlp_w), norm=norm)
+      z = plan.norm_linear(x, layer["mlp_norm"], 1e-6, layer["w"])
+    else:  # the norm's own pass, as the layers run it
+      plan = _plan(JET)
       h = layers.rms_norm(x, layer["mlp_norm"], 1e-6, jnp.bfloat16)
-      y = layers.swiglu(h, {k: layer[k] for k in mlp_w}, JET, jnp.bfloat16)
-      z = layers.project(h, layer["w"], JET, jnp.bfloat16)
+      y = layers.swiglu(h, {k: layer[k] for k in mlp_w}, plan, jnp.bfloat16)
+      z = layers.project(h, layer["w"], plan, jnp.bfloat16)
     return jnp.sum(y.astype(jnp.float32) * r1) + jnp.sum(z.astype(jnp.float32) * r2)
 
   out = {}

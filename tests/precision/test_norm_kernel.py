@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jetrl.precision import quantize
-from jetrl.precision.norm_kernel import norm_rows_cols, rms_norm_cd
+from jetrl.kernels.norm_kernel import norm_rows_cols, rms_norm_cd
 
 BF16, E4M3, E5M2 = jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2
 M, D, EPS = 256, 384, 1e-6

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jetrl.precision import quantize
-from jetrl.precision.quant_kernel import quantize_rows_cols
+from jetrl.kernels.quant_kernel import quantize_rows_cols
 
 
 def _bits(a):

@@ -45,7 +45,7 @@ def test_rows_t_refuses_other_ranks():
 def test_the_decode_kernel_is_quantize_bit_for_bit(m, k):
   """The one-pass Pallas kernel a GPU's decode step quantizes with (interpret mode here):
   row blocks of row_block(m) rows, scales transposed."""
-  from jetrl.precision import quant_kernel as qk
+  from jetrl.kernels import quant_kernel as qk
 
   rng = np.random.default_rng(k)
   x = (rng.standard_normal((m, k)) * np.exp(2 * rng.standard_normal((m, 1)))).astype(np.float32)
@@ -60,7 +60,7 @@ def test_the_decode_kernel_is_quantize_bit_for_bit(m, k):
 
 
 def test_the_decode_kernel_refuses_shapes_it_does_not_tile():
-  from jetrl.precision import quant_kernel as qk
+  from jetrl.kernels import quant_kernel as qk
 
   assert qk.row_block(12) == 0
   with pytest.raises(ValueError, match="multiple of 8"):

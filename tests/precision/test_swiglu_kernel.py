@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jetrl.precision import quantize
-from jetrl.precision import swiglu_kernel as sk
+from jetrl.kernels import swiglu_kernel as sk
 
 BF16, E4M3, E5M2 = jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2
 M, F = 256, 384

@@ -1,6 +1,6 @@
 import numpy as np, jax, jax.numpy as jnp
 from jetrl.precision import quantize
-from jetrl.precision.quant_kernel import quantize_rows_cols
+from jetrl.kernels.quant_kernel import quantize_rows_cols
 rng = np.random.default_rng(3)
 x = rng.standard_normal((300, 520)) * np.exp(3 * rng.standard_normal((300, 1)))
 x[4, :128] = 0.0

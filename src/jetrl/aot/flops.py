@@ -59,7 +59,7 @@ def custom_gemm_flops(ins: Instr, table: dict[str, Instr], target: str) -> float
 FLASH_MATMULS = {"mha_forward": 2, "mha_backward": 7}
 
 
-# jetrl's Pallas GEMMs (jetrl.precision.gemm_pallas), whose operand a is [P, C] and result
+# jetrl's Pallas GEMMs (jetrl.kernels.gemm_pallas), whose operand a is [P, C] and result
 # [P, Q]: 2 P Q C FLOPs.
 PALLAS_GEMMS = ("fp8_decode_gemm", "fp8_blockwise_gemm")
 

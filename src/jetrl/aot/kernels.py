@@ -112,7 +112,7 @@ def _called(attrs: str, key: str) -> list[str]:
   return [one] if one else []
 
 
-# A decode step's attention kernels (jetrl.models.decode_attention) are given the whole KV
+# A decode step's attention kernels (jetrl.kernels.decode_attention) are given the whole KV
 # cache but read only its first n slots, n in their name, and the fused one writes a single
 # slot of the caches it updates in place (aliased outputs of the caches' shape).
 SLOT_KERNEL = re.compile(r'name = \\?"decode_(?:step_)?attention_(\d+)slots\\?"')

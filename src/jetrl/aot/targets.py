@@ -200,7 +200,7 @@ def compiling_for(target: Target):
   the Pallas kernels lower for Triton instead of running interpreted."""
   # Local: this module is read before JAX is imported (compile.setup_environment sets JAX's
   # environment first), and jetrl.precision imports JAX.
-  from jetrl.precision import cublaslt  # pylint: disable=import-outside-toplevel
+  from jetrl.kernels import cublaslt  # pylint: disable=import-outside-toplevel
   from jetrl.precision import target as ptarget  # pylint: disable=import-outside-toplevel
 
   if target.platform == "gpu":

@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.models.config import ModelConfig
-from jetrl.precision import Precision, is_batch_invariant
+from jetrl.kernels import Plan
+from jetrl.kernels.plan import plan_for
+from jetrl.precision import Precision
 
 
 class KVCache(NamedTuple):
@@ -49,10 +51,12 @@ def init_cache(
   dtype=jnp.bfloat16,
   *,
   precision: Optional[Precision] = None,
+  plan: Optional[Plan] = None,
 ) -> KVCache:
   """An empty cache of `max_len` slots per row (zeros, nothing masked in, index 0).
 
-  precision: the rollout precision; a batch-invariant one gets the gridded layout (`v_exp`).
+  precision: the rollout precision (or its `plan`): where the plan's attention grids keys and
+  values (`Plan.grids_cache`, a batch-invariant one's), the gridded layout (`v_exp`).
   """
   for name, value in (("batch", batch), ("max_len", max_len)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -60,7 +64,7 @@ def init_cache(
   shape = (batch, config.n_kv_heads, max_len, config.head_dim)
   zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
   v_exp = ()
-  if is_batch_invariant(precision):
+  if plan_for(precision, plan).grids_cache:
     v_exp = tuple(jnp.zeros(shape[:-1] + (1,), jnp.int32) for _ in range(config.n_layers))
   return KVCache(
     k=zeros(),

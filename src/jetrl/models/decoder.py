@@ -1,7 +1,9 @@
 """The decoder: pure functions over one params pytree, layers run with `jax.lax.scan`.
 
-Every projection goes through `jetrl.precision.linear(x, w, precision)` with the stored
-weights (never a cast copy), so a recipe's FP8 quantizers see the params themselves.
+Every block runs as a `jetrl.kernels.Plan` says (resolved for the precision where the caller
+gives none): every projection through `jetrl.precision.linear(x, w, precision)` on the plan's
+kernels, with the stored weights (never a cast copy), so a recipe's FP8 quantizers see the
+params themselves.
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jetrl.kernels import Plan
+from jetrl.kernels.plan import plan_for
 from jetrl.models import attention as attn
-from jetrl.models import decode_attention as _da
-from jetrl.models import decode_fused as _fused
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
-from jetrl.models.layers import activation_dtype, lm_head, project, rms_norm, rope_tables, swiglu
+from jetrl.models.layers import activation_dtype, lm_head, project, rope_tables, swiglu
 from jetrl.models.params import check_params, unstack_layers
-from jetrl.precision import Precision, is_batch_invariant
-from jetrl.precision import mlp as _mlp
-from jetrl.precision import target as _target
+from jetrl.precision import Precision
 
 
 def _check_config(config) -> None:
@@ -48,41 +48,40 @@ def _rows(x) -> int:
   return math.prod(x.shape[:-1])
 
 
-def _mlp_residual(x, layer, config: ModelConfig, precision, cd):
+def _mlp_residual(x, layer, config: ModelConfig, plan: Plan, cd):
   wg, wu, wd = (layer.get(n) for n in ("w_gate", "w_up", "w_down"))
   if (
     wg is not None
-    and _mlp.applies(_rows(x), wg, wu, wd, precision)
-    and _mlp.norm_applies(_rows(x), layer["mlp_norm"], wg, precision)
+    and plan.fused_mlp(_rows(x), wg, wu, wd)
+    and plan.fused_norm(_rows(x), layer["mlp_norm"], wg)
   ):  # a GPU training step under blockwise FP8: the norm's kernel writes gate / up's groups
     norm = (layer["mlp_norm"], config.rms_eps)
-    return x + _mlp.swiglu_mlp(x, wg, wu, wd, precision, norm=norm).astype(x.dtype)
-  h = rms_norm(x, layer["mlp_norm"], config.rms_eps, cd, is_batch_invariant(precision))
-  return x + swiglu(h, layer, precision, cd)
+    return x + plan.mlp(x, wg, wu, wd, norm=norm).astype(x.dtype)
+  h = plan.norm(x, layer["mlp_norm"], config.rms_eps, cd)
+  return x + swiglu(h, layer, plan, cd)
 
 
-def _qkv(x, layer, config: ModelConfig, precision, cd, cos, sin):
+def _qkv(x, layer, config: ModelConfig, plan: Plan, cd, cos, sin):
   """q, k, v of the layer's attention from the residual stream x (its RMSNorm first)."""
-  w = attn.qkv_weight(layer, precision)
-  if w is not None and _mlp.norm_applies(_rows(x), layer["attn_norm"], w, precision):
+  w = attn.qkv_weight(layer, plan)
+  if w is not None and plan.fused_norm(_rows(x), layer["attn_norm"], w):
     # a GPU training step under blockwise FP8: the norm's kernel writes the GEMM's groups
-    y = _mlp.norm_linear(x, layer["attn_norm"], config.rms_eps, w, precision)
-    return attn.qkv_from(y, layer, config, precision, cd, cos, sin)
-  h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, is_batch_invariant(precision))
-  return attn.qkv(h, layer, config, precision, cd, cos, sin)
+    y = plan.norm_linear(x, layer["attn_norm"], config.rms_eps, w)
+    return attn.qkv_from(y, layer, config, plan, cd, cos, sin)
+  h = plan.norm(x, layer["attn_norm"], config.rms_eps, cd)
+  return attn.qkv(h, layer, config, plan, cd, cos, sin)
 
 
-def _layer(x, layer, config: ModelConfig, precision, cd, cos, sin, allowed, flash_mask=None):
-  """One layer; `flash_mask` = (attention_mask,) when the forward attends with
-  `attn.attend_flash` (`attn.use_flash`), else None."""
-  exact = is_batch_invariant(precision)
-  q, k, v = _qkv(x, layer, config, precision, cd, cos, sin)
+def _layer(x, layer, config: ModelConfig, plan: Plan, cd, cos, sin, allowed, flash_mask=None):
+  """One layer; `flash_mask` = (attention_mask,) when the forward attends with the flash
+  kernel (`Plan.use_flash`), else None."""
+  q, k, v = _qkv(x, layer, config, plan, cd, cos, sin)
   if flash_mask is not None:
-    out = attn.attend_flash(q, k, v, flash_mask[0], cd)
+    out = plan.attend_flash(q, k, v, flash_mask[0], cd)
   else:
-    out = attn.attend(q, attn.heads_first(k), attn.heads_first(v), allowed, cd, exact)
-  x = x + attn.output(out, layer, precision, cd)
-  return _mlp_residual(x, layer, config, precision, cd)
+    out = plan.attend(q, attn.heads_first(k), attn.heads_first(v), allowed, cd)
+  x = x + attn.output(out, layer, plan, cd)
+  return _mlp_residual(x, layer, config, plan, cd)
 
 
 def hidden_states(
@@ -95,6 +94,7 @@ def hidden_states(
   attention_mask: Optional[jax.Array] = None,
   remat: bool = False,
   split_tokens: Optional[Callable[[jax.Array], jax.Array]] = None,
+  plan: Optional[Plan] = None,
 ) -> jax.Array:
   """Final-normed hidden states [B, T, D] in the compute dtype.
 
@@ -102,7 +102,8 @@ def hidden_states(
   real token, 0 for padding; combined with the causal mask). remat: recompute each layer in
   the backward pass instead of storing its activations. split_tokens: on a mesh, pins the
   residual stream's rows to devices where it enters each layer (`jetrl.parallel`'s
-  `Layout.token_split`; the same values, computed per device).
+  `Layout.token_split`; the same values, computed per device). plan: the kernels
+  (`jetrl.kernels.resolve_plan`; default: resolved for the precision now).
   """
   _check_config(config)
   check_params(params, config)
@@ -111,64 +112,37 @@ def hidden_states(
   _check_like("positions", positions, (b, t))
   _check_like("attention_mask", attention_mask, (b, t))
   cd = activation_dtype(precision, params)
+  plan = plan_for(precision, plan)
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   cos, sin = rope_tables(config, positions, cd)
-  flash = (attention_mask,) if attn.use_flash(precision, t, config.head_dim, cd) else None
+  flash = (attention_mask,) if plan.use_flash(t, config.head_dim, cd) else None
   allowed = None if flash else attn.causal_mask(attention_mask, b, t)
 
   split = split_tokens or (lambda a: a)
 
   def body(x, layer):
-    return _layer(split(x), layer, config, precision, cd, cos, sin, allowed, flash), None
+    return _layer(split(x), layer, config, plan, cd, cos, sin, allowed, flash), None
 
   if remat:
     body = jax.checkpoint(body)
   x, _ = jax.lax.scan(body, split(_embed(params, tokens, cd)), params["layers"])
   x = split(x)
   chex.assert_shape(x, (b, t, config.d_model))
-  return rms_norm(x, params["final_norm"], config.rms_eps, cd, is_batch_invariant(precision))
+  return plan.norm(x, params["final_norm"], config.rms_eps, cd)
 
 
 def forward(params, config: ModelConfig, tokens: jax.Array, **inputs) -> jax.Array:
   """float32 logits [B, T, V]. `inputs` are `hidden_states`' keyword arguments (precision,
-  positions, attention_mask, remat), passed on as they are."""
+  positions, attention_mask, remat, plan), passed on as they are."""
   precision = inputs.get("precision")
+  plan = inputs["plan"] = plan_for(precision, inputs.get("plan"))
   h = hidden_states(params, config, tokens, **inputs)
-  cd = activation_dtype(precision, params)
-  return lm_head(h, params, config, cd, is_batch_invariant(precision))
+  return lm_head(h, params, config, activation_dtype(precision, params), plan)
 
 
-def forward_cached(
-  params,
-  config: ModelConfig,
-  tokens: jax.Array,
-  cache: KVCache,
-  *,
-  positions: jax.Array,
-  token_mask: jax.Array,
-  precision: Optional[Precision] = None,
-  last_only: bool = False,
-  attend_slots: Optional[int] = None,
-):
-  """Run T new tokens against the cache; returns (float32 logits, new cache).
-
-  Writes the new tokens' k / v at slots [index, index + T), sets their mask from token_mask
-  ([B, T] bool, False for left padding) and advances index by T. Each new query attends to
-  the slots at or before its own whose mask is set. positions [B, T] are RoPE positions.
-  The caller keeps index + T <= max_len (a write past the end is clamped, not an error).
-  params["layers"] may be stacked or a tuple of per-layer dicts (`unstack_layers`; a decode
-  loop passes those so the weights are sliced once, not at every step).
-  Logits are [B, T, V], or [B, 1, V] for the last new token when last_only.
-  Under a batch-invariant precision, a cache from `init_cache(..., precision=precision)`
-  (with `v_exp`) keeps each key and value on its grid from the step that wrote it; a plain
-  one is gridded whole at every step (the same logits, slower).
-  attend_slots: attention reads only the first `attend_slots` slots (T <= attend_slots <= S);
-  the caller guarantees that no slot at or after it is set and that index + T <=
-  attend_slots (a prefill into an empty cache passes T). Masked slots add nothing, so the
-  logits are those of the whole cache (bit for bit under a batch-invariant precision, whose
-  sums are exact; within float32 reordering otherwise), at the cost of the slots read.
-  """
+def _check_cached(params, config, tokens, cache, positions, token_mask, attend_slots, plan):
+  """forward_cached's arguments checked (its doc); returns the slots attention reads."""
   _check_config(config)
   check_params(params, config, allow_unstacked=True)
   _check_tokens("tokens", tokens)
@@ -205,7 +179,7 @@ def forward_cached(
       f"cache.v_exp must be empty or a tuple of {config.n_layers} per-layer "
       f"arrays of shape {expected[:-1] + (1,)} (init_cache builds them)"
     )
-  if cache.v_exp and not is_batch_invariant(precision):
+  if cache.v_exp and not plan.grids_cache:
     raise ValueError(
       "cache.v_exp is set (a gridded cache for a batch-invariant precision), "
       "but the precision is not batch-invariant"
@@ -220,76 +194,65 @@ def forward_cached(
       f"attend_slots must be between the {t} new tokens and the cache's {s} "
       f"slots, got {attend_slots}"
     )
+  return n
 
+
+def forward_cached(
+  params,
+  config: ModelConfig,
+  tokens: jax.Array,
+  cache: KVCache,
+  *,
+  positions: jax.Array,
+  token_mask: jax.Array,
+  precision: Optional[Precision] = None,
+  last_only: bool = False,
+  attend_slots: Optional[int] = None,
+  plan: Optional[Plan] = None,
+):
+  """Run T new tokens against the cache; returns (float32 logits, new cache).
+
+  Writes the new tokens' k / v at slots [index, index + T), sets their mask from token_mask
+  ([B, T] bool, False for left padding) and advances index by T. Each new query attends to
+  the slots at or before its own whose mask is set. positions [B, T] are RoPE positions.
+  The caller keeps index + T <= max_len (a write past the end is clamped, not an error).
+  params["layers"] may be stacked or a tuple of per-layer dicts (`unstack_layers`; a decode
+  loop passes those so the weights are sliced once, not at every step).
+  Logits are [B, T, V], or [B, 1, V] for the last new token when last_only.
+  Under a batch-invariant precision, a cache from `init_cache(..., precision=precision)`
+  (with `v_exp`) keeps each key and value on its grid from the step that wrote it; a plain
+  one is gridded whole at every step (the same logits, slower).
+  attend_slots: attention reads only the first `attend_slots` slots (T <= attend_slots <= S);
+  the caller guarantees that no slot at or after it is set and that index + T <=
+  attend_slots (a prefill into an empty cache passes T). Masked slots add nothing, so the
+  logits are those of the whole cache (bit for bit under a batch-invariant precision, whose
+  sums are exact; within float32 reordering otherwise), at the cost of the slots read.
+  plan: the kernels (`jetrl.kernels.resolve_plan`; default: resolved for the precision now);
+  how each layer attends against the cache is its `CacheStep`'s (jetrl.kernels.cache_step).
+  """
+  plan = plan_for(precision, plan)
+  n = _check_cached(params, config, tokens, cache, positions, token_mask, attend_slots, plan)
+  t = tokens.shape[1]
   cd = activation_dtype(precision, params)
-  exact = is_batch_invariant(precision)
   index = jnp.asarray(cache.index, jnp.int32)
-  zero = jnp.zeros((), jnp.int32)
-  mask = jax.lax.dynamic_update_slice(cache.mask, token_mask.astype(bool), (zero, index))
-  q_slots = index + jnp.arange(t, dtype=jnp.int32)
-  k_slots = jnp.arange(n, dtype=jnp.int32)
-  allowed = (k_slots[None, :] <= q_slots[:, None])[None] & mask[:, None, :n]  # [B, T, n]
-  view = lambda a: a if n == s else a[:, :, :n]  # the slots attention reads
+  mask = jax.lax.dynamic_update_slice(cache.mask, token_mask.astype(bool), (index * 0, index))
+  step = plan.cache_step(cache, mask, index, t, n, cd)
   cos, sin = rope_tables(config, positions, cd)
-
   x = _embed(params, tokens, cd)
-  # A GPU's decode step attends in one Pallas kernel over the whole cache, reading its first
-  # n slots (models/decode_attention.py; with a rollout's fused q / k / v weight, the bias,
-  # RoPE and the cache write in the same kernel); the slots it may see, once for all layers.
-  one_kernel = t == 1 and not exact and attn.use_decode_kernel(n, config.head_dim)
-  if one_kernel:
-    seen = mask & (jnp.arange(s, dtype=jnp.int32)[None, :] <= index)
-    # The fused attention block's operands, in the kernel's forms, once for all layers.
-    seen32, index1 = seen.astype(jnp.int32), index.reshape(1)
-  # A batch-invariant precision with a gridded cache (init_cache(..., precision=...)) writes
-  # each new key / value on its grid once; without one the whole cache is gridded per step.
-  grids = exact and len(cache.v_exp) == config.n_layers
-  new_k, new_v, new_e = [], [], []
   # Layers are unrolled over the per-layer cache arrays: each is updated and read in place.
   # (A scan over a stacked cache copies the layer's slice out at every step.)
   layers = unstack_layers(params)["layers"]
-  # An FP8 rollout's decode step on a GPU: every projection's input quantized by the operator
-  # before it (models/decode_fused.py), eight kernels a layer.
-  fused = one_kernel and _fused.applies(layers, config, precision, b, n)
-  if fused:
-    x, new_k, new_v = _fused.layers_step(
-      x, layers, config, precision, cd, cos, sin, cache, seen32, index1, n
-    )
-  for i, layer in enumerate(() if fused else layers):
-    h = rms_norm(x, layer["attn_norm"], config.rms_eps, cd, exact)
-    if one_kernel and _da.fuses_layer(layer, config):
-      # The bias, RoPE, cache write and attention in one kernel (decode_step_attention).
-      y = project(h, layer["wqkv"], precision, cd)
-      out, kc, vc = _da.decode_step_attention(
-        y, _da.qkv_bias(layer), cos, sin, cache.k[i], cache.v[i], seen32, index1, n, cd,
-        n_heads=config.n_heads, interpret=_target.interpreting(),
-      )  # fmt: skip
-      x = x + attn.output(out, layer, precision, cd)
-      x = _mlp_residual(x, layer, config, precision, cd)
-      new_k.append(kc)
-      new_v.append(vc)
-      continue
-    q, k, v = attn.qkv(h, layer, config, precision, cd, cos, sin)
-    k, v = attn.heads_first(k), attn.heads_first(v)
-    start = (zero, zero, index, zero)
-    if grids:
-      kc, vc, ec = attn.write_grids(cache.k[i], cache.v[i], cache.v_exp[i], k, v, start, cd)
-      out = attn.attend_grids(q, view(kc), view(vc), view(ec), allowed, cd)
-      new_e.append(ec)
+  x, layers = step.layers(x, layers, config, cos, sin)  # those the fused decode kernels left
+  for i, layer in enumerate(layers):
+    h = plan.norm(x, layer["attn_norm"], config.rms_eps, cd)
+    if step.fuses_qkv(layer, config):  # the bias, RoPE, cache write and attention: one kernel
+      out = step.attend_qkv(i, project(h, layer["wqkv"], plan, cd), layer, config, cos, sin)
     else:
-      kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start)
-      vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start)
-      if one_kernel:
-        out = _da.decode_attention(q, kc, vc, seen, n, cd, interpret=_target.interpreting())
-      else:
-        out = attn.attend(q, view(kc), view(vc), allowed, cd, exact)
-    x = x + attn.output(out, layer, precision, cd)
-    x = _mlp_residual(x, layer, config, precision, cd)
-    new_k.append(kc)
-    new_v.append(vc)
+      out = step.attend(i, *attn.qkv(h, layer, config, plan, cd, cos, sin))
+    x = x + attn.output(out, layer, plan, cd)
+    x = _mlp_residual(x, layer, config, plan, cd)
   if last_only:
     x = x[:, -1:, :]
-  h = rms_norm(x, params["final_norm"], config.rms_eps, cd, exact)
-  logits = lm_head(h, params, config, cd, exact)
-  v_exp = tuple(new_e) if grids else cache.v_exp
-  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), mask=mask, index=index + t, v_exp=v_exp)
+  logits = lm_head(plan.norm(x, params["final_norm"], config.rms_eps, cd), params, config, cd, plan)
+  k, v, v_exp = step.new_cache()
+  return logits, KVCache(k=k, v=v, mask=mask, index=index + t, v_exp=v_exp)

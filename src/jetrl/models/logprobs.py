@@ -8,98 +8,21 @@ memory is about 4 * B * chunk_size * V bytes (plus the same again in the backwar
 
 from __future__ import annotations
 
-import functools
 import numbers
 from typing import Optional
 
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jetrl.models import exact_ops, truncation
+from jetrl.kernels import Plan
+from jetrl.kernels.plan import plan_for
 from jetrl.models.config import ModelConfig
 from jetrl.models.decoder import hidden_states
-from jetrl.models.layers import activation_dtype, lm_head
-from jetrl.precision import Precision, is_batch_invariant
-from jetrl.precision import target as _target
+from jetrl.models.layers import activation_dtype
+from jetrl.precision import Precision
 
 DEFAULT_CHUNK = 128
-
-
-def _chunk_stats(h, targets, params, config, cd, temperature, exact=False, top_k=None, top_p=1.0):
-  """(logp [B, C], entropy [B, C]) from hidden states [B, C, D], of the distribution truncated
-  by top-k / top-p when they cut (`jetrl.models.truncation`).
-
-  exact: the batch-invariant forward (exact LM head and log-softmax; models/exact_ops.py).
-  """
-  if exact:
-    key = "embed" if config.tie_embeddings else "lm_head"
-    ref = lambda hc, tc, w, temp: _chunk_stats(
-      hc, tc, {key: w}, config, cd, temp, top_k=top_k, top_p=top_p
-    )
-    return exact_ops.chunk_stats(
-      h, targets, params[key], temperature, config.tie_embeddings, cd, ref, top_k, top_p
-    )
-  z = lm_head(h, params, config, cd) / temperature  # float32 [B, C, V]
-  keep = None
-  if truncation.is_truncated(top_k, top_p, z.shape[-1]):
-    keep = truncation.with_targets(truncation.keep_mask(z, top_k, top_p), targets)
-  return _stats_of_logits(z, targets, keep)[:2]
-
-
-def _stats_of_logits(z, targets, keep=None):
-  """(logp of the targets, entropy, lse) of float32 logits z [B, C, V]; keep [B, C, V]: the
-  tokens of a truncated distribution (the others have probability 0)."""
-  if keep is not None:
-    z_kept = jnp.where(keep, z, -jnp.inf)
-    lse = jax.nn.logsumexp(z_kept, axis=-1)
-    z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-    p = jnp.exp(z_kept - lse[..., None])  # exactly 0 outside the set
-    entropy = lse - jnp.sum(p * jnp.where(keep, z, 0.0), axis=-1)
-    return z_target - lse, entropy, lse
-  lse = jax.nn.logsumexp(z, axis=-1)
-  z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-  entropy = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
-  return z_target - lse, entropy, lse
-
-
-def _head_logits(h, w, key: str, config, cd, temperature):
-  return lm_head(h, {key: w}, config, cd) / temperature  # float32 [B, C, V]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def head_stats(h, w, targets, temperature, key: str, config, cd):
-  """`_chunk_stats` (not batch-invariant) with a backward of one elementwise pass over the
-  logits: (logp [B, C], entropy [B, C]) of hidden states h [B, C, D] and the head w
-  (params[key]). The backward recomputes the logits z and forms their gradient directly,
-    dz = g_logp * (onehot(target) - p) + g_ent * p * (lse - entropy - z),  p = softmax(z),
-  where JAX's own transpose of the forward takes a scatter (the target's gather), several
-  reductions and a pass per operation over the [B, C, V] float32 logits. Only lse and the
-  entropy are kept from the forward. Taken when compiling for a GPU (`logprobs_from_hidden`).
-  """
-  return _head_stats_fwd(h, w, targets, temperature, key, config, cd)[0]
-
-
-def _head_stats_fwd(h, w, targets, temperature, key, config, cd):
-  logp, entropy, lse = _stats_of_logits(_head_logits(h, w, key, config, cd, temperature), targets)
-  return (logp, entropy), (h, w, targets, temperature, lse, entropy)
-
-
-def _head_stats_bwd(key, config, cd, res, g):
-  h, w, targets, temperature, lse, entropy = res
-  g_logp, g_ent = g
-  z, vjp = jax.vjp(lambda a, b, t: _head_logits(a, b, key, config, cd, t), h, w, temperature)
-  lse = lse[..., None]
-  p = jnp.exp(z - lse)
-  onehot = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == targets[..., None]
-  s = lse - entropy[..., None]
-  dz = g_logp[..., None] * (onehot.astype(z.dtype) - p) + g_ent[..., None] * p * (s - z)
-  dh, dw, dt = vjp(dz)
-  return dh, dw, np.zeros(targets.shape, jax.dtypes.float0), dt
-
-
-head_stats.defvjp(_head_stats_fwd, _head_stats_bwd)
 
 
 def logprobs_from_hidden(
@@ -114,9 +37,11 @@ def logprobs_from_hidden(
   split_tokens=None,
   top_k: Optional[int] = None,
   top_p: float = 1.0,
+  plan: Optional[Plan] = None,
 ):
   """token_logprobs from final-normed hidden states h [B, T, D] (see `token_logprobs`);
-  split_tokens: on a mesh, gathers the head's weight once for all chunks (`head_weight`)."""
+  split_tokens: on a mesh, gathers the head's weight once for all chunks (`head_weight`).
+  Each chunk's statistics are the plan's head's (`Plan.head_stats`)."""
   if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
   if isinstance(temperature, numbers.Real) and not temperature > 0:
@@ -130,16 +55,8 @@ def logprobs_from_hidden(
   key = "embed" if config.tie_embeddings else "lm_head"
   if split_tokens is not None and t > chunk_size:
     params = {**params, key: split_tokens.head_weight(params[key])}
-  cut = truncation.is_truncated(top_k, top_p, config.vocab_size)
-  if _target.platform() == "gpu" and not is_batch_invariant(precision) and not cut:
-    # its own backward keeps only lse and the entropy: no checkpoint needed
-    stats = lambda hc, tc: head_stats(hc, params[key], tc, temperature, key, config, cd)
-  else:  # (top-k / top-p: the truncated statistics, differentiated by JAX)
-    stats = jax.checkpoint(
-      lambda hc, tc: _chunk_stats(
-        hc, tc, params, config, cd, temperature, is_batch_invariant(precision), top_k, top_p
-      )
-    )
+  plan = plan_for(precision, plan)
+  stats = plan.head_stats(params[key], config.tie_embeddings, cd, temperature, top_k, top_p)
   if t <= chunk_size:
     logp, ent = stats(h, targets)
   else:
@@ -191,13 +108,14 @@ def token_logprobs(
   split_tokens=None,
   top_k: Optional[int] = None,
   top_p: float = 1.0,
+  plan: Optional[Plan] = None,
 ):
   """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params.
 
   logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]], and entropy[b, t] is
   the entropy of that same distribution. With top_k / top_p, the distribution is the
   truncated and renormalised one the sampler draws from, its kept set found from these
-  logits, the target always counted in (`jetrl.models.truncation`; docs/numerics.md). chunk_size (static) is the number of sequence
+  logits, the target always counted in (`jetrl.precision.truncation`; docs/numerics.md). chunk_size (static) is the number of sequence
   positions whose logits exist at once; T <= chunk_size runs as one chunk.
 
   Compiled for a GPU (not the batch-invariant forward), T is padded at the end to whole tiles
@@ -206,7 +124,8 @@ def token_logprobs(
   split_tokens: `hidden_states`' (on a mesh, where the activations' rows live).
   """
   t = tokens.shape[1]
-  if _target.platform() == "gpu" and not is_batch_invariant(precision) and t % GPU_TOKEN_TILE:
+  plan = plan_for(precision, plan)
+  if plan.pads_to_tiles and t % GPU_TOKEN_TILE:
     tokens, targets, positions, attention_mask = pad_tokens(
       GPU_TOKEN_TILE, tokens, targets, positions, attention_mask
     )
@@ -219,6 +138,7 @@ def token_logprobs(
     attention_mask=attention_mask,
     remat=remat,
     split_tokens=split_tokens,
+    plan=plan,
   )
   logp, ent = logprobs_from_hidden(
     params,
@@ -231,5 +151,6 @@ def token_logprobs(
     split_tokens=split_tokens,
     top_k=top_k,
     top_p=top_p,
+    plan=plan,
   )
   return logp[:, :t], ent[:, :t]

@@ -25,18 +25,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jetrl.config import ConfigError, check_fields, field
-from jetrl.models import exact_ops
 from jetrl.models.config import ModelConfig
 from jetrl.models.params import LINEAR_WEIGHTS, param_shapes
-from jetrl.precision import Precision, QuantizedWeight, linear, prequantize_weight
-from jetrl.precision.backend import wants_k_major
+from jetrl.kernels.plan import Plan, plan_for, resolve_plan
+from jetrl.precision import Precision, QuantizedWeight, prequantize_weight
 
 # --lora.targets name -> the projection's params name (and its Hugging Face module name).
 TARGETS = {
@@ -193,7 +192,7 @@ def freeze_base(base, precision: Optional[Precision]):
   if not quantizes_base(precision):
     return base
   g = precision.fprop
-  k_major = wants_k_major(g) and not precision.batch_invariant  # as linear's own forward
+  k_major = resolve_plan(precision).weight_k_major(g)  # as linear's own forward
   layers = dict(base["layers"])
   for name in LINEAR_WEIGHTS:
     w = layers[name]
@@ -217,24 +216,13 @@ def merge(base, adapters, cfg: LoraConfig):
   return dict(base, layers=layers)
 
 
-def _adapter_dot(x: jax.Array, m: jax.Array, precision: Optional[Precision], cd) -> jax.Array:
-  """x [..., K] @ m [K, J] in the compute dtype: the adapters' GEMMs."""
-  if precision is None:
-    return linear(x, m, None)
-  if precision.batch_invariant:  # exact dots: a row's result does not depend on the batch
-
-    def reference(a, w):
-      return linear(a, w, Precision(precision.compute_dtype)).astype(jnp.float32)
-
-    return exact_ops.matmul(x, m, cd, reference).astype(cd)
-  return linear(x, m, Precision(precision.compute_dtype))
-
-
-def lora_linear(x: jax.Array, w: LoraWeight, precision: Optional[Precision], cd) -> jax.Array:
-  """x @ base + scale (x @ a) @ b in cd: the base GEMM under `precision` (FP8 under jet), the
-  adapters' GEMMs in the compute dtype, one rounding of the sum. No gradient reaches the base."""
+def lora_linear(x: jax.Array, w: LoraWeight, plan: Union[Plan, Precision, None], cd) -> jax.Array:
+  """x @ base + scale (x @ a) @ b in cd: the base GEMM under the plan's precision (FP8 under
+  jet), the adapters' GEMMs in the compute dtype (`Plan.adapter_dot`), one rounding of the
+  sum. No gradient reaches the base."""
+  plan = plan_for(plan)
   base = w.base if isinstance(w.base, QuantizedWeight) else jax.lax.stop_gradient(w.base)
-  y = linear(x, base, precision)
-  u = _adapter_dot(x.astype(cd), w.a, precision, cd)
-  v = _adapter_dot(u.astype(cd), w.b, precision, cd)
+  y = plan.linear(x, base)
+  u = plan.adapter_dot(x.astype(cd), w.a, cd)
+  v = plan.adapter_dot(u.astype(cd), w.b, cd)
   return (y.astype(jnp.float32) + w.scale * v.astype(jnp.float32)).astype(cd)

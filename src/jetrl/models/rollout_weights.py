@@ -13,7 +13,7 @@ repeats the same work. `rollout_weights` returns the params pytree a rollout rea
     and scales are then exactly those of quantizing it alone;
   * the layers sliced once into a tuple (`unstack_layers`);
   * under a batch-invariant precision (`jet_exact`), "lm_head_grid": the LM head's weights
-    with each vocabulary entry on its exact-dot grid (`exact_ops.grid_lm_head`), which the
+    with each vocabulary entry on its exact-dot grid (`Plan.head_grid`), which the
     exact LM head otherwise recomputes at every step. One compute-dtype copy of the LM head.
 Everything else (norms, embeddings, biases) is left as it is. A LoRA run's params
 (`jetrl.models.lora`) keep their adapters as they are and their frozen base, already quantized
@@ -27,13 +27,11 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from jetrl.models import exact_ops
+from jetrl.kernels.plan import resolve_plan
 from jetrl.models.layers import activation_dtype, fusable
 from jetrl.models.lora import LoraWeight
 from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
-from jetrl.precision import Precision, QuantizedWeight, is_batch_invariant, prequantize_weight
-from jetrl.precision.backend import wants_k_major
-from jetrl.precision.gemms import with_gemm_scales
+from jetrl.precision import Precision, QuantizedWeight, prequantize_weight
 
 
 def prequantize_linear_weights(params, precision: Optional[Precision]):
@@ -42,7 +40,10 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
     return params
   g = precision.fprop
   # Scales padded once as the GEMM kernel reads them (a rollout's weights serve only fprop).
-  quant = lambda w: with_gemm_scales(prequantize_weight(w, g, k_major=wants_k_major(g)), g)
+  plan = resolve_plan(precision)
+  quant = lambda w: plan.with_gemm_scales(
+    prequantize_weight(w, g, k_major=plan.k_major(g, False)), g
+  )
   layers = dict(params["layers"])
   for name in LINEAR_WEIGHTS + tuple(FUSED_PROJECTIONS):
     w = layers.get(name)
@@ -69,14 +70,14 @@ def rollout_weights(params, precision: Optional[Precision], *, fuse: bool = True
   """The params a rollout reads (see the module doc)."""
   if fuse:
     params = fuse_projections(params, precision)
-  if is_batch_invariant(precision):
-    params = grid_lm_head(params, precision)
+  params = with_head_grid(params, precision)
   return unstack_layers(prequantize_linear_weights(params, precision))
 
 
-def grid_lm_head(params, precision: Precision):
-  """params with LM_HEAD_GRID: the exact LM head's gridded weights (tied: from "embed")."""
+def with_head_grid(params, precision: Optional[Precision]):
+  """params with LM_HEAD_GRID where the precision's head reads its weights on a grid
+  (`Plan.head_grid`: the exact LM head's, tied: from "embed"), else unchanged."""
   tied = "lm_head" not in params
   w = params["embed"] if tied else params["lm_head"]
-  cd = activation_dtype(precision, params)
-  return dict(params, **{LM_HEAD_GRID: exact_ops.grid_lm_head(w, tied, cd)})
+  grid = resolve_plan(precision).head_grid(w, tied, activation_dtype(precision, params))
+  return params if grid is None else dict(params, **{LM_HEAD_GRID: grid})

@@ -1,12 +1,11 @@
 """FP8 numerics: formats, tile-wise quantization, the FP8 `linear`, and recipes."""
 
-from jetrl.precision.backend import GEMM_BACKENDS
 from jetrl.precision.formats import E4M3, E5M2, FORMATS, fp8_max
 from jetrl.precision.fp8_checks import Fp8Check, check_fp8_in_compiled
-from jetrl.precision.gemm_pallas import scaled_matmul_nt
 from jetrl.precision.linear import linear
 from jetrl.precision.quantize import dequantize, quantize, scale_shape
 from jetrl.precision.recipes import (
+  GEMM_BACKENDS,
   RECIPES,
   Fp8Gemm,
   Precision,
@@ -45,5 +44,4 @@ __all__ = [
   "with_gemm_backend",
   "Fp8Check",
   "check_fp8_in_compiled",
-  "scaled_matmul_nt",
 ]

@@ -33,18 +33,12 @@ as float32 (or the caller's dtype) and the rest of the program keeps 32-bit defa
 
 from __future__ import annotations
 
-from typing import Optional
-
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jetrl.precision import cpu_kernels as _cpu_kernels
 from jetrl.precision.formats import E4M3
 from jetrl.precision.quantize import quantize
-from jetrl.precision.recipes import Fp8Gemm
-from jetrl.precision.weights import quantize_weight
 
 F64 = jnp.float64
 # Float64 represents every integer of magnitude <= 2^53 exactly.
@@ -145,9 +139,7 @@ def _row_tiles(m: int, n: int) -> int:
   return next((d for d in range(need, min(2 * need, m) + 1) if m % d == 0), need)
 
 
-def fp8_fprop(
-  x2: jax.Array, q: jax.Array, s: jax.Array, g, *, kernel: Optional[bool] = None
-) -> jax.Array:
+def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
   """The batch-invariant FP8 forward GEMM: float32 [M, N] from x2 [M, K] and FP8 weights.
 
   x2 is quantized exactly as jet's fprop quantizes it (1 x block groups along K); q [K, N]
@@ -156,24 +148,29 @@ def fp8_fprop(
     t_kb = float32( dot64(xq[:, kb], q[kb, :]) * (float64(sx[:, kb]) * float64(sw[kb, :])) )
   and y = t_0 + t_1 + ... in float32, left to right.
 
-  On the CPU, in a process with one device, this runs as one kernel call (`cpu_kernels`: the
-  same arithmetic, the same bits) when that kernel is available; with more devices XLA would
-  gather a custom call's operands onto each of them, so the XLA path runs. `kernel` = True /
-  False forces the kernel / the XLA path.
+  This is the specification, in XLA; on the CPU, `jetrl.kernels.exact_gemm.fp8_fprop` runs
+  the same arithmetic as one kernel call where that kernel is available.
   """
+  xq, sx = fp8_fprop_input(x2, q, s, g)
+  return fp8_fprop_quantized(xq, sx, q, s, g)
+
+
+def fp8_fprop_input(x2: jax.Array, q: jax.Array, s: jax.Array, g):
+  """x2's FP8 values and scales as `fp8_fprop` quantizes them (the operands are checked)."""
   # Precision validates this for batch-invariant recipes; a direct call is checked here too.
   assert g.scaling == "block" and g.fmt == "e4m3" and g.block <= 128, g
   chex.assert_rank([x2, q, s], 2)
-  m, k = x2.shape
+  b = g.block
+  chex.assert_shape(s, (-(-x2.shape[1] // b), -(-q.shape[1] // b)))
+  return quantize(x2, (1, b), E4M3, g.pow2_scale)
+
+
+def fp8_fprop_quantized(xq: jax.Array, sx: jax.Array, q: jax.Array, s: jax.Array, g) -> jax.Array:
+  """`fp8_fprop` from x2's FP8 values and scales (`fp8_fprop_input`)."""
+  m, k = xq.shape
   n = q.shape[1]
   b = g.block
   nkb = -(-k // b)
-  chex.assert_shape(s, (nkb, -(-n // b)))
-  xq, sx = quantize(x2, (1, b), E4M3, g.pow2_scale)
-  if kernel is None:
-    kernel = _cpu_kernels.usable()
-  if kernel:
-    return _cpu_kernels.exact_fp8_gemm(xq, sx, q, s, b)
   sw = jnp.repeat(s, b, axis=1, total_repeat_length=s.shape[1] * b)[:, :n]  # [nkb, N]
   # FP8 -> float32 is exact; float32 -> float64 too (XLA's direct FP8 -> float64 is slower).
   xf, wf = xq.astype(jnp.float32), q.astype(jnp.float32)
@@ -212,25 +209,3 @@ def fp8_fprop(
     acc = jnp.moveaxis(out, 0, 1).reshape(mp, n)[:m]
   chex.assert_shape(acc, (m, n))
   return acc
-
-
-def _kernel_matches_xla() -> Optional[str]:
-  """The CPU kernel's `fp8_fprop` against the XLA path's, bit for bit (what is wrong, or None):
-  a small GEMM with every kind of tail (M not a multiple of 4, K of 128, N of 32 or 128)."""
-  g = Fp8Gemm(scaling="block")  # jet_exact's fprop
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((7, 300)).astype(np.float32) * np.exp(rng.uniform(-6, 3, (7, 300)))
-  w = rng.standard_normal((300, 161)).astype(np.float32) * 0.05
-  x, w = jnp.asarray(x), jnp.asarray(w)
-  q, s, _ = quantize_weight(w, g)
-  with jax.default_device(jax.devices("cpu")[0]):
-    fn = lambda kernel: jax.jit(lambda x, q, s: fp8_fprop(x, q, s, g, kernel=kernel))
-    got = np.asarray(fn(True)(x, q, s))
-    want = np.asarray(fn(False)(x, q, s))
-  if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
-    bad = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
-    return f"self-check: {bad} of {got.size} GEMM outputs differ from the XLA path's bits"
-  return None
-
-
-_cpu_kernels.add_self_check(_kernel_matches_xla)

@@ -1,4 +1,4 @@
-"""`linear(x, w, precision)`: the one function every projection of the model calls.
+"""`linear(x, w, precision)`: the FP8 GEMMs of one projection and their custom VJP.
 
 FP8 GEMMs follow docs/numerics.md:
   fprop  y  = x @ w     x in 1xB groups along K, w in BxB blocks
@@ -8,9 +8,10 @@ with float32 products and sums, and the compute dtype (bf16) between operators.
 
 The weight is quantized once per forward, in the layout its GEMM backend reads (K-major for
 the GPU kernels; jetrl.precision.weights), and the same FP8 blocks serve dgrad. Each GEMM runs
-where its `Fp8Gemm.gemm_backend` says (jetrl.precision.backend, jetrl.precision.gemms); on
-every backend the FP8 values and scales, which is what the unified flow and batch invariance
-are about, are bit-identical.
+on what `linear`'s `gemms` gives: the XLA reference by default (jetrl.precision.xla_gemms),
+the kernels through a `jetrl.kernels.Plan` (`jetrl.kernels.linear`, what the model calls,
+where `Fp8Gemm.gemm_backend` picks the kernel); on every backend the FP8 values and scales,
+which is what the unified flow and batch invariance are about, are bit-identical.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jetrl.precision import backend as _backend
-from jetrl.precision import exact as _exact
-from jetrl.precision import gemms as _gemms
+from jetrl.precision import xla_gemms as _xla
 from jetrl.precision.formats import dtype_from_name
 from jetrl.precision.formats import dot_precision, format_dtype
 from jetrl.precision.recipes import Fp8Gemm, Precision
@@ -32,13 +31,6 @@ from jetrl.precision.weights import QuantizedInput, QuantizedWeight, quantize_2d
 
 def _same_weight_quant(a: Fp8Gemm, b: Fp8Gemm) -> bool:
   return (a.scaling, a.block, a.fmt, a.pow2_scale) == (b.scaling, b.block, b.fmt, b.pow2_scale)
-
-
-def _fprop(x2, w: QuantizedWeight, g: Fp8Gemm, cd, exact: bool):
-  """The FP8 forward GEMM from quantized weights: one function for training and rollout."""
-  if exact:  # batch-invariant: exact float64 block sums in a fixed order (precision/exact.py)
-    return _exact.fp8_fprop(x2, *w.kn(), g)
-  return _gemms.fprop(x2, w, g, cd)
 
 
 def _check(x: jax.Array, w):
@@ -50,7 +42,7 @@ def _check(x: jax.Array, w):
     )
 
 
-def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
+def linear(x: jax.Array, w, precision: Optional[Precision] = None, gemms=None) -> jax.Array:
   """y = x @ w under `precision` (a recipe's `.train` or `.rollout`), differentiable.
 
   x: [..., K], or a `QuantizedInput` [M, K] (an activation its producer already quantized
@@ -61,12 +53,16 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
     gives dx from the same FP8 blocks and no weight gradient).
   Returns [..., N] in the precision's compute dtype.
   precision=None: a plain matmul in the operands' own dtypes.
+  gemms: what computes the GEMMs (`xla_gemms.XlaGemms`'s methods): None, the XLA reference
+    (`xla_gemms.XLA`); the kernels' is a `jetrl.kernels.Plan` (`jetrl.kernels.linear`). The
+    FP8 values and scales are the same whatever computes them.
   """
+  gemms = _xla.XLA if gemms is None else gemms
   if isinstance(x, QuantizedInput):
-    return _linear_quantized_input(x, w, precision)
+    return _linear_quantized_input(x, w, precision, gemms)
   _check(x, w)
   if isinstance(w, QuantizedWeight):
-    return _linear_prequantized(x, w, precision)
+    return _linear_prequantized(x, w, precision, gemms)
   if precision is None:
     return jnp.matmul(x, w, precision=dot_precision(x, w))  # float32 models: no TF32
   if not isinstance(precision, Precision):
@@ -79,10 +75,10 @@ def linear(x: jax.Array, w, precision: Optional[Precision] = None) -> jax.Array:
   # multiply the compute-dtype gradient: JAX's own transpose of a bf16 dot with a float32
   # result would multiply float32 cotangents, a float32 (TF32) GEMM on a GPU at half the
   # bf16 rate, for the same values (bf16 x bf16 products are exact in float32).
-  return _fp8_linear(x.astype(cd), w, precision)
+  return _fp8_linear(x.astype(cd), w, precision, gemms)
 
 
-def _linear_quantized_input(x: QuantizedInput, w, precision: Optional[Precision]):
+def _linear_quantized_input(x: QuantizedInput, w, precision: Optional[Precision], gemms):
   """A rollout's forward from an activation its producer already quantized (a decode step's
   fused kernels): the fprop GEMM on those FP8 groups, no gradient."""
   if not (
@@ -100,11 +96,11 @@ def _linear_quantized_input(x: QuantizedInput, w, precision: Optional[Precision]
   if x.ndim != 2 or x.shape[1] != w.shape[0]:
     raise ValueError(f"linear: x [M, K] and w [K, N] must share K; got x {x.shape}, w {w.shape}")
   cd = dtype_from_name(precision.compute_dtype)
-  y = _gemms.fprop_quantized(x, w, precision.fprop, cd)
+  y = gemms.fprop_quantized(x, w, precision.fprop, cd)
   return jax.lax.stop_gradient(y.astype(cd))
 
 
-def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
+def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision], gemms):
   if not isinstance(precision, Precision) or precision.fprop is None:
     raise ValueError(
       "linear: a QuantizedWeight needs a precision with an FP8 fprop (the one "
@@ -120,7 +116,7 @@ def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
   x2 = x.reshape(-1, k).astype(cd)
   if precision.dgrad is None:  # a rollout's forward: no gradient to give
-    y = _fprop(x2, w, g, cd, precision.batch_invariant)
+    y = gemms.fprop(x2, w, g, cd, precision.batch_invariant)
     return jax.lax.stop_gradient(y.astype(cd).reshape(*lead, n))
   if not _same_weight_quant(precision.dgrad, g):
     raise ValueError(
@@ -128,51 +124,51 @@ def _linear_prequantized(x, w: QuantizedWeight, precision: Optional[Precision]):
       f"weights as its fprop does (the same blocks serve both), got fprop {g} and dgrad "
       f"{precision.dgrad}"
     )
-  return _frozen_linear(x2, w, precision).reshape(*lead, n)
+  return _frozen_linear(x2, w, precision, gemms).reshape(*lead, n)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _frozen_linear(x2, w: QuantizedWeight, precision: Precision):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _frozen_linear(x2, w: QuantizedWeight, precision: Precision, gemms):
   """y = x2 @ w for a frozen FP8 weight (quantized once, a LoRA base): the fprop's GEMM, and
   a backward that gives dx from the same FP8 blocks (dgrad) and no weight gradient."""
   cd = dtype_from_name(precision.compute_dtype)
-  return _fprop(x2, w, precision.fprop, cd, precision.batch_invariant).astype(cd)
+  return gemms.fprop(x2, w, precision.fprop, cd, precision.batch_invariant).astype(cd)
 
 
-def _frozen_fwd(x2, w, precision):
-  return _frozen_linear(x2, w, precision), w
+def _frozen_fwd(x2, w, precision, gemms):
+  return _frozen_linear(x2, w, precision, gemms), w
 
 
-def _frozen_bwd(precision, w, dy):
+def _frozen_bwd(precision, gemms, w, dy):
   cd = dtype_from_name(precision.compute_dtype)
-  dx = _gemms.dgrad(dy.astype(cd), w, precision.dgrad, cd).astype(cd)
+  dx = gemms.dgrad(dy.astype(cd), w, precision.dgrad, cd).astype(cd)
   return dx, jax.tree_util.tree_map(jnp.zeros_like, w)
 
 
 _frozen_linear.defvjp(_frozen_fwd, _frozen_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _fp8_linear(x, w, precision):
-  return _fwd(x, w, precision)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _fp8_linear(x, w, precision, gemms):
+  return _fwd(x, w, precision, gemms)[0]
 
 
-def _fwd(x, w, precision: Precision):
+def _fwd(x, w, precision: Precision, gemms):
   cd = dtype_from_name(precision.compute_dtype)
   lead, k, n = x.shape[:-1], x.shape[-1], w.shape[1]
   x2 = x.reshape(-1, k).astype(cd)
   g = precision.fprop
   if g is None:
-    y = _gemms.matmul_cd(x2, w.astype(cd), cd)
+    y = gemms.matmul_cd(x2, w.astype(cd), cd)
     wq = None
   else:
-    wq = quantize_2d(w, g, _backend.wants_k_major(g) and not precision.batch_invariant)
-    y = _fprop(x2, wq, g, cd, precision.batch_invariant)
+    wq = quantize_2d(w, g, gemms.k_major(g, precision.batch_invariant))
+    y = gemms.fprop(x2, wq, g, cd, precision.batch_invariant)
   y = y.astype(cd).reshape(*lead, n)
   return y, (x2, w, wq)
 
 
-def _bwd(precision: Precision, res, dy):
+def _bwd(precision: Precision, gemms, res, dy):
   x2, w, wq = res
   cd = dtype_from_name(precision.compute_dtype)
   x_shape = dy.shape[:-1] + (w.shape[0],)
@@ -180,21 +176,21 @@ def _bwd(precision: Precision, res, dy):
 
   g = precision.dgrad
   if g is None:
-    dx = _gemms.matmul_f32(dy2, w.astype(cd), transpose_b=True)
+    dx = _xla.matmul_f32(dy2, w.astype(cd), transpose_b=True)
   else:
     if wq is None or not _same_weight_quant(g, precision.fprop):
-      wq = quantize_2d(w, g, _backend.wants_k_major(g))
-    dx = _gemms.dgrad(dy2, wq, g, cd)
+      wq = quantize_2d(w, g, gemms.k_major(g, False))
+    dx = gemms.dgrad(dy2, wq, g, cd)
   # The compute dtype (bf16) between operators.
   dx = dx.astype(cd).reshape(x_shape)
 
   g = precision.wgrad
   if g is None:
-    dw = _gemms.matmul_f32(x2, dy2, transpose_a=True)
+    dw = _xla.matmul_f32(x2, dy2, transpose_a=True)
     if not precision.is_fp8:  # as JAX's own transpose of the compute-dtype dot rounds it
       dw = dw.astype(cd)
   else:
-    dw = _gemms.wgrad(x2, dy2, g, w.dtype)
+    dw = gemms.wgrad(x2, dy2, g, w.dtype)
   return dx, dw.astype(w.dtype)
 
 

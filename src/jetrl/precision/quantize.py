@@ -186,7 +186,7 @@ def quantize_rows_t(
   x: jax.Array, block: int, dtype=E4M3, pow2_scale: bool = False
 ) -> tuple[jax.Array, jax.Array]:
   """`quantize(x, (1, block))` of a 2-D x [M, K] with its scales transposed, [ceil(K/block),
-  M]: the layout the cuBLASLt GEMM reads (`jetrl.precision.cublaslt.gemm_t`).
+  M]: the layout the cuBLASLt GEMM reads (`jetrl.kernels.cublaslt.gemm_t`).
 
   The same arithmetic operation for operation, so the same FP8 values and scales bit for bit;
   the amax is reduced in the transposed layout, so that XLA writes the scales where the GEMM

@@ -13,10 +13,18 @@ from typing import Optional, Union
 
 import jax.numpy as jnp
 
-from jetrl.precision.backend import check_backend
 from jetrl.precision.formats import COMPUTE_DTYPES, FORMATS
 
 SCALINGS = ("block", "tensor")
+# Which implementation runs an FP8 GEMM (`Fp8Gemm.gemm_backend`; jetrl.kernels.backend).
+GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
+
+
+def check_backend(name: str, what: str = "gemm_backend") -> str:
+  """`name` if it is one of GEMM_BACKENDS, else a ValueError listing them."""
+  if name not in GEMM_BACKENDS:
+    raise ValueError(f"unknown {what} {name!r}; accepted: {list(GEMM_BACKENDS)}")
+  return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +39,7 @@ class Fp8Gemm:
   pow2_scale: round scales up to powers of two.
   gemm_backend: which implementation runs the GEMM: "auto" (cuBLASLt on Hopper, the Pallas
     kernel on other FP8-capable GPUs, XLA elsewhere), "xla", "cublaslt", "pallas" or
-    "pallas_interpret"; see jetrl.precision.backend. The FP8 values and scales are the same
+    "pallas_interpret"; see jetrl.kernels.backend. The FP8 values and scales are the same
     on every backend.
   """
 
@@ -61,7 +69,7 @@ class Precision:
 
   batch_invariant: the forward computes every sum exactly (the FP8 GEMM's blocks in float64,
     attention, norms, LM head and log-softmax on fixed-point grids; jetrl.precision.exact and
-    jetrl.models.exact_ops), so a token's log-probs do not depend on the batch, the padding or
+    jetrl.kernels.exact_ops), so a token's log-probs do not depend on the batch, the padding or
     the program that computes them. Needs a block-scaled E4M3 fprop; the backward is the
     usual one. The exact forward GEMM runs in XLA whatever the fprop's `gemm_backend` says.
   """

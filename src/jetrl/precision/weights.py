@@ -110,7 +110,7 @@ def prequantize_weight(w: jax.Array, g, *, k_major: bool = False) -> QuantizedWe
 class QuantizedInput:
   """An activation already quantized in 1 x 128 groups, as `linear`'s fprop would quantize
   it: what a kernel that fuses the quantization into the operator before a projection (a
-  decode step's RMSNorm, SwiGLU or attention, jetrl.models.decode_fused) hands to `linear`
+  decode step's RMSNorm, SwiGLU or attention, jetrl.kernels.decode_fused) hands to `linear`
   in place of x, so that no separate quantization kernel runs.
 
   q: [M, K] FP8 values; scale_t: [ceil(K/128), M] float32 scales, transposed (the layout

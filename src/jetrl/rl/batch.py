@@ -69,11 +69,13 @@ def policy_logprobs(
   split_tokens=None,
   top_k: Optional[int] = None,
   top_p: float = 1.0,
+  plan=None,
 ):
   """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T]).
   split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`);
   top_k, top_p: the sampler's truncation, applied to this forward's own logits
-  (`token_logprobs`)."""
+  (`token_logprobs`); plan: the kernels (`jetrl.kernels.Plan`; default: resolved for the
+  precision)."""
   logp, ent = token_logprobs(
     params,
     model_config,
@@ -88,6 +90,7 @@ def policy_logprobs(
     split_tokens=split_tokens,
     top_k=top_k,
     top_p=top_p,
+    plan=plan,
   )
   t = batch.targets.shape[1]
   return completion_logprobs(logp, t), completion_logprobs(ent, t)

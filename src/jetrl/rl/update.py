@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jetrl.models.attention import use_flash
+from jetrl.kernels import KernelConfig, resolve_plan
 from jetrl.models.layers import activation_dtype
 from jetrl.models.lora import LoraConfig, attach
 from jetrl.precision import Precision
@@ -92,8 +92,9 @@ class StepSpec(NamedTuple):
   max_tokens: int
   lora: Optional[LoraConfig] = None
   split_tokens: Any = None  # jetrl.parallel's Layout.token_split on a mesh
-  top_k: Optional[int] = None  # the sampler's truncation (jetrl.models.truncation)
+  top_k: Optional[int] = None  # the sampler's truncation (jetrl.precision.truncation)
   top_p: float = 1.0
+  plan: Any = None  # the kernels (jetrl.kernels.Plan), resolved for the precision
 
   def policy(self, params, frozen):
     """The params the model reads: `params`, or a LoRA run's adapters on its frozen base."""
@@ -115,6 +116,7 @@ class StepSpec(NamedTuple):
       split_tokens=self.split_tokens,
       top_k=self.top_k,
       top_p=self.top_p,
+      plan=self.plan,
     )
 
   def aggregate(self, per_token, mask):
@@ -307,6 +309,7 @@ def train_step(
   split_tokens: Any = None,
   top_k: Optional[int] = None,
   top_p: float = 1.0,
+  kernels: Optional[KernelConfig] = None,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
@@ -315,9 +318,11 @@ def train_step(
   temperature: the sampling temperature the rollout log-probs were recorded at.
   top_k, top_p: the sampling's top-k / top-p: the training forward's log-probs are those of
     the distribution truncated by them from its own logits, as the rollout's were recorded
-    (`jetrl.models.truncation`; docs/numerics.md, "Log-probs under top-k / top-p").
+    (`jetrl.precision.truncation`; docs/numerics.md, "Log-probs under top-k / top-p").
   lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
     are trained on its frozen base.
+  kernels: the kernel settings (`jetrl.kernels.KernelConfig`; None: the environment's); the
+    plan (`jetrl.kernels.resolve_plan`) is resolved from them once per trace.
   split_tokens: on a mesh, `Layout.token_split`: each layer's activations keep their rows on
     the devices that hold the batch's rows (`jetrl.parallel.sharded_update_step` passes it).
   Returns (new_state, metrics of float32 scalars; `learning_rate` is the rate of this
@@ -328,6 +333,7 @@ def train_step(
   rows = batch.inputs.shape[0]
   check_batch_divisible(rows, cfg)
   n_micro = cfg.minibatches * cfg.micro_batches
+  plan = resolve_plan(precision, kernels)
   spec = StepSpec(
     model_config=model_config,
     cfg=cfg,
@@ -338,11 +344,8 @@ def train_step(
       model_config,
       rows // n_micro,
       batch.inputs.shape[1],
-      flash=use_flash(
-        precision,
-        batch.inputs.shape[1],
-        model_config.head_dim,
-        activation_dtype(precision, state.params),
+      flash=plan.use_flash(
+        batch.inputs.shape[1], model_config.head_dim, activation_dtype(precision, state.params)
       ),
     ),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
@@ -350,6 +353,7 @@ def train_step(
     split_tokens=split_tokens,
     top_k=top_k,
     top_p=top_p,
+    plan=plan,
   )
   opt = make_optimizer(optimizer, total_steps)
   learning_rate = learning_rate_schedule(optimizer, total_steps)(state.step)
@@ -375,6 +379,7 @@ STATIC_ARGNAMES = (
   "split_tokens",
   "top_k",
   "top_p",
+  "kernels",
 )
 
 

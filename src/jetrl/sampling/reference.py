@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.models import ModelConfig, forward, positions_from_mask
-from jetrl.precision import Precision, is_batch_invariant
+from jetrl.kernels import resolve_plan
+from jetrl.precision import Precision
 from jetrl.sampling.config import SamplingConfig
 from jetrl.sampling.sampler import STOP_LENGTH, STOP_TOKEN, Rollout, _choose
 
@@ -109,10 +110,10 @@ def resample_with_forward(
   r, t = rollout.tokens.shape
   subs = step_keys(key, t)
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
-  exact = is_batch_invariant(precision)
+  plan = resolve_plan(precision)
   p = rollout.prompt_tokens.shape[1]
   draw_all = jax.vmap(
-    lambda logits, sub: _choose(logits, sub, config, exact), in_axes=(1, 0), out_axes=1
+    lambda logits, sub: _choose(logits, sub, config, plan), in_axes=(1, 0), out_axes=1
   )
 
   def redraw(tokens):
@@ -126,6 +127,7 @@ def resample_with_forward(
       model_config,
       seq[:, :-1],
       precision=precision,
+      plan=plan,
       positions=positions[:, :-1],
       attention_mask=seq_mask[:, :-1],
     )[:, p - 1 :]

@@ -9,7 +9,7 @@ segments (`decode_segments`) whose attention reads only the slots filled by then
 
 Recorded log-probs: for temperature T > 0, the log-prob of the sampled token under the
 distribution it was drawn from: softmax(logits / T), truncated by top-k / top-p and
-renormalised over the kept tokens when they are set (`jetrl.models.truncation`), which is
+renormalised over the kept tokens when they are set (`jetrl.precision.truncation`), which is
 what the update recomputes with `token_logprobs(..., temperature=T, top_k=k, top_p=p)`
 (docs/numerics.md, "Log-probs under top-k / top-p"). Greedy decoding (temperature 0) records
 log softmax(logits).
@@ -37,10 +37,11 @@ from jetrl.models import (
   positions_from_mask,
   rollout_weights,
 )
-from jetrl.models import truncation
-from jetrl.models.exact_ops import inverse_temperature, token_logprobs_from_logits
+from jetrl.kernels import KernelConfig, Plan, resolve_plan
+from jetrl.kernels.plan import plan_for
+from jetrl.precision import truncation
 from jetrl.models.layers import activation_dtype
-from jetrl.precision import Precision, is_batch_invariant
+from jetrl.precision import Precision
 from jetrl.sampling.categorical import draw
 from jetrl.sampling.config import SamplingConfig
 
@@ -110,39 +111,21 @@ def _process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   return jnp.where(truncation.keep_mask(x, config.top_k, config.top_p), x, -jnp.inf)
 
 
-def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, exact: bool = False):
-  """Next tokens [R] and their recorded log-probs [R]: under the distribution drawn from.
-
-  exact: find the top-k / top-p set and record the log-prob with the batch-invariant rule and
-  log-softmax the training forward of a batch-invariant precision uses (models/exact_ops.py,
-  models/truncation.py), bit for bit.
-  """
+def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, plan: Plan):
+  """Next tokens [R] and their recorded log-probs [R], under the distribution drawn from (the
+  top-k / top-p truncated one when they cut), by the plan's sampling head (`Plan.choice_keep`,
+  `Plan.choice_logprobs`: a batch-invariant plan's is the rule and log-softmax its training
+  forward uses, kernels/exact_ops.py and precision/truncation.py, bit for bit)."""
   logits = logits.astype(jnp.float32)
   if config.greedy:
-    tok = jnp.argmax(logits, axis=-1)
-    if exact:
-      return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, 0.0)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return tok, plan.choice_logprobs(logits, logits, tok, 0.0)
   scaled = logits / config.temperature
-  cut = truncation.is_truncated(config.top_k, config.top_p, logits.shape[-1])
-  keep = None
-  if cut and exact:
-    inv_t = inverse_temperature(config.temperature)
-    keep = truncation.keep_mask_exact(logits, inv_t, config.top_k, config.top_p)
-  elif cut:
-    keep = truncation.keep_mask(scaled, config.top_k, config.top_p)
-  tok = draw(key, scaled if keep is None else jnp.where(keep, scaled, -jnp.inf))
+  keep = plan.choice_keep(logits, scaled, config.temperature, config.top_k, config.top_p)
+  tok = draw(key, scaled if keep is None else jnp.where(keep, scaled, -jnp.inf)).astype(jnp.int32)
   if keep is not None:
     keep = truncation.with_targets(keep, tok)  # the drawn token is in the set already
-  if exact:
-    return tok.astype(jnp.int32), token_logprobs_from_logits(logits, tok, config.temperature, keep)
-  if keep is not None:  # the training forward's formula (models/logprobs.py)
-    z_tok = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0]
-    lse = jax.nn.logsumexp(jnp.where(keep, scaled, -jnp.inf), axis=-1)
-    return tok.astype(jnp.int32), z_tok - lse
-  logp = jax.nn.log_softmax(scaled, axis=-1)
-  return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+  return tok, plan.choice_logprobs(logits, scaled, tok, config.temperature, keep)
 
 
 def _repeat_cache(cache, n: int):
@@ -162,7 +145,8 @@ def _constrain(cache, cache_sharding):
 
 
 @functools.partial(
-  jax.jit, static_argnames=("model_config", "config", "precision", "cache_dtype", "cache_sharding")
+  jax.jit,
+  static_argnames=("model_config", "config", "precision", "cache_dtype", "cache_sharding", "plan"),
 )
 def _prefill(
   params,
@@ -174,9 +158,11 @@ def _prefill(
   precision: Optional[Precision],
   cache_dtype,
   cache_sharding=None,
+  plan=None,
 ):
   b, p = tokens.shape
-  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype, precision=precision)
+  plan = plan_for(precision, plan)
+  cache = init_cache(model_config, b, p + config.max_new_tokens, cache_dtype, plan=plan)
   positions = positions_from_mask(mask)
   # The cache is empty: the prompt attends to its own p slots, not the whole cache.
   logits, cache = forward_cached(
@@ -189,6 +175,7 @@ def _prefill(
     precision=precision,
     last_only=True,
     attend_slots=p,
+    plan=plan,
   )
   cache = _constrain(_repeat_cache(cache, config.n), cache_sharding)
   return cache, jnp.repeat(logits[:, -1], config.n, axis=0)
@@ -212,7 +199,7 @@ def decode_segments(max_new_tokens: int) -> tuple[int, ...]:
 
 @functools.partial(
   jax.jit,
-  static_argnames=("model_config", "config", "precision", "cache_sharding", "segments"),
+  static_argnames=("model_config", "config", "precision", "cache_sharding", "segments", "plan"),
   donate_argnames=("cache",),
 )
 def _decode(
@@ -227,8 +214,10 @@ def _decode(
   precision: Optional[Precision],
   cache_sharding=None,
   segments: Optional[tuple[int, ...]] = None,
+  plan=None,
 ):
   r, t_max = logits.shape[0], config.max_new_tokens
+  plan = plan_for(precision, plan)
   segments = segments or (t_max,)
   width = cache.mask.shape[1] - t_max  # the prompts' padded width P
   cache = _constrain(cache, cache_sharding)
@@ -250,7 +239,7 @@ def _decode(
   def body(slots):
     def step(s: DecodeState) -> DecodeState:
       key, sub = jax.random.split(s.key)
-      tok, lp = _choose(s.logits, sub, config, is_batch_invariant(precision))
+      tok, lp = _choose(s.logits, sub, config, plan)
       active = ~s.done
       tok = jnp.where(active, tok, config.pad_id)
       lp = jnp.where(active, lp, 0.0)
@@ -266,6 +255,7 @@ def _decode(
         precision=precision,
         last_only=True,
         attend_slots=slots,
+        plan=plan,
       )
       return DecodeState(
         step=s.step + 1,
@@ -309,6 +299,7 @@ def sample(
   precision: Optional[Precision] = None,
   *,
   layout=None,
+  kernels: Optional[KernelConfig] = None,
 ) -> Rollout:
   """Sample `config.n` completions per prompt with the rollout `precision`.
 
@@ -319,18 +310,20 @@ def sample(
   layout: a `jetrl.parallel.Layout` (params placed on it): prompt rows go over its batch
     axes and the KV cache is pinned to its cache sharding (batch over the batch axes, kv
     heads over `tensor`). None: whatever `jit` propagates from the params (one device).
+  kernels: the kernel settings (`jetrl.kernels.KernelConfig`; None: the environment's): the
+    plan (`jetrl.kernels.resolve_plan`) is resolved once here, for the device traced for, and
+    passed to the prefill and the decode loop.
   """
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
+  plan = resolve_plan(precision, kernels)
   tokens, mask = pad_prompts(prompts, config, model_config.max_seq_len, model_config.vocab_size)
   cache_dtype = activation_dtype(precision, params)
   tokens_in, mask_in, cache_sharding = tokens, mask, None
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
-    cache_sharding = layout.cache_sharding(
-      len(tokens) * config.n, value_exponents=is_batch_invariant(precision)
-    )
+    cache_sharding = layout.cache_sharding(len(tokens) * config.n, value_exponents=plan.grids_cache)
   # Fused projections change which columns a tensor-parallel layout splits: single device only.
   params = rollout_params(params, precision=precision, fuse=layout is None)
   cache, logits = _prefill(
@@ -342,6 +335,7 @@ def sample(
     precision=precision,
     cache_dtype=cache_dtype,
     cache_sharding=cache_sharding,
+    plan=plan,
   )
   prompt_lens = jnp.repeat(jnp.asarray(mask.sum(1), jnp.int32), config.n)
   out, _ = _decode(
@@ -355,6 +349,7 @@ def sample(
     precision=precision,
     cache_sharding=cache_sharding,
     segments=decode_segments(config.max_new_tokens),
+    plan=plan,
   )
   rep = lambda a: jnp.repeat(jnp.asarray(a), config.n, axis=0)
   return Rollout(rep(tokens), rep(mask), *out)

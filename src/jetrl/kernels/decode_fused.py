@@ -27,13 +27,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jetrl.models import decode_attention as _da
-from jetrl.models.config import ModelConfig
-from jetrl.precision import QuantizedInput, QuantizedWeight, linear
-from jetrl.precision import gemms as _gemms
-from jetrl.precision import quant_kernel as _qk
-from jetrl.precision import swiglu_kernel as _sk
-from jetrl.precision import target as _target
+from jetrl.kernels import decode_attention as _da
+from jetrl.precision import QuantizedInput, QuantizedWeight
+from jetrl.kernels import quant_kernel as _qk
+from jetrl.kernels import swiglu_kernel as _sk
 from jetrl.precision.formats import dtype_from_name, format_dtype
 
 G = _qk.B  # the 1 x 128 group
@@ -130,12 +127,13 @@ def swiglu_quant(gate_up, cd, dtype, *, interpret=False, values=False):
   return (result, outs[2]) if values else result
 
 
-def applies(layers, config: ModelConfig, precision, rows: int, n_slots: int) -> bool:
+def applies(layers, config, plan, rows: int, n_slots: int) -> bool:
   """Whether a decode step's layers run here: compiling for a GPU, a rollout's FP8 forward
   whose every projection runs on cuBLASLt from a QuantizedInput (`gemms.takes_quantized_input`)
   with fused q / k / v and gate / up weights, head size 128, whole groups and row blocks,
   and the one-kernel attention's shapes."""
-  if _target.platform() != "gpu" or precision is None or precision.dgrad is not None:
+  precision = plan.precision
+  if not plan.gpu or precision is None or precision.dgrad is not None:
     return False
   g = precision.fprop
   if g is None or precision.batch_invariant or config.head_dim != G or rows % ROWS:
@@ -152,32 +150,32 @@ def applies(layers, config: ModelConfig, precision, rows: int, n_slots: int) -> 
       if not isinstance(w, QuantizedWeight) or w.q.dtype != format_dtype(g.fmt):
         return False
       k, n = w.shape
-      if k % G or not _gemms.takes_quantized_input(g, rows, n, k, cd):
+      if k % G or not plan.takes_quantized_input(g, rows, n, k, cd):
         return False
   return True
 
 
-def layers_step(x, layers, config: ModelConfig, precision, cd, cos, sin, cache, seen, index, n):
+def layers_step(x, layers, config, plan, cd, cos, sin, cache, seen, index, n):
   """The layers of a decode step (`applies`): x [B, 1, D] the embedded tokens; returns the
   last layer's residual stream [B, 1, D] and the new per-layer keys and values."""
   b, _, d = x.shape
-  dtype = format_dtype(precision.fprop.fmt)
+  dtype = format_dtype(plan.precision.fprop.fmt)
   eps = config.rms_eps
-  interpret = _target.interpreting()
+  interpret = plan.interpret
   x2, delta = x.reshape(b, d), None
   new_k, new_v = [], []
   for i, layer in enumerate(layers):
     x2, hq = norm_quant(x2, delta, layer["attn_norm"], eps, cd, dtype, interpret=interpret)
-    y = linear(hq, layer["wqkv"], precision)
+    y = plan.linear(hq, layer["wqkv"])
     oq, kc, vc = _da.decode_step_attention(
       y[:, None], _da.qkv_bias(layer), cos, sin, cache.k[i], cache.v[i], seen, index, n, cd,
       n_heads=config.n_heads, quant=dtype, interpret=interpret,
     )  # fmt: skip
-    x2, hq = norm_quant(x2, linear(QuantizedInput(*oq), layer["wo"], precision),
+    x2, hq = norm_quant(x2, plan.linear(QuantizedInput(*oq), layer["wo"]),
                         layer["mlp_norm"], eps, cd, dtype, interpret=interpret)  # fmt: skip
-    gu = linear(hq, layer["w_gate_up"], precision)
-    delta = linear(swiglu_quant(gu, cd, dtype, interpret=interpret),
-                   layer["w_down"], precision)  # fmt: skip
+    gu = plan.linear(hq, layer["w_gate_up"])
+    delta = plan.linear(swiglu_quant(gu, cd, dtype, interpret=interpret),
+                        layer["w_down"])  # fmt: skip
     new_k.append(kc)
     new_v.append(vc)
   x2 = x2 + delta

@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jetrl.precision.formats import fp8_max
-from jetrl.precision import partition
+from jetrl.kernels import partition
 
 B = 128
 
@@ -140,7 +140,7 @@ def quantize_both(x: jax.Array, row_dtype, col_dtype, *, interpret: bool = False
 
 @functools.lru_cache(maxsize=None)
 def _rows_cols_partitioned(dtype: str, rows: bool, cols: bool, interpret: bool):
-  """`_rows_cols_local` sharded as x is on a mesh (jetrl.precision.partition): 1 x 128 groups
+  """`_rows_cols_local` sharded as x is on a mesh (jetrl.kernels.partition): 1 x 128 groups
   need whole groups of columns per device, 128 x 1 groups whole groups of rows."""
   outs = (["m k", "kb m"] if rows else []) + (["k m", "mb k"] if cols else [])
   fn = functools.partial(

@@ -14,7 +14,7 @@
 // compiled not to contract (-ffp-contract=off): the same bits as the XLA computation.
 //
 // JetrlExactDot: a batched double dot of operands whose every partial sum is exact (the
-// fixed-point grids of jetrl.models.exact_ops): one value in any order.
+// fixed-point grids of jetrl.kernels.exact_ops): one value in any order.
 //
 // Speed: rows of 4 x columns of 32 in 16 AVX-512 (or plain C) double accumulators, the
 // weight block of a column strip converted to double once and reused by every row, the work
@@ -241,7 +241,7 @@ ffi::Error ExactFp8GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> x,
 // ------------------------------------------------------------------------------ exact dots
 //
 // c[t, m, n] = sum_k a[t, m, k] * b[t, k, n] (b [T, K, N]) or b[t, n, k] (b_nk: [T, N, K]) in
-// double, for operands whose every partial sum is exact in double (jetrl.models.exact_ops puts
+// double, for operands whose every partial sum is exact in double (jetrl.kernels.exact_ops puts
 // them on fixed-point grids for that): the result is the one exact value, whatever the order of
 // the terms. a is float32 or float64, b bfloat16 or float32; both are converted exactly.
 

@@ -8,7 +8,7 @@ attention and the LM head. `csrc/exact_cpu.cc` computes them in one call each:
     float64 FMAs (exact, so their order and fusion cannot matter), the scaling and the float32
     sum over blocks in the same IEEE operations and order as the XLA path;
   - `exact_dot`: a batched float64 dot of operands on fixed-point grids (QK^T, PV, the LM
-    head: `jetrl.models.exact_ops`), whose every partial sum is exact.
+    head: `jetrl.kernels.exact_ops`), whose every partial sum is exact.
 An exact sum has one value, so the results are the XLA path's bit for bit; the tests check
 both against numpy references. The kernels are built on first use with -march=native
 (`ffi_build`), registered for XLA's CPU platform and checked bit for bit against the XLA path
@@ -17,15 +17,16 @@ and an integer reference before anything uses them; when any of that fails,
 process with one device (`usable()`): XLA cannot partition a custom call, and would gather
 its operands onto every device of a mesh.
 
-Environment: JETRL_EXACT_CPU_KERNEL=0 keeps the XLA path (the same bits, more slowly);
-JETRL_EXACT_CPU_THREADS=N sets the kernels' threads (default: XLA's intra-op threads).
+`KernelConfig.exact_cpu_kernel=False` (jetrl.kernels.device; JETRL_EXACT_CPU_KERNEL=0 where a
+run sets none) keeps the XLA path (the same bits, more slowly); JETRL_EXACT_CPU_THREADS=N sets
+the kernels' threads (default: XLA's intra-op threads; read by the library, no result depends
+on it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -35,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.precision import ffi_build
-from jetrl.precision import target as _target
+from jetrl.kernels import ffi_build
+from jetrl.kernels.device import Device, current_device
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_cpu.cc"
 TARGET = "jetrl_exact_fp8_gemm"
@@ -60,8 +61,6 @@ def unavailable_reason() -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def _load() -> Optional[str]:
-  if os.environ.get("JETRL_EXACT_CPU_KERNEL", "1") == "0":
-    return "disabled by JETRL_EXACT_CPU_KERNEL=0"
   try:
     path = ffi_build.build(SOURCE, flags=FLAGS)
     lib = ctypes.CDLL(str(path))
@@ -159,7 +158,7 @@ def exact_fp8_gemm(
 
 def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
   """float64 c [T, M, N] = a [T, M, K] times b [T, K, N] (or b [T, N, K] when b_nk), for
-  operands whose every partial sum is exact in float64 (`jetrl.models.exact_ops`' grids):
+  operands whose every partial sum is exact in float64 (`jetrl.kernels.exact_ops`' grids):
   one value whatever the order. a float32 / float64, b bfloat16 / float32. Call it inside
   `jax.enable_x64`; one-device processes only (see `exact_fp8_gemm`)."""
   if a.ndim != 3 or b.ndim != 3:
@@ -183,7 +182,14 @@ def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
   return call(a, b, b_nk=bool(b_nk))
 
 
-def usable() -> bool:
-  """Whether code being traced now should call the kernels: the CPU backend, one device in
-  the process (XLA would gather a custom call's operands onto every device), kernel built."""
-  return _target.platform() == "cpu" and jax.device_count() == 1 and available()
+def usable(dev: Optional[Device] = None) -> bool:
+  """Whether code traced for `dev` (default: `current_device()`) should call the kernels: the
+  CPU backend, its `KernelConfig.exact_cpu_kernel` on, one device in the process (XLA would
+  gather a custom call's operands onto every device), kernel built."""
+  dev = current_device() if dev is None else dev
+  return (
+    dev.platform == "cpu"
+    and dev.kernels.exact_cpu_kernel
+    and jax.device_count() == 1
+    and available()
+  )

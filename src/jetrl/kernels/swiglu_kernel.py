@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jetrl.precision import quant_kernel as _qk
-from jetrl.precision import partition
+from jetrl.kernels import quant_kernel as _qk
+from jetrl.kernels import partition
 
 B = _qk.B
 
@@ -123,7 +123,7 @@ def swiglu_gate_up_rows(
 
 @functools.lru_cache(maxsize=None)
 def _partitioned(kind: str, dtypes: tuple, interpret: bool):
-  """The kernel sharded as its operands are on a mesh (jetrl.precision.partition): whole
+  """The kernel sharded as its operands are on a mesh (jetrl.kernels.partition): whole
   128 x 128 tiles per device."""
   dt = [jnp.dtype(d) for d in dtypes]
   ties, block = {"mb": "m", "fb": "f"}, {"m": B, "f": B}

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.models import exact_ops, truncation
-from jetrl.models.logprobs import _stats_of_logits
+from jetrl.kernels import exact_ops, resolve_plan
+from jetrl.kernels.head import stats_of_logits as _stats_of_logits
+from jetrl.precision import get_recipe, truncation
 from jetrl.sampling import SamplingConfig
 from jetrl.sampling.sampler import _choose
 
@@ -110,8 +111,9 @@ def test_sampler_records_the_truncated_logprob():
   mass), float32 and exact rules alike (temperature 1, top-k 3, top-p 0.8: {0.5, 0.2})."""
   logits = jnp.asarray(np.repeat(LOGITS, 64, axis=0))
   sc = SamplingConfig(temperature=1.0, top_k=3, top_p=0.8)
-  for exact in (False, True):
-    tok, lp = jax.jit(_choose, static_argnums=(2, 3))(logits, jax.random.PRNGKey(0), sc, exact)
+  for recipe in ("jet", "jet_exact"):
+    plan = resolve_plan(get_recipe(recipe).rollout)
+    tok, lp = jax.jit(_choose, static_argnums=(2, 3))(logits, jax.random.PRNGKey(0), sc, plan)
     p = PROBS[ORDER[np.asarray(tok)]]
     assert set(p) == {0.5, 0.2}  # both drawn, nothing else
     np.testing.assert_allclose(np.asarray(lp), np.log(p / 0.7), rtol=1e-6)

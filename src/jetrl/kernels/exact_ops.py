@@ -30,7 +30,7 @@ keys and queries of 64-wide heads, 2^-13 for value rows; see docs/numerics.md).
 
 Each op is a `jax.custom_vjp` whose backward is the VJP of the standard (jet) op: exactness
 is about the forward values; gradients are those of jet's numerics. The elementwise pieces
-(`exp64`, `log64`, `rsqrt32`, `with_reference_vjp`) are in `jetrl.models.exact_math`.
+(`exp64`, `log64`, `rsqrt32`, `with_reference_vjp`) are in `jetrl.precision.exact_math`.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.models import truncation
-from jetrl.models.exact_math import exp64, log64, rsqrt32, with_reference_vjp
-from jetrl.precision import cpu_kernels as _cpu_kernels
+from jetrl.kernels import cpu_kernels as _cpu_kernels
+from jetrl.precision import truncation
+from jetrl.precision.exact_math import exp64, log64, rsqrt32, with_reference_vjp
 from jetrl.precision.exact import F64, dot_bits, exact_sum, pow2, to_grid, x64
 
 # At most MAX_KEYS key slots; PV_BITS: grid bits of the probabilities (times 2^e of the value
@@ -299,7 +299,7 @@ def log_softmax_stats(z: jax.Array, targets: jax.Array, inv_t: jax.Array, keep=N
 
   u = (z - max z) * inv_t is exact in float64 (float32 factors); the denominator is an
   exact sum of exp64(u); log p = u[target] - log64(sum). keep: bool [..., V], the tokens of
-  a top-k / top-p truncated distribution (`jetrl.models.truncation`, the target counted in):
+  a top-k / top-p truncated distribution (`jetrl.precision.truncation`, the target counted in):
   the others' terms are 0, so the distribution is renormalised over the kept ones.
   """
   top = jnp.max(z, axis=-1, keepdims=True)
@@ -335,7 +335,7 @@ def chunk_stats(
   top_p: float = 1.0,
 ):
   """(log p(target), entropy) [B, C] from hidden states h [B, C, D] (`logprobs._chunk_stats`),
-  under top-k / top-p truncation when they cut (`jetrl.models.truncation`).
+  under top-k / top-p truncation when they cut (`jetrl.precision.truncation`).
 
   reference(h, targets, w, temperature) is the standard computation, used for the VJP.
   """

@@ -25,7 +25,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jetrl.models.exact_math import exp64
+from jetrl.precision.exact_math import exp64
 from jetrl.precision.exact import EXACT_BITS, F64, exponent_bound, pow2, x64
 
 

@@ -2,7 +2,7 @@
 
 Each `Fp8Gemm` carries a `gemm_backend` field (static under jit, like the rest of a recipe):
 
-  "auto"              on Hopper, cuBLASLt's blockwise FP8 GEMM (jetrl.precision.cublaslt);
+  "auto"              on Hopper, cuBLASLt's blockwise FP8 GEMM (jetrl.kernels.cublaslt);
                       on another FP8-capable NVIDIA GPU (compute capability >= 8.9), or when
                       cuBLASLt cannot serve, the Pallas kernel; XLA everywhere else
   "xla"               quantize, dequantize to float32, one float32 matmul (the CPU emulation;
@@ -11,9 +11,8 @@ Each `Fp8Gemm` carries a `gemm_backend` field (static under jit, like the rest o
   "pallas"            the Pallas kernel compiled for the GPU (Triton): FP8 operands into the dot
   "pallas_interpret"  the same kernel in Pallas interpret mode (runs anywhere, slowly; tests)
 
-The environment variable JETRL_GEMM_BACKEND (one of the names above) overrides what "auto"
-resolves to, for a whole process; an explicit field value always wins. It is read once, on the
-first FP8 GEMM traced. `jetrl.precision.with_gemm_backend(recipe, name)` returns a copy of a
+A `KernelConfig.gemm_backend` (jetrl.kernels.device; from JETRL_GEMM_BACKEND where a run sets
+none) says what "auto" resolves to; an explicit field value always wins. `jetrl.precision.with_gemm_backend(recipe, name)` returns a copy of a
 recipe whose every FP8 GEMM uses `name`.
 
 A GEMM that the chosen kernel cannot take (a block size other than 128 for cuBLASLt, a shape
@@ -26,35 +25,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Optional
 
-from jetrl.precision import cublaslt
-from jetrl.precision import target as _target
+from jetrl.kernels import cublaslt
+from jetrl.kernels.device import Device, current_device
+from jetrl.precision.recipes import GEMM_BACKENDS, check_backend  # noqa: F401 (re-exported)
 
-GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
 KERNELS = ("cublaslt", "pallas", "pallas_interpret")
-ENV_VAR = "JETRL_GEMM_BACKEND"
 # FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) and later.
 MIN_COMPUTE_CAPABILITY = (8, 9)
 
 log = logging.getLogger("jetrl")
-
-
-def check_backend(name: str, what: str = "gemm_backend") -> str:
-  """`name` if it is one of GEMM_BACKENDS, else a ValueError listing them."""
-  if name not in GEMM_BACKENDS:
-    raise ValueError(f"unknown {what} {name!r}; accepted: {list(GEMM_BACKENDS)}")
-  return name
-
-
-@functools.lru_cache(maxsize=None)
-def env_backend() -> Optional[str]:
-  """The JETRL_GEMM_BACKEND override (None when unset, empty or "auto"); read once."""
-  value = os.environ.get(ENV_VAR, "").strip().lower()
-  if not value or value == "auto":
-    return None
-  return check_backend(value, f"{ENV_VAR} value")
 
 
 def _parse_cc(cc) -> tuple[int, ...]:
@@ -79,16 +60,16 @@ def _local_fp8_gpu() -> bool:
   return _parse_cc(getattr(dev, "compute_capability", "0")) >= MIN_COMPUTE_CAPABILITY
 
 
-def fp8_gpu_available() -> bool:
-  """True when the programs traced now run on an NVIDIA GPU with FP8 tensor cores (cc >= 8.9):
-  the compile target's (jetrl.precision.target) while one is set, else JAX's default device.
-  Only the local device is read once; a compile target pushed or popped later counts at once."""
-  compiling = _target.compile_target()
-  if compiling is not None and compiling.interpret:  # a GPU program run here, interpreted
+def fp8_gpu_available(dev: Optional[Device] = None) -> bool:
+  """True when the programs traced for `dev` (default: `current_device()`) run on an NVIDIA
+  GPU with FP8 tensor cores (cc >= 8.9): a compile target's, or JAX's default device (read
+  once)."""
+  dev = current_device() if dev is None else dev
+  if dev.interpret:  # a GPU program run here, interpreted
     return False
-  if compiling is not None:  # a device compiled for from a machine without it (jetrl.aot)
-    cc = compiling.compute_capability or "0"
-    return compiling.platform == "gpu" and _parse_cc(cc) >= MIN_COMPUTE_CAPABILITY
+  if dev.compiling:  # a device compiled for from a machine without it (jetrl.aot)
+    cc = dev.compute_capability or "0"
+    return dev.platform == "gpu" and _parse_cc(cc) >= MIN_COMPUTE_CAPABILITY
   return _local_fp8_gpu()
 
 
@@ -115,8 +96,8 @@ def _say_once(message: str) -> None:
   log.warning("jetrl: %s", message)
 
 
-def _auto() -> str:
-  if not fp8_gpu_available():
+def _auto(dev: Device) -> str:
+  if not fp8_gpu_available(dev):
     return "xla"
   reason = cublaslt.unavailable_reason()
   if reason is None:
@@ -125,16 +106,18 @@ def _auto() -> str:
   return "pallas"
 
 
-def resolve(gemm) -> str:
+def resolve(gemm, dev: Optional[Device] = None) -> str:
   """The concrete backend ("xla", "cublaslt", "pallas" or "pallas_interpret") of an Fp8Gemm.
 
   For "auto" this is the preferred kernel; a particular GEMM may still fall back
   (`fallback`). An explicit kernel that cannot run at all is a ValueError with the reason.
   """
+  dev = current_device() if dev is None else dev
   name = check_backend(gemm.gemm_backend)
   explicit = name != "auto"
   if not explicit:
-    name = env_backend() or _auto()
+    name = dev.kernels.gemm_backend
+    name = _auto(dev) if name == "auto" else name
   if name == "cublaslt":
     reason = cublaslt_unsupported_reason(gemm)
     if reason and explicit:
@@ -144,7 +127,7 @@ def resolve(gemm) -> str:
       )
     if reason:
       _say_once(f"cuBLASLt cannot serve these FP8 GEMMs ({reason}); using the next backend")
-      name = "pallas" if fp8_gpu_available() else "xla"
+      name = "pallas" if fp8_gpu_available(dev) else "xla"
   if name in ("pallas", "pallas_interpret"):
     reason = kernel_unsupported_reason(gemm.block)
     if reason and explicit:
@@ -156,13 +139,13 @@ def resolve(gemm) -> str:
   return name
 
 
-def fallback(name: str, gemm) -> str:
+def fallback(name: str, gemm, dev: Optional[Device] = None) -> str:
   """The backend below `name` for one GEMM that `name` cannot take."""
-  if name == "cublaslt" and fp8_gpu_available() and not kernel_unsupported_reason(gemm.block):
+  if name == "cublaslt" and fp8_gpu_available(dev) and not kernel_unsupported_reason(gemm.block):
     return "pallas"
   return "xla"
 
 
-def wants_k_major(gemm) -> bool:
+def wants_k_major(gemm, dev: Optional[Device] = None) -> bool:
   """Whether this GEMM's backend reads weights K-major (the FP8 kernels do; XLA does not)."""
-  return resolve(gemm) in KERNELS
+  return resolve(gemm, dev) in KERNELS

@@ -4,7 +4,7 @@
 device mesh XLA cannot partition a Pallas call, so it gathered q, k and v onto every device and
 each device attended over the whole batch (docs/scaling.md, "The GPU kernels on a mesh"). Here
 the same two kernels, the forward (with its log-sum-exp residual) and the backward, are each
-wrapped with `jetrl.precision.partition.sharded`: rows and heads pass through sharded, the
+wrapped with `jetrl.kernels.partition.sharded`: rows and heads pass through sharded, the
 sequence and the head dimension stay whole on each device. One device runs the same kernels on
 the same operands as `mha` (the forward of `mha`'s own VJP, and its backward), so the values
 are the same.
@@ -22,7 +22,7 @@ from typing import Optional
 
 import jax
 
-from jetrl.precision import partition
+from jetrl.kernels import partition
 
 _BWD_PARAMS = (
   "sm_scale",

@@ -1,4 +1,4 @@
-"""The elementwise pieces of the batch-invariant forward (`jetrl.models.exact_ops`): exp and log
+"""The elementwise pieces of the batch-invariant forward (`jetrl.kernels.exact_ops`): exp and log
 in float64 arithmetic, a correctly rounded float32 rsqrt, and the custom VJP that
 differentiates an exact op as its standard counterpart.
 

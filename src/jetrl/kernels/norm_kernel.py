@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jetrl.precision import quant_kernel as _qk
-from jetrl.precision import partition
+from jetrl.kernels import quant_kernel as _qk
+from jetrl.kernels import partition
 
 B = _qk.B
 
@@ -90,7 +90,7 @@ def norm_rows_cols(
 
 @functools.lru_cache(maxsize=None)
 def _partitioned(eps: float, names: tuple, interpret: bool):
-  """The kernel sharded as x is on a mesh (jetrl.precision.partition): whole 128-row groups
+  """The kernel sharded as x is on a mesh (jetrl.kernels.partition): whole 128-row groups
   per device, each row whole (its statistic needs every column)."""
   cd, row, col = (jnp.dtype(n) for n in names)
   fn = functools.partial(_local, eps=eps, cd=cd, dtypes=(row, col), interpret=interpret)

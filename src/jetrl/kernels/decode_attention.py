@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jetrl.precision import quant_kernel as _qk
+from jetrl.kernels import quant_kernel as _qk
 
 CHUNK = 64  # slots a step of the kernel's loop reads
 MASK_VALUE = -1e30  # as attention.MASK_VALUE

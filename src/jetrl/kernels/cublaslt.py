@@ -14,13 +14,14 @@ once against the XLA path on a small problem before anything uses it.
     -> out [P, Q] = sum_kb a_scale[p, kb] b_scale[q(, /128), kb] (a[p, kb] . b[q, kb])
 
 `unavailable_reason()` says why the GEMM cannot run here (no GPU, not Hopper, no compiler,
-cuBLASLt too old, the self-check failed): the backend selection (jetrl.precision.backend)
+cuBLASLt too old, the self-check failed): the backend selection (jetrl.kernels.backend)
 falls back to the Pallas kernel or to XLA and says so. Nothing here runs, or is imported from
 CUDA, on a machine without a GPU: `pip install` and the CPU tests never need it.
 
 Environment: JETRL_CACHE_DIR (where the built library is kept; default ~/.cache/jetrl),
-CXX (the compiler; default c++ or g++), JETRL_CUBLASLT_GRAPHS=0 (keep the call out of XLA's
-CUDA graphs).
+CXX (the compiler; default c++ or g++). `KernelConfig.cublaslt_graphs=False` (JETRL_CUBLASLT_GRAPHS=0,
+read with the other kernel settings, jetrl.kernels.device) keeps the call out of XLA's CUDA
+graphs; the handler is registered once a process, with the environment's setting.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.precision.ffi_build import build, cache_dir, compiler  # noqa: F401 (re-exported)
+from jetrl.kernels.ffi_build import build, cache_dir, compiler  # noqa: F401 (re-exported)
 from jetrl.precision.formats import E4M3, E5M2
-from jetrl.precision import partition
+from jetrl.kernels import partition
+from jetrl.kernels.device import KernelConfig
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_blockwise_gemm.cc"
 TARGET = "jetrl_fp8_blockwise_gemm"
@@ -146,7 +148,7 @@ def load_for_compile() -> Optional[str]:
 
 
 def _register(lib, platform: str) -> None:
-  graphs = os.environ.get("JETRL_CUBLASLT_GRAPHS", "1") != "0"
+  graphs = KernelConfig.from_env().cublaslt_graphs  # the registration is the process's
   symbol = lib.JetrlFp8BlockwiseGemmGraph if graphs else lib.JetrlFp8BlockwiseGemm
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(symbol), platform=platform)
   _State.info["cuda_graphs"] = graphs
@@ -311,7 +313,7 @@ def gemm_t(
 ) -> jax.Array:
   """`gemm` with the 1x128 scales already transposed, as the library reads them:
   a_scale_t [ceil(C/128), P]; b_scale [ceil(Q/128), ceil(C/128)] (blocks) or, for 1x128
-  groups, [ceil(C/128), Q]. (`jetrl.precision.quant_kernel` writes scales this way.)"""
+  groups, [ceil(C/128), Q]. (`jetrl.kernels.quant_kernel` writes scales this way.)"""
   (p, c), q = a.shape, b.shape[0]
   cb = _cdiv(c, BLOCK)
   want_b = (_cdiv(q, BLOCK), cb) if b_blocks else (cb, q)
@@ -332,7 +334,7 @@ def gemm_t(
 
 @functools.lru_cache(maxsize=None)
 def _partitioned(b_blocks: bool, out_dtype: str, padded_scales: bool):
-  """`_gemm_local` sharded as its operands are on a mesh (jetrl.precision.partition): rows of
+  """`_gemm_local` sharded as its operands are on a mesh (jetrl.kernels.partition): rows of
   a and b pass through, a contraction split into whole 128-blocks is summed across devices.
   Scales padded to cuBLASLt's leading dimension (a rollout's weight) keep K unsplit."""
   fn = functools.partial(_gemm_local, b_blocks=b_blocks, out_dtype=jnp.dtype(out_dtype))

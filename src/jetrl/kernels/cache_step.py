@@ -1,0 +1,102 @@
+"""The attention of a step of T new tokens against a KV cache, in the kernels a `Plan` picks:
+what `jetrl.models.forward_cached` calls for each layer (`CacheStep`).
+
+  a GPU's decode step (T = 1)  one Pallas kernel over the whole cache, reading its first n
+      slots (decode_attention.py); with a rollout's fused q / k / v weight, the bias, RoPE and
+      the cache write in the same kernel (`attend_qkv`); under an FP8 rollout whose every
+      projection takes a quantized input, the whole layer stack in the fused kernels
+      (decode_fused.py, `layers`)
+  the batch-invariant forward  with a gridded cache (`KVCache.v_exp`), each new key and value
+      written on its grid once (`attention.write_grids`, `attend_grids`); without one, the
+      whole cache gridded at every step (the same logits, slower)
+  otherwise                    the new keys and values written into the cache, then
+      `attention.attend` over its first n slots
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jetrl.kernels import attention as _attn
+from jetrl.kernels import decode_attention as _da
+from jetrl.kernels import decode_fused as _fused
+
+
+class CacheStep:
+  """One step's attention against the cache's layers (built by `Plan.cache_step`, inside the
+  traced step: it holds the step's traced operands, and collects each layer's new cache)."""
+
+  def __init__(self, plan, cache, mask, index, t: int, n: int, cd):
+    self.plan, self.cache, self.n, self.cd = plan, cache, n, cd
+    s = mask.shape[-1]
+    zero = jnp.zeros((), jnp.int32)
+    q_slots = index + jnp.arange(t, dtype=jnp.int32)
+    k_slots = jnp.arange(n, dtype=jnp.int32)
+    self.allowed = (k_slots[None, :] <= q_slots[:, None])[None] & mask[:, None, :n]  # [B, T, n]
+    self.view = lambda a: a if n == s else a[:, :, :n]  # the slots attention reads
+    self.start = (zero, zero, index, zero)
+    head_dim = cache.k[0].shape[-1]
+    self.one_kernel = (
+      t == 1
+      and plan.blocks.decode_attention == "kernel"
+      and _attn.use_decode_kernel(n, head_dim, plan.device)
+    )
+    if self.one_kernel:  # the slots the kernel may see, once for all layers, in its forms
+      self.seen = mask & (jnp.arange(s, dtype=jnp.int32)[None, :] <= index)
+      self.seen32, self.index1 = self.seen.astype(jnp.int32), index.reshape(1)
+    # A batch-invariant plan with a gridded cache writes each new key / value on its grid.
+    self.grids = plan.blocks.decode_attention == "exact" and len(cache.v_exp) == len(cache.k)
+    self.new_k, self.new_v, self.new_e = [], [], []
+
+  def layers(self, x, layers, config, cos, sin):
+    """(x, ()) after all `layers` in the fused decode kernels where they apply (an FP8
+    rollout's decode step on a GPU: every projection's input quantized by the operator
+    before it, eight kernels a layer), else (x, layers): the caller runs them one by one."""
+    plan = self.plan
+    if not (self.one_kernel and _fused.applies(layers, config, plan, x.shape[0], self.n)):
+      return x, layers
+    x, self.new_k, self.new_v = _fused.layers_step(
+      x, layers, config, plan, self.cd, cos, sin, self.cache, self.seen32, self.index1, self.n
+    )
+    return x, ()
+
+  def fuses_qkv(self, layer, config) -> bool:
+    """Whether layer i's bias, RoPE, cache write and attention run in one kernel from its
+    fused q / k / v GEMM's output (`attend_qkv`)."""
+    return self.one_kernel and _da.fuses_layer(layer, config)
+
+  def attend_qkv(self, i: int, y, layer, config, cos, sin):
+    """Attention output [B, 1, H * Dh] of layer i from its q / k / v GEMM's output y."""
+    out, kc, vc = _da.decode_step_attention(
+      y, _da.qkv_bias(layer), cos, sin, self.cache.k[i], self.cache.v[i], self.seen32,
+      self.index1, self.n, self.cd, n_heads=config.n_heads, interpret=self.plan.interpret,
+    )  # fmt: skip
+    self.new_k.append(kc)
+    self.new_v.append(vc)
+    return out
+
+  def attend(self, i: int, q, k, v):
+    """Attention output [B, T, H * Dh] of layer i: q [B, T, H, Dh], the new k, v [B, T, Hkv,
+    Dh] written into its cache first."""
+    cache, cd, view, plan = self.cache, self.cd, self.view, self.plan
+    k, v = _attn.heads_first(k), _attn.heads_first(v)
+    if self.grids:
+      kc, vc, ec = _attn.write_grids(cache.k[i], cache.v[i], cache.v_exp[i], k, v, self.start, cd)
+      out = _attn.attend_grids(q, view(kc), view(vc), view(ec), self.allowed, cd)
+      self.new_e.append(ec)
+    else:
+      kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), self.start)
+      vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), self.start)
+      if self.one_kernel:
+        out = _da.decode_attention(q, kc, vc, self.seen, self.n, cd, interpret=plan.interpret)
+      else:
+        out = plan.attend(q, view(kc), view(vc), self.allowed, cd)
+    self.new_k.append(kc)
+    self.new_v.append(vc)
+    return out
+
+  def new_cache(self):
+    """The layers' (keys, values, value exponents) after the step, as tuples."""
+    v_exp = tuple(self.new_e) if self.grids else self.cache.v_exp
+    return tuple(self.new_k), tuple(self.new_v), v_exp
