@@ -77,7 +77,7 @@ class MetricsHook(Hook):
 class SamplesHook(Hook):
   """Appends the step's sampled completions (records with their own "step") to `writer`
   when the step produced them (`--logging.samples_every`), and gives them to `sinks` (a
-  table in TensorBoard and W&B: `jetrl.train.writers.Sinks`) if given."""
+  table in TensorBoard, W&B and MLflow: `jetrl.train.sinks.Sinks`) if given."""
 
   every = 1
   at_end = False
