@@ -263,9 +263,29 @@ class EvalConfig:
     "RL: also score each evaluation with the bf16 rollout precision (eval_accuracy_bf16), so "
     "that recipes are compared on one scale as well as in their own rollout precision.",
   )
+  k: tuple[int, ...] = field(
+    (),
+    "Also report pass@k and maj@k for each k (eval_pass_at_K, eval_maj_at_K): pass@k the "
+    "unbiased estimate from the --eval.samples completions per problem, maj@k a majority vote "
+    "of the task's extracted answers over the first k (needs --eval.temperature > 0 and "
+    "--eval.samples >= max k; empty: neither).",
+    lo=1,
+  )
 
   def __post_init__(self):
     check_fields(self)
+    if self.k and not self.temperature > 0:
+      raise ConfigError(
+        None,
+        f"--eval.k={','.join(map(str, self.k))} needs sampled completions: set "
+        "--eval.temperature > 0 (and --eval.samples >= max k)",
+      )
+    if self.k and self.samples < max(self.k):
+      raise ConfigError(
+        None,
+        f"--eval.k={','.join(map(str, self.k))} needs --eval.samples >= {max(self.k)} "
+        f"completions per problem (got --eval.samples={self.samples})",
+      )
 
   @property
   def rows(self) -> int:
