@@ -6,6 +6,7 @@ same MLflow run and logs a redone step once."""
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -68,7 +69,8 @@ def tracked(tmp_path_factory, tiny_train_config):
   mp.delenv("MLFLOW_TRACKING_URI", raising=False)
   workdir = tmp / "run"
   logging = dict(wandb=True, mlflow=True, tensorboard=True, samples_every=1, samples_rows=2)
-  cfg = tiny_train_config(workdir, logging=logging)
+  sampled = dict(every=None, size=4, temperature=1.0, samples=2, k=(1, 2))
+  cfg = tiny_train_config(workdir, logging=logging, eval=sampled)
   first, second = [], []
   run(cfg, log=first.append)
   shutil.rmtree(workdir / "checkpoints" / "2")
@@ -86,6 +88,8 @@ def test_each_tracker_says_where_it_writes(tracked):
     uri = (workdir / "mlruns").as_uri()
     assert f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}" in text
     assert sum("mlflow ui" in line for line in lines) == 1
+    line = [x for x in lines if x.startswith("  eval @ step") and "held-out" in x][0]
+    assert re.search(r"pass@1 \S+ maj@1 \S+ pass@2 \S+ maj@2 \S+ on 4 held-out", line), line
 
 
 def test_mlflow_holds_every_metric_once_the_config_and_the_tables(tracked):
@@ -113,6 +117,10 @@ def test_mlflow_holds_every_metric_once_the_config_and_the_tables(tracked):
         assert h.value == pytest.approx(m[key], rel=1e-6, abs=1e-12), key
   evals = read_jsonl(str(workdir / "eval.jsonl"))
   history = client.get_metric_history(run_id, "eval/accuracy")
+  for e in evals:  # pass@k and maj@k of --eval.k, as every sink's metric names
+    for key in ("pass_at_1", "maj_at_1", "pass_at_2", "maj_at_2"):
+      (h,) = [h for h in client.get_metric_history(run_id, "eval/" + key) if h.step == e["step"]]
+      assert h.value == e["eval_" + key]
   # The first run's end (step 2) was evaluated too, before its records past checkpoint 1 were
   # dropped: MLflow keeps what it was given, once a step.
   assert [h.step for h in history] == [0, 2, 3]
