@@ -68,7 +68,9 @@ def tracked(tmp_path_factory, tiny_train_config):
   mp.delenv("WANDB_API_KEY", raising=False)
   mp.delenv("MLFLOW_TRACKING_URI", raising=False)
   workdir = tmp / "run"
-  logging = dict(wandb=True, mlflow=True, tensorboard=True, samples_every=1, samples_rows=2)
+  logging = dict(
+    wandb=True, mlflow=True, tensorboard=True, plots=True, samples_every=1, samples_rows=2
+  )
   sampled = dict(every=None, size=4, temperature=1.0, samples=2, k=(1, 2))
   cfg = tiny_train_config(workdir, logging=logging, eval=sampled)
   first, second = [], []
@@ -134,6 +136,11 @@ def test_mlflow_holds_every_metric_once_the_config_and_the_tables(tracked):
   config = json.loads(open(client.download_artifacts(run_id, "config.json", str(workdir))).read())
   assert config["steps"] == 3  # the resumed run's
 
+  plots = sorted(os.listdir(workdir / "plots"))
+  assert plots and [a.path for a in client.list_artifacts(run_id, "plots")] == [
+    "plots/" + p for p in plots
+  ]
+
   samples = read_jsonl(str(workdir / "samples.jsonl"))
   tables = [a.path for a in client.list_artifacts(run_id, "samples")]
   assert tables == [f"samples/step_{s:08d}.json" for s in (1, 2, 3)]
@@ -190,6 +197,8 @@ def test_wandb_offline_holds_the_metrics_config_and_table(tracked):
   for m in read_jsonl(str(workdir / "metrics.jsonl")):
     assert history[m["step"]]["reward_mean"] == pytest.approx(m["reward_mean"], rel=1e-6)
   assert history[2]["samples/nrows"] == 2
+  images = {k for row in runs[1]["history"].values() for k in row if k.startswith("plots/")}
+  assert any(k.startswith("plots/reward") for k in images), sorted(images)
 
 
 def test_a_missing_mlflow_package_is_one_line_before_the_run_starts(
