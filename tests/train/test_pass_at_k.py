@@ -16,6 +16,7 @@ from jetrl.data import Addition, GSM8K, Math500
 from jetrl.data.chat_arithmetic import ChatArithmetic
 from jetrl.data.task import Task, WithReward, answer_extractor
 from jetrl.train import EvalConfig
+from jetrl.train.evaluation import at_k_line
 from jetrl.train.pass_at_k import at_k_metrics, maj_at_k, majority, pass_at_k
 
 # 3 problems x 4 samples: the checker's verdicts and the extracted answers.
@@ -53,6 +54,13 @@ def test_pass_and_maj_at_k_by_hand():
   )
   assert set(at_k_metrics(CORRECT, None, (4,))) == {"eval_pass_at_4"}  # no answers: no maj
   assert majority([None, "a", "b", "b", "a"]) == 1 and majority([None, None]) is None
+  # The console line; a task that extracts no answers says maj@k is unavailable.
+  assert at_k_line(at_k_metrics(CORRECT, ANSWERS, (1, 4)), (1, 4)) == (
+    "pass@1 0.333 maj@1 0.667 pass@4 0.667 maj@4 0.333"
+  )
+  assert at_k_line(at_k_metrics(CORRECT, None, (4,)), (4,)) == (
+    "pass@4 0.667 (maj@k unavailable: the task gives no extracted answers)"
+  )
   with pytest.raises(ValueError, match="1 <= k <= n = 4"):
     pass_at_k(CORRECT, 5)
 
