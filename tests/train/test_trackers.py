@@ -220,3 +220,20 @@ def test_a_missing_mlflow_package_is_one_line_before_the_run_starts(
   assert message.startswith("--logging.mlflow: needs the mlflow package") and "\n" not in message
   assert "jetrl[mlflow]" in message
   assert not os.path.exists(cfg.workdir)
+
+
+def test_the_mlflow_run_id_file_is_checked_and_a_stale_one_starts_a_new_run(tmp_path):
+  from jetrl.train.sinks import MLflow
+
+  sink = MLflow(str(tmp_path))
+  (tmp_path / "mlflow_run_id").write_text("../../etc/x; rm -rf /\n")
+  with pytest.raises(ValueError, match="not an MLflow run id"):
+    sink.scalars(1, {"a": 1.0})
+  (tmp_path / "mlflow_run_id").write_text("0123abcd\n")  # not in this store
+  sink.scalars(1, {"a/b@2": 1.0})
+  sink.close()
+  new = (tmp_path / "mlflow_run_id").read_text().strip()
+  assert new != "0123abcd"
+  history = sink.client.get_metric_history(new, "a/b_at_2")
+  assert [(h.step, h.value) for h in history] == [(1, 1.0)]
+  assert "(look: open http://host:5000)" in MLflow(str(tmp_path), uri="http://host:5000").where()

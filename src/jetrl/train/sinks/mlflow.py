@@ -114,11 +114,12 @@ class MLflow:
     self._tables: set[str] = set()  # the table artifacts the run holds
 
   def where(self) -> str:
-    switch = f"{FILE_STORE_SWITCH}=true " if self.file_store else ""
-    return (
-      f"MLflow: {self.uri}, experiment {self.experiment!r}, run {self.name!r} "
-      f"(look: {switch}mlflow ui --backend-store-uri {self.uri})"
-    )
+    if self.uri.startswith(("http://", "https://")):
+      look = f"open {self.uri}"
+    else:
+      switch = f"{FILE_STORE_SWITCH}=true " if self.file_store else ""
+      look = f"{switch}mlflow ui --backend-store-uri {self.uri}"
+    return f"MLflow: {self.uri}, experiment {self.experiment!r}, run {self.name!r} (look: {look})"
 
   def _kept_id(self) -> Optional[str]:
     if not os.path.lexists(self.id_path):
@@ -137,8 +138,15 @@ class MLflow:
     if self.run_id is not None:
       return self.run_id
     kept = self._kept_id()
+    run = None
     if kept is not None:
-      run = self.client.get_run(kept)  # an error when the store no longer holds it
+      from mlflow.exceptions import MlflowException  # pylint: disable=import-outside-toplevel
+
+      try:
+        run = self.client.get_run(kept)
+      except MlflowException:  # another store (--logging.mlflow_uri changed): a new run there
+        run = None
+    if run is not None:
       for key in run.data.metrics:
         steps = [m.step for m in self.client.get_metric_history(kept, key)]
         self._last[key] = max(steps, default=-1)
