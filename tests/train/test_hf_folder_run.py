@@ -189,10 +189,9 @@ def test_run_from_a_hf_folder_with_chat_prompts(folders, tiny_train_config, tmp_
   assert len(calls.train) == 2 and len(calls.eval) == 2  # 2 steps; evaluation before and after
 
   # The prompt ids of every rollout are transformers' chat template around the problem.
-  samples = read(tmp_path / "run" / "samples.jsonl")
-  n = cfg.sampling.n
+  samples = read(tmp_path / "run" / "samples.jsonl")  # one row per prompt
   for step, call in enumerate(calls.train, 1):
-    texts = [s["prompt"] for s in samples if s["step"] == step][::n]
+    texts = [s["prompt"] for s in samples if s["step"] == step]
     assert len(texts) == cfg.prompts_per_step
     assert call["prompts"] == [chat_ids(hf_tok, t) for t in texts]
     assert hf_tok.decode(call["prompts"][0]).startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>")

@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from jetrl.data.answer_extraction import extract_boxed
+from jetrl.data.answer_extraction import extract_boxed, gsm8k_answer
 from jetrl.data.loading import DatasetTask
-from jetrl.data.math500 import answer_text
+from jetrl.data.math500 import answer_text, boxed_answer
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT
 from jetrl.data.rewards import (
   DEFAULT_BATCH_TIMEOUT,
@@ -189,6 +189,17 @@ class JsonlTask(DatasetTask):
   @property
   def max_completion_chars(self) -> Optional[int]:
     return None if self.solution_field is None else super().max_completion_chars
+
+  def extract_answer(self, text: str) -> Optional[str]:
+    """The answer its checker reads: "number", the final number, canonical; "math", the last
+    `\\boxed{}`, normalised; "exact", `exact_answer`."""
+    if not isinstance(text, str):
+      return None
+    if self.checker_name == "number":
+      return gsm8k_answer(text)
+    if self.checker_name == "math":
+      return boxed_answer(text)
+    return exact_answer(text)
 
   def reward(
     self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from jetrl.data.answer_extraction import DEFAULT_GSM8K_ORDER
+from jetrl.data.answer_extraction import DEFAULT_GSM8K_ORDER, gsm8k_answer
 from jetrl.data.loading import DatasetTask
 from jetrl.data.number_answer import read_number
 from jetrl.data.rewards import check_gsm8k_order, gsm8k_reward
@@ -67,6 +67,11 @@ class GSM8K(DatasetTask):
 
   def row_solution(self, row: dict) -> str:
     return strip_calculator_annotations(row["answer"]).strip()
+
+  def extract_answer(self, text: str) -> str | None:
+    """The final number the checker reads (`gsm8k_answer` in this task's order), canonical
+    (`jetrl.data.number_answer`)."""
+    return gsm8k_answer(text, self.order)
 
   def reward(
     self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]

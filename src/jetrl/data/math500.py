@@ -17,7 +17,9 @@ import decimal
 import math
 from typing import Any, Sequence
 
+from jetrl.data.answer_extraction import extract_boxed
 from jetrl.data.loading import DatasetTask
+from jetrl.data.math_normalize import normalize_latex
 from jetrl.data.math_equivalence import DEFAULT_TIMEOUT
 from jetrl.data.rewards import DEFAULT_BATCH_TIMEOUT, check_timeouts, math_reward
 
@@ -33,6 +35,12 @@ def answer_text(answer) -> str:
   if answer.is_integer():
     return str(int(answer))
   return format(decimal.Decimal(repr(answer)), "f")
+
+
+def boxed_answer(text) -> str | None:
+  """A completion's last `\\boxed{}`, normalised (`normalize_latex`); None without one."""
+  found = extract_boxed(text) if isinstance(text, str) else None
+  return None if found is None else normalize_latex(found)
 
 
 class Math500(DatasetTask):
@@ -90,6 +98,10 @@ class Math500(DatasetTask):
 
   def row_solution(self, row: dict) -> str:
     return row.get("solution") or ""
+
+  def extract_answer(self, text: str) -> str | None:
+    """The last `\\boxed{}` the checker reads, normalised (`normalize_latex`)."""
+    return boxed_answer(text)
 
   def reward(
     self, prompts: Sequence[str] | None, completions: Sequence[Any], answers: Sequence[str]

@@ -161,6 +161,10 @@ class SyntheticTask(Task):
     """The answer a completion gives, in the form `expected` compares (None: no answer)."""
     return final_answer(completion)
 
+  def extract_answer(self, text: str) -> str | None:
+    """The answer `answer_of` reads (`final_answer`; canonical numbers for chat_arithmetic)."""
+    return self.answer_of(text)
+
   def expected(self, answer: str) -> str:
     """The reference answer in the form `answer_of` gives."""
     return str(answer)

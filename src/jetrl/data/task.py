@@ -80,6 +80,9 @@ class Task(abc.ABC):
   num_problems(split): the number of distinct problems (None: unbounded, generated).
   needs_tokenizer: whether its text needs a model's own tokenizer (natural language), so a
     preset model with only the character tokenizer is refused at start-up, naming the flag.
+  extract_answer(text): optional; the answer a completion gives in a canonical form (equal
+    answers, equal strings), None when it gives none: what maj@k votes on
+    (`jetrl.train.pass_at_k`). A task without it reports pass@k alone (`answer_extractor`).
   """
 
   name: str = ""
@@ -106,6 +109,11 @@ class Task(abc.ABC):
     check_split(split)
     return None
 
+  def extract_answer(self, text: str) -> str | None:
+    """The completion's answer, canonical (None: it gives none); optional, see the class
+    docstring. The base task has none."""
+    raise NotImplementedError(f"task {self.name!r} gives no extracted answers")
+
   def problems(self, split: str, start: int = 0, count: int | None = None) -> Iterator[Problem]:
     """Problems `start, start + 1, ...` of a split (`count` of them, or without end)."""
     check_split(split)
@@ -120,6 +128,24 @@ class Task(abc.ABC):
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(name={self.name!r}, seed={self.seed})"
+
+
+def answer_extractor(task: Task):
+  """`extract_answer` of `task`'s checker (the task that says what is correct, so the vote is
+  on the answers it judges), never raising (a failure is no answer); None when the checker
+  has none."""
+  checker = getattr(task, "checker", task)
+  if type(checker).extract_answer is Task.extract_answer:
+    return None
+
+  def extract(text):
+    try:
+      found = checker.extract_answer(text)
+    except Exception:  # a malformed completion gives no answer
+      return None
+    return None if found is None else str(found)
+
+  return extract
 
 
 class WithReward(Task):

@@ -29,6 +29,8 @@ r_t = exp(Δ_t) = p_train(y_t) / p_rollout(y_t):
   n_tokens           N
   bin_abs_diff_mean  [n_bins] mean |Δ_t| per position bin (0 for an empty bin)
   bin_count          [n_bins] number of masked tokens per position bin
+  row_abs_diff_mean  [B] mean |Δ_t| over each row's masked tokens (0 for a row without
+                     one): the completions table's per-row |Δ log p|
 
 Δ is clamped to [-log_clamp, log_clamp] inside the exponentials of `kl_k3` and
 `prob_ratio_error` so they cannot overflow. The Pearson correlation is defined when a
@@ -143,7 +145,7 @@ def agreement_metrics(
 
   Returns:
     dict of float32 scalars, plus the [len(bin_edges)] arrays `bin_abs_diff_mean` and
-    `bin_count`.
+    `bin_count` and the [B] array `row_abs_diff_mean`.
   """
   chex.assert_rank([rollout_logp, train_logp, mask], 2)
   chex.assert_equal_shape([rollout_logp, train_logp, mask])
@@ -207,4 +209,6 @@ def agreement_metrics(
     M.N_TOKENS: n,
     M.BIN_ABS_DIFF_MEAN: bin_mean,
     M.BIN_COUNT: bin_count,
+    M.ROW_ABS_DIFF_MEAN: jnp.sum(jnp.where(m, abs_delta, 0.0), axis=1)
+    / jnp.maximum(jnp.sum(m, axis=1, dtype=_F32), 1.0),
   }

@@ -35,6 +35,7 @@ SEQ_ABS_SUM_MAX = "seq_abs_sum_max"  # max over rows of |sum_t Δ_t|
 N_TOKENS = "n_tokens"  # masked tokens compared
 BIN_ABS_DIFF_MEAN = "bin_abs_diff_mean"  # [n_bins] mean |Δ_t| per position bin
 BIN_COUNT = "bin_count"  # [n_bins] masked tokens per position bin
+ROW_ABS_DIFF_MEAN = "row_abs_diff_mean"  # [B] mean |Δ_t| of each row (not a step metric)
 
 AGREEMENT_KEYS = (
   ABS_DIFF_MEAN,
@@ -48,6 +49,7 @@ AGREEMENT_KEYS = (
   N_TOKENS,
   BIN_ABS_DIFF_MEAN,
   BIN_COUNT,
+  ROW_ABS_DIFF_MEAN,
 )
 
 AGREE_PREFIX = "agree/"
@@ -79,6 +81,8 @@ IS_MEAN_WEIGHT = "is_mean_weight"  # mean IS weight
 KL = "kl"  # KL to the reference policy; only with kl_coef > 0
 
 AGREE_ABS_DIFF_MEAN = agree(ABS_DIFF_MEAN)  # the mismatch a benchmark reports
+# Per row, [B]: the RL step moves it from the step's record to its completions table.
+AGREE_ROW_ABS_DIFF_MEAN = agree(ROW_ABS_DIFF_MEAN)
 
 UPDATE_KEYS = (
   LOSS,

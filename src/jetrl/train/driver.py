@@ -39,15 +39,8 @@ from jetrl.train.interrupt import Interrupts, RunInterrupted
 from jetrl.train.run_files import resolve_workdir, write_atomic
 from jetrl.train.skips import SkipTracker
 from jetrl.train.workdir import LOCK_NAME, start_fresh, take_workdir
-from jetrl.train.writers import (
-  WANDB_ID_FILE,
-  MetricWriter,
-  Progress,
-  Sinks,
-  TensorBoard,
-  WandB,
-  import_wandb,
-)
+from jetrl.train.sinks import Sinks, TensorBoard, WandB, check_packages, open_sinks, workdir_files
+from jetrl.train.writers import MetricWriter, Progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,21 +57,13 @@ RL = RunKind(
   "rl",
   "",
   ("metrics.jsonl", "eval.jsonl", "samples.jsonl"),
-  ("summary.json", "config.json", resume.CHANGES_FILE, "tb", "plots", WANDB_ID_FILE, "wandb"),
+  ("summary.json", "config.json", resume.CHANGES_FILE, "plots") + workdir_files(),
 )
 SFT = RunKind(
   "sft",
   "sft_",
   ("sft_metrics.jsonl", "sft_eval.jsonl"),
-  (
-    "sft_summary.json",
-    "sft_config.json",
-    resume.CHANGES_FILE,
-    "tb",
-    "plots",
-    "sft_" + WANDB_ID_FILE,
-    "wandb",
-  ),
+  ("sft_summary.json", "sft_config.json", resume.CHANGES_FILE, "plots") + workdir_files("sft_"),
 )
 
 
@@ -160,21 +145,31 @@ def say_length_change(start: int, saved_steps, steps: int, log) -> None:
 @dataclasses.dataclass
 class Outputs:
   """A run's files. Process 0 writes them; every process runs every step. `sinks`: where
-  metric writers mirror their scalars (TensorBoard, W&B, each if on), and the samples go."""
+  metric writers mirror their scalars (the logging backends that are on,
+  `jetrl.train.sinks`), and the samples, the configuration and the plots go."""
 
   workdir: str
   kind: RunKind
   primary: bool
-  tb: Optional[TensorBoard]
-  wandb: Optional[WandB] = None
+  opened: Optional[list] = None  # the sinks (`jetrl.train.sinks.open_sinks`)
 
   @property
   def sinks(self) -> Sinks:
-    return Sinks(self.tb, self.wandb)
+    return Sinks(*(self.opened or ()))
+
+  def _find(self, cls):
+    return next((s for s in self.opened or () if isinstance(s, cls)), None)
+
+  @property
+  def tb(self) -> Optional[TensorBoard]:
+    return self._find(TensorBoard)
+
+  @property
+  def wandb(self) -> Optional[WandB]:
+    return self._find(WandB)
 
   def writer(self, name: str, *, tensorboard: bool = True, tag=None) -> MetricWriter:
-    """The writer of `<workdir>/<prefix><name>.jsonl`, mirrored to TensorBoard and W&B if
-    asked."""
+    """The writer of `<workdir>/<prefix><name>.jsonl`, mirrored to the sinks if asked."""
     sinks = self.sinks
     return MetricWriter(
       self.workdir,
@@ -192,25 +187,19 @@ class Outputs:
     self.sinks.close()
 
 
-def open_outputs(cfg, kind: RunKind, start: int = 0) -> Outputs:
-  """The run's files, its configuration written as `<prefix>config.json`; a run resumed after
-  step `start` has TensorBoard purge what the run before it wrote past that step, and
-  continues the workdir's W&B run (`WandB`)."""
+def open_outputs(cfg, kind: RunKind, start: int = 0, log=None) -> Outputs:
+  """The run's files, its configuration written as `<prefix>config.json` and given to the
+  sinks; a run resumed after step `start` has TensorBoard purge what the run before it wrote
+  past that step, and continues the workdir's W&B and MLflow runs. `log` gets one line per
+  sink: where it writes and how to look."""
   primary = parallel.is_primary()
-  tb = wandb = None
-  if cfg.logging.tensorboard and primary:
-    tb = TensorBoard(cfg.workdir, purge_step=start + 1 if start else None)
-  if cfg.logging.wandb and primary:
-    wandb = WandB(
-      cfg.workdir,
-      cfg.to_dict(),
-      project=cfg.logging.wandb_project,
-      name=cfg.logging.wandb_name,
-      mode=cfg.logging.wandb_mode,
-      id_file=kind.prefix + WANDB_ID_FILE,
-    )
-  out = Outputs(cfg.workdir, kind, primary, tb, wandb)
+  out = Outputs(cfg.workdir, kind, primary, open_sinks(cfg, kind.prefix, start) if primary else [])
   out.write_json("config.json", cfg.to_dict())
+  sinks = out.sinks
+  if sinks:
+    sinks.config(cfg.to_dict())
+    for line in sinks.where() if log is not None else ():
+      log(line)
   return out
 
 
@@ -262,7 +251,13 @@ def make_hooks(
     log,
     cfg.eval.label,
   )
-  plot_hook = PlotHook(lambda: spec.draw(cfg.workdir), cfg.logging.plot_every)
+
+  def draw() -> list[str]:
+    paths = spec.draw(cfg.workdir)
+    out.sinks.artifacts(paths)  # the PNGs, to the sinks that keep files
+    return paths
+
+  plot_hook = PlotHook(draw, cfg.logging.plot_every)
 
   def meta(step: int, loop: LoopState) -> dict:
     return {"step": step, **spec.meta(loop), "kind": out.kind.kind, "config": cfg.to_dict()}
@@ -334,8 +329,7 @@ def run_guarded(cfg, task, log, body):
   if task is not None:
     cfg = given_task_config(cfg, task)
   cfg.check_paths()
-  if cfg.logging.wandb:
-    import_wandb()  # a missing package is an error before anything is built
+  check_packages(cfg.logging)  # a missing package is an error before anything is built
   parallel.maybe_initialize_distributed(log)  # several processes: before any JAX computation
   log = parallel.primary_log(log)  # the others say only their warnings and errors
   cfg = cfg.replace(workdir=resolve_workdir(cfg.workdir, log))  # a link: its folder, once

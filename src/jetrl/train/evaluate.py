@@ -9,6 +9,12 @@ problems are the first `--eval.size` of the task's test split, sampled greedily 
 `--eval.samples` completions each at `--eval.temperature`) under the recipe's rollout
 precision, `--eval.batch` at a time, stopping on every eos id of the tokenizer and the
 generation config: the same numbers as a run's own evaluation at its step 0 and end.
+
+With `--eval.k=1,4` (sampled: `--eval.temperature > 0`, `--eval.samples >= max k`) it also
+reports pass@k and maj@k (`jetrl.train.pass_at_k`). The completions table (one JSON line per
+completion: problem, sample, prompt, completion, answer, extracted answer, reward, correct,
+length) goes to `--samples_out`, or, without it, beside `--out` (`result.json` ->
+`result.samples.jsonl`); with neither it is not written.
 """
 
 from __future__ import annotations
@@ -42,7 +48,16 @@ class EvalRunConfig(RunConfig):
     "Face folder (none: --model.name's own weights).",
   )
   seed: int = seed_field("The task's seed (a random preset's init too).")
-  out: Optional[str] = field(None, "Also write the result as JSON to this file.")
+  out: Optional[str] = field(
+    None,
+    "Also write the result as JSON to this file, and the completions table beside it "
+    "(FILE.json -> FILE.samples.jsonl) unless --samples_out names another file.",
+  )
+  samples_out: Optional[str] = field(
+    None,
+    "Write the completions table here (JSON lines: problem, sample, prompt, completion, "
+    "answer, extracted, reward, correct, length; none: beside --out, or nowhere).",
+  )
   model: ModelSpec = node(ModelSpec, "The model.")
   task: TaskConfig = node(TaskConfig, "The task, its prompt format and reward.")
   sampling: GenerationConfig = node(GenerationConfig, "The generation budget per problem.")
@@ -56,6 +71,21 @@ class EvalRunConfig(RunConfig):
       validation.check_local("out", self.out)
       if os.path.isdir(self.out):
         raise validation.FlagError("out", f"{self.out!r} is a directory; give a file name")
+    if self.samples_out is not None:
+      validation.check_local("samples_out", self.samples_out)
+      if os.path.isdir(self.samples_out):
+        raise validation.FlagError(
+          "samples_out", f"{self.samples_out!r} is a directory; give a file name"
+        )
+
+  @property
+  def table_path(self) -> Optional[str]:
+    """Where the completions table goes: --samples_out, else beside --out, else None."""
+    if self.samples_out is not None:
+      return self.samples_out
+    if self.out is not None:
+      return os.path.splitext(self.out)[0] + ".samples.jsonl"
+    return None
 
 
 def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
@@ -99,6 +129,7 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     )
     t0 = time.time()
     run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg)
+    table = [] if cfg.table_path is not None else None
     with ticking("compiling the sampler (first batch only) and evaluating", log) as clock:
       res = evaluation.evaluate(
         params,
@@ -107,6 +138,7 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
         cfg.eval,
         max_new_tokens=cfg.sampling.max_new_tokens,
         log=clock.line,
+        table=table,
       )
   finally:
     if reward is not None:
@@ -116,11 +148,20 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
     f"{cfg.eval.label} {res['eval_accuracy']:.3f} (reward {res['eval_reward']:.3f}, length "
     f"{res['eval_length']:.1f}) on {cfg.eval.size} held-out problems in {res['seconds']:.0f}s"
   )
+  at_k = evaluation.at_k_line(res, cfg.eval.k)
+  if at_k:
+    log(at_k)
+  if table is not None:
+    _write_atomic(cfg.table_path, "".join(json.dumps(r) + "\n" for r in table))
+    log(f"completions table: {cfg.table_path} ({len(table)} rows)")
   if cfg.out is not None:
-    parent = os.path.dirname(os.path.abspath(cfg.out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{cfg.out}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(dict(res, config=cfg.to_dict()), f, indent=1)
-    os.replace(tmp, cfg.out)
+    _write_atomic(cfg.out, json.dumps(dict(res, config=cfg.to_dict()), indent=1))
   return res
+
+
+def _write_atomic(path: str, text: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)

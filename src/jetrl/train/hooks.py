@@ -17,6 +17,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from jetrl.train.evaluation import at_k_line
 from jetrl.train.progress import ticking
 from jetrl.train.skips import SkipTracker
 from jetrl.train.writers import MetricWriter, Progress
@@ -77,7 +78,7 @@ class MetricsHook(Hook):
 class SamplesHook(Hook):
   """Appends the step's sampled completions (records with their own "step") to `writer`
   when the step produced them (`--logging.samples_every`), and gives them to `sinks` (a
-  table in TensorBoard and W&B: `jetrl.train.writers.Sinks`) if given."""
+  table in TensorBoard, W&B and MLflow: `jetrl.train.sinks.Sinks`) if given."""
 
   every = 1
   at_end = False
@@ -105,6 +106,9 @@ class SkipHook(Hook):
     self.tracker.update(step, loop.skipped, self.updates_per_step)
 
 
+PASS_KEY = "eval_pass_at_"  # eval_pass_at_K: pass@K of an evaluation with --eval.k
+
+
 class EvalHook(Hook):
   """Greedy evaluation on held-out problems: `evaluate(loop) -> {"eval_accuracy", ...}`,
   written to `writer` and logged."""
@@ -130,9 +134,16 @@ class EvalHook(Hook):
       self.last = self.evaluate(loop)
     self.writer.write(step, self.last)
     bf16 = self.last.get("eval_accuracy_bf16")
+    ks = sorted(
+      int(key[len(PASS_KEY) :])
+      for key in self.last
+      if key.startswith(PASS_KEY) and key[len(PASS_KEY) :].isdigit()
+    )
+    at_k = at_k_line(self.last, ks)
     self.log(
       f"  eval @ step {step}: {self.label} {self.last['eval_accuracy']:.3f}"
       + ("" if bf16 is None else f" (bf16 rollout: {bf16:.3f})")
+      + (f", {at_k}" if at_k else "")
       + f" on {self.size} held-out problems ({time.time() - t0:.1f}s)"
     )
 

@@ -243,7 +243,7 @@ def _run(cfg: TrainConfig, log, given=None, reward=None, *, user=()) -> dict:
   log(_banner(cfg, p))
   ckpt = Checkpointer(cfg.workdir, cfg.checkpoint.keep)
   state, start, data_pos = _restore(cfg, ckpt, _initial_state(cfg, p, log), log)
-  out = driver.open_outputs(cfg, driver.RL, start)
+  out = driver.open_outputs(cfg, driver.RL, start, log)
   rl_step = _rl_step(cfg, p)
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state, data_pos=data_pos)

@@ -263,9 +263,29 @@ class EvalConfig:
     "RL: also score each evaluation with the bf16 rollout precision (eval_accuracy_bf16), so "
     "that recipes are compared on one scale as well as in their own rollout precision.",
   )
+  k: tuple[int, ...] = field(
+    (),
+    "Also report pass@k and maj@k for each k (eval_pass_at_K, eval_maj_at_K): pass@k the "
+    "unbiased estimate from the --eval.samples completions per problem, maj@k a majority vote "
+    "of the task's extracted answers over the first k (needs --eval.temperature > 0 and "
+    "--eval.samples >= max k; empty: neither).",
+    lo=1,
+  )
 
   def __post_init__(self):
     check_fields(self)
+    if self.k and not self.temperature > 0:
+      raise ConfigError(
+        None,
+        f"--eval.k={','.join(map(str, self.k))} needs sampled completions: set "
+        "--eval.temperature > 0 (and --eval.samples >= max k)",
+      )
+    if self.k and self.samples < max(self.k):
+      raise ConfigError(
+        None,
+        f"--eval.k={','.join(map(str, self.k))} needs --eval.samples >= {max(self.k)} "
+        f"completions per problem (got --eval.samples={self.samples})",
+      )
 
   @property
   def rows(self) -> int:
@@ -294,8 +314,8 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-  """Metric records (JSON lines, the source of truth), TensorBoard, Weights & Biases, PNG plots
-  and sampled completions."""
+  """Metric records (JSON lines, the source of truth), TensorBoard, Weights & Biases, MLflow,
+  PNG plots and the completions table."""
 
   every: int = field(1, "Write a metrics record and a console line every N steps.", lo=1)
   tensorboard: bool = field(
@@ -307,14 +327,15 @@ class LoggingConfig:
   )
   samples_every: Optional[int] = field(
     10,
-    "Write sampled completions of every N-th RL step to <workdir>/samples.jsonl (prompt, "
-    "tokens, text, reward), and as a table to TensorBoard and Weights & Biases (none: never).",
+    "Write the completions table of every N-th RL step to <workdir>/samples.jsonl (one row per "
+    "distinct prompt: prompt, completion, answer, reward, correct, length, |dlogp|, tokens), "
+    "and to TensorBoard's text tab, Weights & Biases and MLflow (none: never).",
     lo=1,
   )
   samples_rows: Optional[int] = field(
     4,
-    "How many of the step's sampled rows --logging.samples_every writes: the first ones "
-    "(none: every row).",
+    "How many rows the completions table of --logging.samples_every has: one completion "
+    "(the first) of each of the step's first N prompts (none: one of every prompt).",
     lo=1,
   )
   wandb: bool = field(
@@ -331,6 +352,21 @@ class LoggingConfig:
     "offline: write the run under <workdir>/wandb only, no network (upload it later with "
     "`wandb sync <workdir>/wandb/offline-run-*`); online: stream it to the W&B server.",
     choices=WANDB_MODES,
+  )
+  mlflow: bool = field(
+    False,
+    "Also log the metrics (eval.jsonl's as eval/*), the configuration (params and "
+    "config.json), the completions table and the plots to MLflow (needs the mlflow package: "
+    "pip install 'jetrl[mlflow]'); a resumed run continues the same MLflow run.",
+  )
+  mlflow_uri: Optional[str] = field(
+    None,
+    "The MLflow tracking URI of --logging.mlflow: a server (http://...) or a store (none: a "
+    "file store under <workdir>/mlruns; look with `mlflow ui --backend-store-uri URI`).",
+  )
+  mlflow_experiment: str = field("jetrl", "The MLflow experiment of --logging.mlflow.")
+  mlflow_run_name: Optional[str] = field(
+    None, "The MLflow run name (none: the workdir's base name)."
   )
 
   def __post_init__(self):

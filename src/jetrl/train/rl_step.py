@@ -97,10 +97,6 @@ class RLStep:
     batch = make_train_batch(
       out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs, rows(adv)
     )
-    samples = None
-    every = cfg.logging.samples_every
-    if every is not None and (step + 1) % every == 0:
-      samples = self._samples(step + 1, problems, out, rewards)
     t_reward = time.time() - t0 - t_roll
 
     t1 = time.time()
@@ -124,6 +120,11 @@ class RLStep:
       )
       jax.block_until_ready(state.params)
     t_update = time.time() - t1
+    row_dlogp = m.pop(names.AGREE_ROW_ABS_DIFF_MEAN, None)  # per row: the table's, not the record's
+    samples = None
+    every = cfg.logging.samples_every
+    if every is not None and (step + 1) % every == 0:
+      samples = self._samples(step + 1, problems, out, rewards, correct, row_dlogp, batch.mask)
 
     record = dict(
       reward_mean=float(shaped.mean()),
@@ -152,22 +153,27 @@ class RLStep:
       return x
     return parallel.put(x, self.pieces.layout.rows_sharding(x.shape[0], strict=True))
 
-  def _samples(self, step: int, problems, out, rewards) -> list[dict]:
-    """The step's first `--logging.samples_rows` rows (none: all) as records of samples.jsonl
-    (`--logging.samples_every`): every process gathers the tokens (a collective), the primary
-    writes them."""
+  def _samples(self, step: int, problems, out, rewards, correct, row_dlogp, mask) -> list[dict]:
+    """The step's completions table, records of samples.jsonl (`--logging.samples_every`):
+    one row per distinct prompt (the first of its `--sampling.n` completions), for the first
+    `--logging.samples_rows` prompts (none: every prompt), with the checker's verdict and the
+    row's mean |training - rollout log-prob| over its tokens (None for a row the update did
+    not train on: dropped or masked). Every process gathers the arrays (a collective), the
+    primary writes them."""
     n = self.cfg.sampling.n
-    tokens, lengths = parallel.to_host((out.tokens, out.lengths))
+    tokens, lengths, dlogp, mask = parallel.to_host((out.tokens, out.lengths, row_dlogp, mask))
     stop = set(pieces.token_ids(self.pieces.tok).stop)
-    rows = tokens.shape[0]
+    prompts = len(problems)
     if self.cfg.logging.samples_rows is not None:
-      rows = min(rows, self.cfg.logging.samples_rows)
+      prompts = min(prompts, self.cfg.logging.samples_rows)
     records = []
-    for r in range(rows):
+    for p_i in range(prompts):
+      r = p_i * n
       length = int(lengths[r])
       ids = [int(t) for t in tokens[r, :length]]
       text = pieces.decode(self.pieces.tok, ids[:-1] if ids and ids[-1] in stop else ids)
-      p = problems[r // n]
+      p = problems[p_i]
+      trained = dlogp is not None and bool(np.any(mask[r]))
       records.append(
         dict(
           step=step,
@@ -178,6 +184,8 @@ class RLStep:
           tokens=ids,
           length=length,
           reward=float(rewards[r]),
+          correct=bool(correct[r]),
+          abs_dlogp=float(dlogp[r]) if trained else None,
         )
       )
     return records

@@ -22,12 +22,7 @@ def score_rows(task, tok, problems, tokens, lengths):
   [R, T] and `lengths` [R] its sampled ids (numpy); a trailing stop id is not part of the
   text. `correct` (bool) is the task's checker's reward >= 1, the checker called only when it
   is not the task that gave the rewards."""
-  toks, lens = np.asarray(tokens), np.asarray(lengths)
-  stop = set(stop_token_ids(tok) or (int(tok.eos_token_id),))
-  texts = []
-  for row, n in zip(toks, lens):
-    row = row[:n]
-    texts.append(_decode(tok, row[:-1] if n and int(row[-1]) in stop else row))
+  texts = decode_rows(tok, tokens, lengths)
   prompts = [p.prompt for p in problems]
   answers = [p.answer for p in problems]
   rewards = checked_rewards(task, task.reward(prompts, texts, answers))
@@ -35,6 +30,18 @@ def score_rows(task, tok, problems, tokens, lengths):
   if checker is task:
     return texts, rewards, rewards >= 1.0
   return texts, rewards, checked_rewards(checker, checker.reward(prompts, texts, answers)) >= 1.0
+
+
+def decode_rows(tok, tokens, lengths) -> list[str]:
+  """The text of each completion row (numpy `tokens` [R, T], `lengths` [R]); a trailing stop
+  id is not part of it."""
+  toks, lens = np.asarray(tokens), np.asarray(lengths)
+  stop = set(stop_token_ids(tok) or (int(tok.eos_token_id),))
+  texts = []
+  for row, n in zip(toks, lens):
+    row = row[:n]
+    texts.append(_decode(tok, row[:-1] if n and int(row[-1]) in stop else row))
+  return texts
 
 
 def checked_rewards(task, values) -> np.ndarray:

@@ -290,7 +290,7 @@ def _run_sft(cfg: SFTConfig, log, given=None, reward=None, *, user=()) -> dict:
   start = 0 if meta is None else int(meta["step"])
   if meta is not None:
     log(f"resumed SFT at step {start} from {ckpt.restored}")
-  out = driver.open_outputs(cfg, driver.SFT, start)
+  out = driver.open_outputs(cfg, driver.SFT, start, log)
   hooks = _hooks(cfg, p, out, ckpt, start, log, user)
   loop = LoopState(state=state)
   step = SFTStep(cfg, p, train_tasks, step_fn, int(state["opt_state"].skipped), log, start)

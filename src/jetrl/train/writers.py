@@ -1,5 +1,5 @@
-"""Metric writers: JSON lines (the source of truth), TensorBoard, Weights & Biases, and a
-console progress line.
+"""Metric writers: JSON lines (the source of truth), mirrored to the logging backends
+(`jetrl.train.sinks`: TensorBoard, Weights & Biases, MLflow), and a console progress line.
 
 A process killed while appending can leave a last line cut short. Readers drop such a torn
 last line with a warning (the run that resumes writes that step again); a bad line anywhere
@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
-import string
 import sys
 import time
 import warnings
@@ -24,8 +22,18 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from jetrl.config import FlagError
-from jetrl.train.run_files import append_text, own_dir, refuse_link, write_atomic
+from jetrl.train.run_files import append_text, refuse_link, write_atomic
+
+# The backends moved to jetrl.train.sinks (one file each); their names stay importable here.
+from jetrl.train.sinks import (  # noqa: F401
+  SAMPLE_COLUMNS,
+  WANDB_ID_FILE,
+  Sinks,
+  TensorBoard,
+  WandB,
+  import_wandb,
+  sample_rows,
+)
 
 
 def _clean(d: dict) -> dict:
@@ -38,183 +46,6 @@ def _clean(d: dict) -> dict:
     else:
       out[k] = arr.tolist()
   return out
-
-
-class TensorBoard:
-  """One TensorBoard event writer for a run (under <workdir>/tb), shared by its metric
-  writers; created on first use, as a new event file.
-
-  purge_step: a resumed run's first step (the restored checkpoint's + 1). The file then starts
-  with a session start at that step, which makes TensorBoard drop the earlier files' events at
-  that step and past (those the interrupted run wrote after its checkpoint, which this run
-  writes again), so every step shows one point. Event files are named so that a later writer's
-  sorts after an earlier one's (TensorBoard reads them in name order) and never replaces it,
-  even within one second."""
-
-  def __init__(self, workdir: str, purge_step: Optional[int] = None):
-    self.directory = os.path.join(workdir, "tb")
-    self.purge_step = purge_step
-    self._writer = None
-
-  def _open(self):
-    if self._writer is None:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-
-      own_dir(self.directory)  # never a link's target
-      self._writer = SummaryWriter(
-        self.directory, purge_step=self.purge_step, filename_suffix=f".{time.time_ns():020d}"
-      )
-    return self._writer
-
-  def scalars(self, step: int, values: dict[str, float]) -> None:
-    writer = self._open()
-    for tag, v in values.items():
-      writer.add_scalar(tag, v, step)
-    writer.flush()
-
-  def samples(self, step: int, records: list[dict]) -> None:
-    """The step's samples as a markdown table under the "samples" text tag."""
-    lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + " --- |" * len(SAMPLE_COLUMNS)]
-    for row in sample_rows(records):
-      cells = (str(v).replace("|", "\\|").replace("\n", "<br>") for v in row)
-      lines.append("| " + " | ".join(cells) + " |")
-    writer = self._open()
-    writer.add_text("samples", "\n".join(lines), step)
-    writer.flush()
-
-  def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
-
-
-# The columns of the samples table (TensorBoard's text, W&B's table): a samples.jsonl record's
-# fields but its token ids.
-SAMPLE_COLUMNS = ("step", "row", "prompt", "completion", "answer", "reward", "length")
-WANDB_ID_FILE = "wandb_id"  # <workdir>/<prefix>wandb_id: the run's W&B id, kept for a resume
-_ID_CHARS = string.ascii_lowercase + string.digits
-
-
-def sample_rows(records: list[dict]) -> list[list]:
-  return [[r.get(c) for c in SAMPLE_COLUMNS] for r in records]
-
-
-def import_wandb():
-  """The wandb module, or a one-line FlagError saying how to install it (`--logging.wandb` is
-  checked so when a run starts: `jetrl.train.driver.run_guarded`)."""
-  try:
-    import wandb  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise FlagError(
-      "logging.wandb",
-      f"needs the wandb package ({e}): pip install wandb, or pip install 'jetrl[wandb]'",
-    ) from None
-  return wandb
-
-
-class WandB:
-  """The Weights & Biases run of a workdir, beside its TensorBoard (the same `scalars` and
-  `samples`), with `config` (the run's configuration) as its config; started on first use, its
-  files under <workdir>/wandb.
-
-  The run's id is kept in <workdir>/<id_file> (written atomically), and a resumed jetrl run
-  continues that W&B run (`resume="allow"`). A resumed jetrl run redoes the steps the
-  interrupted one ran past its last checkpoint, with the same values (it resumes bit-exactly;
-  only the time/* measurements differ). W&B needs increasing steps and drops a step at or
-  before the last it holds with a warning: those repeated steps are the ones dropped, and that
-  loses nothing. Offline (the default), each process writes an offline-run-* folder of its
-  own under <workdir>/wandb with the run's id (a resumed one holds the redone steps again, with
-  the same values); `wandb sync <workdir>/wandb/offline-run-*` uploads them."""
-
-  def __init__(
-    self,
-    workdir: str,
-    config: dict,
-    *,
-    project: str = "jetrl",
-    name: Optional[str] = None,
-    mode: str = "offline",
-    id_file: str = WANDB_ID_FILE,
-  ):
-    self.workdir, self.config = workdir, config
-    self.project, self.mode = project, mode
-    self.name = name or os.path.basename(os.path.normpath(workdir))
-    self.id_path = os.path.join(workdir, id_file)
-    self._wandb = import_wandb()
-    self._run = None
-
-  def run_id(self) -> str:
-    """The workdir's W&B run id: the one kept there, else a new one, kept."""
-    if os.path.lexists(self.id_path):
-      refuse_link(self.id_path)
-      with open(self.id_path, encoding="utf-8", errors="replace") as f:
-        run_id = f.read(200).strip()
-      if run_id:
-        if not (len(run_id) <= 64 and all(c in _ID_CHARS for c in run_id)):
-          raise ValueError(
-            f"{self.id_path}: not a W&B run id ({run_id[:40]!r}); it holds lowercase letters "
-            "and digits (delete the file to start a new W&B run)"
-          )
-        return run_id
-    run_id = "".join(secrets.choice(_ID_CHARS) for _ in range(8))
-    write_atomic(self.id_path, run_id + "\n")
-    return run_id
-
-  def _open(self):
-    if self._run is None:
-      self._run = self._wandb.init(
-        project=self.project,
-        name=self.name,
-        id=self.run_id(),
-        resume="allow",
-        dir=self.workdir,
-        mode=self.mode,
-        config=self.config,
-        settings=self._wandb.Settings(console="off", silent=True),
-      )
-    return self._run
-
-  def scalars(self, step: int, values: dict[str, float]) -> None:
-    if values:
-      self._open().log(dict(values), step=step)
-
-  def samples(self, step: int, records: list[dict]) -> None:
-    table = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=sample_rows(records))
-    self._open().log({"samples": table}, step=step)
-
-  def close(self) -> None:
-    if self._run is not None:
-      self._run.finish()
-      self._run = None
-
-
-class Sinks:
-  """Several sinks (`TensorBoard`, `WandB`) as one: each call goes to every one of them."""
-
-  def __init__(self, *sinks):
-    self.sinks = [s for s in sinks if s is not None]
-
-  def __bool__(self) -> bool:
-    return bool(self.sinks)
-
-  def scalars(self, step: int, values: dict[str, float]) -> None:
-    for s in self.sinks:
-      s.scalars(step, values)
-
-  def samples(self, step: int, records: list[dict]) -> None:
-    for s in self.sinks:
-      s.samples(step, records)
-
-  def close(self) -> None:
-    """Closes every sink, even when one fails (the first error raised after)."""
-    error = None
-    for s in self.sinks:
-      try:
-        s.close()
-      except Exception as e:  # pylint: disable=broad-except
-        error = error or e
-    if error is not None:
-      raise error
 
 
 class MetricWriter:
