@@ -83,7 +83,7 @@ def _keep_checkpoint(src_sft: str, dst_sft: str) -> None:
 def keep(root: str, dest: str) -> None:
   """Copies each finished job's kept files, the warm starts' summaries and the timings."""
   done = 0
-  for job in round4.jobs(root):
+  for job in round4.jobs(root, left_out=True):
     if not round4.job_done(root, job):
       continue
     src = round4.job_dir(root, job)
@@ -178,8 +178,10 @@ def judge(folder: str) -> dict:
   kinds = machines(tiny)
   mixed = {tuple(u) for u in kinds.get("primary", {}).get("mixed_units", [])}
   one_kind = [r for r in part("primary") if (r["warm"], r["length"], r["seed"]) not in mixed]
+  chosen, left_out = round4.primary_warm_starts(folder)
   out = dict(
     prereg_commit=registered,
+    primary_warm_starts=dict(used=list(chosen), left_out_by_the_gate=list(left_out)),
     machines=kinds,
     primary={o: prereg4.judge_primary(part("primary"), 9, o) for o in prereg4.OUTCOMES},
     primary_one_machine_kind=prereg4.judge_primary(one_kind, 9, "primary"),

@@ -284,3 +284,20 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   assert v["primary_one_machine_kind"]["primary"]["n"] == 3
   # bf16@recompute equals bf16 in every unit: the difference is 0
   assert v["primary"]["primary"]["secondary_family"]["bf16 - bf16@recompute"]["mean"] == 0.0
+
+
+def test_a_warm_start_that_answers_nothing_is_replaced_by_the_next_seed(tmp_path):
+  root = str(tmp_path / "root")
+  assert round4.primary_warm_starts(root) == ((0, 1, 2), ())  # nothing known yet: as designed
+  for warm, acc in ((0, 0.30), (1, 0.0), (2, 0.049)):
+    d = os.path.join(root, f"w{warm}", "runs", "L9", "bf16", "seed0")
+    os.makedirs(d)
+    with open(os.path.join(d, "eval.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 0, "eval_accuracy": acc, "eval_accuracy_bf16": acc}) + "\n")
+  # w1 and w2 answer fewer than 5% of the length-9 problems before RL: left out, w3 and w4 in
+  assert round4.primary_warm_starts(root) == ((0, 3, 4), (1, 2))
+  names = [round4.job_name(j) for j in round4.jobs(root) if j["part"] == "primary"]
+  assert len(names) == 81 and names[3] == "w3/L9/bf16/seed0"
+  assert not any(n.startswith(("w1/", "w2/")) for n in names)
+  kept = [round4.job_name(j) for j in round4.jobs(root, left_out=True) if j["part"] == "primary"]
+  assert len(kept) == 135 and "w1/L9/jet/seed8" in kept

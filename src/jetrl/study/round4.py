@@ -66,8 +66,53 @@ def warm_dir(root: str, warm: int) -> str:
   return os.path.join(root, f"w{int(warm)}")
 
 
-def jobs(root: str) -> list[dict]:
-  """Every job of the round, in the pre-registered order."""
+# Amendment 2 (docs/study/round4/amendments.md): a primary warm start whose held-out accuracy at
+# length 9 before RL (its runs' step-0 evaluation, bf16-scored) is below WARM_GATE gives every
+# run a reward of 0 and no gradient, so it cannot show learning; it is left out, and the next SFT
+# seed takes its place, until design.WARM_SEEDS' count of warm starts pass (at most MAX_WARM_SEED).
+WARM_GATE = 0.05
+MAX_WARM_SEED = 20
+
+
+def warm_start_feasible(root: str, warm: int) -> Optional[bool]:
+  """None until a length-9 run of warm start `warm` has evaluated its step 0; then whether its
+  bf16-scored held-out accuracy there reaches WARM_GATE (every arm evaluates the same params)."""
+  base = os.path.join(warm_dir(root, warm), "runs", "L9")
+  if not os.path.isdir(base):
+    return None
+  for arm in sorted(os.listdir(base)):
+    if not os.path.isdir(os.path.join(base, arm)):
+      continue
+    for seed_dir in sorted(os.listdir(os.path.join(base, arm))):
+      path = os.path.join(base, arm, seed_dir, "eval.jsonl")
+      if not os.path.isfile(path):
+        continue
+      with open(path) as f:
+        line = f.readline()
+      try:
+        first = json.loads(line)
+      except ValueError:
+        continue
+      if first.get("step") == 0 and "eval_accuracy_bf16" in first:
+        return float(first["eval_accuracy_bf16"]) >= WARM_GATE
+  return None
+
+
+def primary_warm_starts(root: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(the warm starts the primary runs on: those that passed the gate or are not yet known, in
+  SFT-seed order; those the gate left out)."""
+  chosen, left_out = [], []
+  warm = design.WARM_SEEDS[0]
+  while len(chosen) < len(design.WARM_SEEDS) and warm <= MAX_WARM_SEED:
+    (left_out if warm_start_feasible(root, warm) is False else chosen).append(warm)
+    warm += 1
+  return tuple(chosen), tuple(left_out)
+
+
+def jobs(root: str, *, left_out: bool = False) -> list[dict]:
+  """Every job of the round, in the pre-registered order (with amendment 2's choice of the
+  primary's warm starts); left_out: also the primary jobs of the warm starts the gate left out
+  (for keeping what they ran)."""
   out = []
   for part in design.PARTS:
     if part == "smollm2":
@@ -75,7 +120,11 @@ def jobs(root: str) -> list[dict]:
         for recipe in design.SMOLLM2_RECIPES:
           out.append(dict(part=part, warm=None, length=None, arm=recipe, seed=seed))
       continue
-    warms = design.WARM_SEEDS if part == "primary" else (0,)
+    if part == "primary":
+      chosen, excluded = primary_warm_starts(root)
+      warms = tuple(sorted(chosen + excluded)) if left_out else chosen
+    else:
+      warms = (0,)
     seeds = dict(
       primary=design.PRIMARY_SEEDS,
       crossover=design.CROSSOVER_SEEDS,
