@@ -43,6 +43,7 @@ from jetrl.study.config import (
 from jetrl.study.provenance import check as check_prereg
 from jetrl.train.loop import run
 from jetrl.train.sft import run_sft
+from jetrl.train.workdir import pid_alive
 
 PREREG_FILES = (
   "docs/study/round4/prereg.md",
@@ -166,13 +167,7 @@ def job_done(root: str, job: dict) -> bool:
 def _alive(pid: int, host: str) -> bool:
   if host != socket.gethostname():
     return True  # another machine's worker: trust its claim
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
+  return pid_alive(pid)
 
 
 def claim(folder: str) -> bool:

@@ -33,7 +33,8 @@ LOCK_NAME = ".lock"
 PREVIOUS_DIR = "previous"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+  """Whether process `pid` of this machine is running."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -68,7 +69,7 @@ class WorkdirLock:
         busy = (
           pid is not None
           and pid != os.getpid()
-          and _pid_alive(pid)
+          and pid_alive(pid)
           and (self._text().split(" ")[1:2] in ([], [socket.gethostname()]))
         )
       else:
@@ -86,7 +87,7 @@ class WorkdirLock:
     previous = self._holder()
     pid = self._pid()
     if pid is not None and pid != os.getpid():
-      state = "no longer running" if not _pid_alive(pid) else "not holding it"
+      state = "no longer running" if not pid_alive(pid) else "not holding it"
       log(f"taking over the lock of {previous} in {workdir} ({state})")
     os.ftruncate(self.fd, 0)
     os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
