@@ -7,7 +7,7 @@ import os
 from typing import Optional
 
 from jetrl.config import FlagError, field, node
-from jetrl.models import smollm2
+from jetrl.models.io import smollm2
 from jetrl.precision import RECIPES
 from jetrl.train import ModelSpec
 from jetrl.train.validation import check_model

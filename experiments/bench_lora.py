@@ -69,7 +69,7 @@ def _child(spec: str) -> dict:
   recipe, rank = spec.split(":")
   model = FLAGS.model
   if model is None:
-    from jetrl.models.smollm2 import smollm2_folder
+    from jetrl.models.io.smollm2 import smollm2_folder
 
     model = smollm2_folder()
   states = []

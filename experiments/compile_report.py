@@ -79,7 +79,7 @@ def _model_config():
   import dataclasses
 
   from jetrl.models import PRESETS, get_config
-  from jetrl.models.hf_io import config_from_hf, resolve_path
+  from jetrl.models.io.hf_io import config_from_hf, resolve_path
 
   if FLAGS.model.lower() in PRESETS:
     cfg = get_config(FLAGS.model)

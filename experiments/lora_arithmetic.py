@@ -138,7 +138,7 @@ def main(argv):
 
   model = FLAGS.model
   if model is None:
-    from jetrl.models.smollm2 import smollm2_folder
+    from jetrl.models.io.smollm2 import smollm2_folder
 
     model = smollm2_folder()
   if not os.path.isdir(model):

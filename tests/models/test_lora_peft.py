@@ -10,10 +10,10 @@ import pytest
 
 from conftest import one_torch_thread, tiny_llama_config
 from jetrl.models import forward
-from jetrl.models.export import export_hf
-from jetrl.models.hf_io import load_pretrained
+from jetrl.models.io.export import export_hf
+from jetrl.models.io.hf_io import load_pretrained
 from jetrl.models.lora import LoraConfig, attach, init_adapters, merge
-from jetrl.models.lora_export import export_peft
+from jetrl.models.io.lora_export import export_peft
 from jetrl.precision import get_recipe
 
 torch = pytest.importorskip("torch")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from jetrl import models as M
-from jetrl.models.hf_config import config_from_hf, config_to_hf
+from jetrl.models.io.hf_config import config_from_hf, config_to_hf
 from model_helpers import tiny_config
 
 REAL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "llama-3.1-8b")

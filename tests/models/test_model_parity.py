@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
-from jetrl.models.hf_config import config_from_hf, config_to_hf
+from jetrl.models.io.hf_config import config_from_hf, config_to_hf
 from jetrl.precision import get_recipe
 from model_helpers import (
   HF_SHAPE,

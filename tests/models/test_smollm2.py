@@ -23,7 +23,7 @@ from conftest import one_torch_thread
 
 from jetrl import models as M
 from jetrl.data.prompts import chat_prompt_ids, render_prompt, user_message
-from jetrl.models import smollm2
+from jetrl.models.io import smollm2
 from jetrl.sampling import SamplingConfig, sample
 from model_helpers import rel_err
 

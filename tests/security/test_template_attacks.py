@@ -13,7 +13,7 @@ import pytest
 
 from jetrl import models as M
 from jetrl.data import chat_prompt_ids
-from jetrl.models.chat_render import ChatTemplateError, TemplateRenderer
+from jetrl.models.io.chat_render import ChatTemplateError, TemplateRenderer
 
 tokenizers = pytest.importorskip("tokenizers")
 jinja2 = pytest.importorskip("jinja2")

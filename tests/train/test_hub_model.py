@@ -14,7 +14,7 @@ import pytest
 
 from conftest import parse_flags
 from jetrl.config import FlagError
-from jetrl.models.hub import hub_cache
+from jetrl.models.io.hub import hub_cache
 from jetrl.train import pieces, run
 from jetrl.train.validation import check_model
 

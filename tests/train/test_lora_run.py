@@ -14,7 +14,7 @@ from conftest import quiet
 from jetrl.config import ConfigError, FlagError
 from jetrl.data import Problem, Task
 from jetrl.models import forward, init_params
-from jetrl.models.hf_io import load_pretrained
+from jetrl.models.io.hf_io import load_pretrained
 from jetrl.models.lora import LoraConfig, attach
 from jetrl.precision import get_recipe
 from jetrl.train import run

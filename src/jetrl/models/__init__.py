@@ -4,8 +4,8 @@ from jetrl.models.cache import KVCache, init_cache, positions_from_mask
 from jetrl.models.config import PRESETS, ModelConfig, RopeScaling, get_config
 from jetrl.models.families import ARCHITECTURES, FAMILIES, SPECS, FamilySpec, family_spec
 from jetrl.models.decoder import forward, forward_cached, hidden_states
-from jetrl.models.export import export_hf
-from jetrl.models.hf_io import load_pretrained, save_pretrained
+from jetrl.models.io.export import export_hf
+from jetrl.models.io.hf_io import load_pretrained, save_pretrained
 from jetrl.models.logprobs import logprobs_from_hidden, token_logprobs
 from jetrl.models.params import (
   LINEAR_WEIGHTS,
@@ -19,7 +19,7 @@ from jetrl.models.rollout_weights import (
   prequantize_linear_weights,
   rollout_weights,
 )
-from jetrl.models.hf_tokenizer import (
+from jetrl.models.io.hf_tokenizer import (
   HFTokenizer,
   check_vocab,
   generation_eos_ids,

@@ -1,7 +1,7 @@
 """Model families: everything that tells one checkpoint architecture from another, as data.
 
 A family is one `FamilySpec` in `SPECS` (keyed by `ModelConfig.family`). The config check
-(`jetrl.models.config`), the Hugging Face reader and writer (`jetrl.models.hf_io`) and the
+(`jetrl.models.config`), the Hugging Face reader and writer (`jetrl.models.io.hf_io`) and the
 tests read the spec; none of them branches on a family's name. Adding a family is one entry
 here and its case in tests/models/test_model_parity.py (docs/models.md, "Adding a family").
 """

@@ -21,12 +21,12 @@ from typing import Optional
 
 from jetrl.config import FlagError, check_fields, field, from_dict
 from jetrl.models import PRESETS
-from jetrl.models.export import EXPORT_DTYPES, export_hf
-from jetrl.models.hub import is_hub_id
-from jetrl.models.folder_paths import check_replaceable
+from jetrl.models.io.export import EXPORT_DTYPES, export_hf
+from jetrl.models.io.hub import is_hub_id
+from jetrl.models.io.folder_paths import check_replaceable
 from jetrl.train import pieces
 from jetrl.models.lora import LoraConfig, merge
-from jetrl.models.lora_export import export_peft
+from jetrl.models.io.lora_export import export_peft
 from jetrl.train.checkpoint import load_params_from, read_params
 from jetrl.train.config import ModelSpec, Tree
 from jetrl.train.validation import check_local, checkpoint_steps

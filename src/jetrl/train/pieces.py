@@ -47,8 +47,8 @@ from jetrl.models import (
   load_tokenizer,
 )
 from jetrl.models.config import PRESETS
-from jetrl.models.hf_io import config_from_hf
-from jetrl.models.hub import hub_folder, is_hub_id
+from jetrl.models.io.hf_io import config_from_hf
+from jetrl.models.io.hub import hub_folder, is_hub_id
 
 Encoder = Callable[[str], list]
 
@@ -213,7 +213,7 @@ def load_task(
 def model_folder(model) -> Optional[str]:
   """The folder of `--model.name`: a local folder as is, a hub id (`org/name`) as its
   snapshot in the local hub cache (downloaded there where the network allows:
-  `jetrl.models.hub`); None for a preset. FlagError (--model.name) for a hub id it cannot
+  `jetrl.models.io.hub`); None for a preset. FlagError (--model.name) for a hub id it cannot
   have."""
   name = model.name
   if os.path.isdir(name):

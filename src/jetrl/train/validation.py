@@ -18,7 +18,7 @@ from typing import Optional
 from jetrl.config import FlagError
 from jetrl.data.user_reward import check_spec
 from jetrl.models import PRESETS
-from jetrl.models.hub import hub_folder, is_hub_id
+from jetrl.models.io.hub import hub_folder, is_hub_id
 
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 

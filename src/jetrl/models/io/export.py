@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.models.config import ModelConfig
-from jetrl.models.folder_paths import check_replaceable, current_umask, staged_folder
-from jetrl.models.hf_io import resolve_path, save_pretrained
+from jetrl.models.io.folder_paths import check_replaceable, current_umask, staged_folder
+from jetrl.models.io.hf_io import resolve_path, save_pretrained
 from jetrl.models.params import check_params
-from jetrl.models.hf_tokenizer import load_tokenizer
+from jetrl.models.io.hf_tokenizer import load_tokenizer
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 

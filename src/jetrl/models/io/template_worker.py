@@ -3,7 +3,7 @@
 A chat template is a jinja2 program from a downloaded folder. jinja2's sandbox stops escapes
 (no attribute of a Python object it should not reach), not CPU or memory bombs: three nested
 `range(100000)` loops ran for minutes, `{{ 'x' * 2000000000 }}` exhausted memory. So
-`jetrl.models.hf_tokenizer` renders through this file, started as a script
+`jetrl.models.io.hf_tokenizer` renders through this file, started as a script
 (`python -I -B template_worker.py`), one JSON object per line:
 
   first line  {"template": "..."}          reply {"ready": true} or {"ready": false, "error"}

@@ -9,7 +9,7 @@ model's, or a separate tokenizer folder), with the end-of-generation ids of both
 sampling stops on every id the model's generation config names, not only on the eos token
 (`stop_ids`). `HFTokenizer.save_pretrained(dir)` writes the tokenizer's files back out.
 Chat templates are rendered with jinja2 in a sandbox, the way `transformers` renders them, in a
-worker process with time and memory limits (`jetrl.models.chat_render`).
+worker process with time and memory limits (`jetrl.models.io.chat_render`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import shutil
 from typing import Optional, Sequence
 
 from jetrl.data.tokenizer import Tokenizer, stop_token_ids
-from jetrl.models.chat_render import TemplateRenderer
+from jetrl.models.io.chat_render import TemplateRenderer
 from jetrl.models.config import ModelConfig
-from jetrl.models.hf_io import TOKENIZER_FILES, resolve_path
+from jetrl.models.io.hf_io import TOKENIZER_FILES, resolve_path
 
 
 def _token_text(value) -> Optional[str]:

@@ -1,7 +1,7 @@
 """A chat template rendered in a confined worker process, with a time limit per render.
 
 `TemplateRenderer(template).render(**kwargs)` is `compile_template(template).render(**kwargs)`
-run in `jetrl/models/template_worker.py` (memory, CPU and output limits there), so that a
+run in `jetrl/models/io/template_worker.py` (memory, CPU and output limits there), so that a
 template that loops for minutes or allocates gigabytes costs at most `timeout` seconds and
 the worker's memory limit, and ends in a `ChatTemplateError` saying which limit it hit. A
 template's own errors (`raise_exception(...)`, an undefined name) are `jinja2`'s
@@ -19,7 +19,7 @@ import weakref
 from typing import Optional
 
 from jetrl.data.pipes import kill_worker, read_line, spawn_confined
-from jetrl.models import template_worker
+from jetrl.models.io import template_worker
 
 WORKER_PATH = template_worker.__file__
 RENDER_TIMEOUT = 10.0  # seconds per render

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jetrl.models.config import ModelConfig
-from jetrl.models.folder_paths import check_replaceable, current_umask, staged_folder
+from jetrl.models.io.folder_paths import check_replaceable, current_umask, staged_folder
 from jetrl.models.lora import HF_MODULES, LoraConfig, check_adapters
 
 ADAPTER_CONFIG = "adapter_config.json"

