@@ -147,31 +147,26 @@ def answer(req: dict, parse) -> dict:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _set_limit(resource, which, soft, hard=None) -> None:
-  hard = soft if hard is None else hard
-  _, current_hard = resource.getrlimit(which)
-  if current_hard != resource.RLIM_INFINITY:
-    soft, hard = min(soft, current_hard), min(hard, current_hard)
-  resource.setrlimit(which, (soft, hard))
+def _confine_module():
+  """jetrl/data/confine.py, loaded from its file beside this one (the limits every confined
+  worker sets)."""
+  spec = importlib.util.spec_from_file_location(
+    "jetrl_confine", os.path.join(GRAMMAR_DIR, "confine.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def limit_resources() -> None:
   """Address space, lifetime CPU time, core files and file writes (before any request)."""
-  import resource  # pylint: disable=import-outside-toplevel
-
-  _set_limit(resource, resource.RLIMIT_AS, MEMORY_LIMIT)
-  _set_limit(resource, resource.RLIMIT_CORE, 0)
-  _set_limit(resource, resource.RLIMIT_FSIZE, 0)
-  _set_limit(resource, resource.RLIMIT_CPU, REQUEST_CPU_SECONDS, WORKER_CPU_SECONDS)
+  _confine_module().limit_memory_cpu_files(MEMORY_LIMIT, REQUEST_CPU_SECONDS, WORKER_CPU_SECONDS)
 
 
 def limit_descriptors_and_processes() -> None:
   """At most MAX_OPEN_FILES descriptors and no child processes (after the privilege drop:
   the kernel does not apply RLIMIT_NPROC to root)."""
-  import resource  # pylint: disable=import-outside-toplevel
-
-  _set_limit(resource, resource.RLIMIT_NOFILE, MAX_OPEN_FILES)
-  _set_limit(resource, resource.RLIMIT_NPROC, 0)
+  _confine_module().limit_descriptors_and_processes(MAX_OPEN_FILES)
 
 
 def allow_cpu_for_next_request() -> None:

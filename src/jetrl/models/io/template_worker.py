@@ -21,7 +21,9 @@ The parent only parses the template (`check_syntax`), which evaluates nothing.
 """
 
 import datetime
+import importlib.util
 import json
+import os
 import sys
 
 MEMORY_LIMIT = 1 << 30  # bytes of address space
@@ -66,25 +68,16 @@ def compile_template(template: str):
   return environment().from_string(template)
 
 
-def _limit(resource, which, soft, hard=None) -> None:
-  hard = soft if hard is None else hard
-  _, current = resource.getrlimit(which)
-  if current != resource.RLIM_INFINITY:
-    soft, hard = min(soft, current), min(hard, current)
-  resource.setrlimit(which, (soft, hard))
-
-
 def confine() -> None:
-  import resource  # pylint: disable=import-outside-toplevel
-
-  _limit(resource, resource.RLIMIT_AS, MEMORY_LIMIT)
-  _limit(resource, resource.RLIMIT_CPU, CPU_SECONDS)
-  _limit(resource, resource.RLIMIT_CORE, 0)
-  _limit(resource, resource.RLIMIT_FSIZE, 0)
-  try:
-    _limit(resource, resource.RLIMIT_NPROC, 0)  # not applied to root; the rest still holds
-  except (ValueError, OSError):
-    pass
+  """The limits of the module doc, set by jetrl/data/confine.py (loaded from its file: this
+  process does not import jetrl)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  path = os.path.join(os.path.dirname(os.path.dirname(here)), "data", "confine.py")
+  spec = importlib.util.spec_from_file_location("jetrl_confine", path)
+  limits = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(limits)
+  limits.limit_memory_cpu_files(MEMORY_LIMIT, CPU_SECONDS)
+  limits.limit_descriptors_and_processes(required=False)  # NPROC: not applied to root
 
 
 def main() -> int:
