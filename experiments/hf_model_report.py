@@ -49,7 +49,7 @@ from _fields import (  # noqa: E402
 from jetrl import models as M  # noqa: E402
 from jetrl.config import check_fields, field  # noqa: E402
 from jetrl.data.prompts import chat_prompt_ids, user_message  # noqa: E402
-from jetrl.models import smollm2  # noqa: E402
+from jetrl.models.io import smollm2  # noqa: E402
 from jetrl.models.cache import cache_bytes  # noqa: E402
 from jetrl.precision import get_recipe  # noqa: E402
 from jetrl.sampling import SamplingConfig, sample  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from jetrl.models import gguf_import  # noqa: E402
+from jetrl.models.io import gguf_import  # noqa: E402
 from jetrl.models.io.gguf_layout import check_layout  # noqa: E402
 
 HEAD = b"GGUF" + struct.pack("<I", 3)
