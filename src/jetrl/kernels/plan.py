@@ -16,17 +16,20 @@ Per block (`Blocks`), the implementation it runs:
                     norm's and SwiGLU's kernels write the GEMMs' FP8 groups, where the shapes
                     are whole tiles), "unfused", "exact" or "invariant" (the norm's exact sum
                     of squares, then the invariant GEMMs)
-  attention         "flash" (the Pallas flash-attention kernel, for whole tiles), "xla", "exact"
+  attention         "flash" (the Pallas flash-attention kernel, for whole tiles), "xla", "exact",
+                    "invariant" (one key-block size and merge order for every call)
   decode_attention  "kernel" (compiled for a GPU: one Pallas kernel over the cache where its
                     shapes serve, with the bias, RoPE and cache write where q / k / v come
                     fused, and the whole decode step in the fused kernels where they apply;
-                    else XLA's reductions), "xla", "exact" (a gridded cache: `grids_cache`)
+                    else XLA's reductions), "xla", "exact" (a gridded cache: `grids_cache`),
+                    "invariant" (the attention block's kernel over the cache's slots)
   head              "dot16" (the 16-bit head with its backward in that dtype), "xla", "exact",
                     "invariant" (kernels/invariant_head.py: the fixed-tile bf16 GEMM and the
                     exact log-softmax)
 
-`jet_exact` resolves to "exact" everywhere on the CPU and to "invariant" for the GEMM blocks on
-a GPU (its attention stays "exact": exact sums, batch-invariant on any device).
+`jet_exact` resolves to "exact" everywhere on the CPU and to "invariant" on a GPU: there the
+attention (training forward, prefill and decode step alike) is kernels/invariant_attention.py,
+over a plain KV cache.
 
 The numbers are the same whichever implementation runs, except where docs/numerics.md says
 the float32 sums run in another order.
@@ -49,6 +52,7 @@ from jetrl.kernels import exact_gemm as _exact_gemm
 from jetrl.kernels import exact_ops
 from jetrl.kernels import gemms as _gemms
 from jetrl.kernels import head as _head
+from jetrl.kernels import invariant_attention as _inv_attn
 from jetrl.kernels import invariant_gemm as _inv_gemm
 from jetrl.kernels import invariant_head as _inv_head
 from jetrl.kernels import mlp as _mlp
@@ -220,6 +224,9 @@ class Plan(XlaGemms):
 
   def attend(self, q, k, v, allowed, cd):
     """Masked GQA attention, q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (`kernels.attention`)."""
+    if self.blocks.attention == "invariant":  # key blocks from each row's first real token
+      interpret = self.device.interpret_kernels
+      return _inv_attn.attend(q, k, v, allowed, cd, interpret=interpret, reference=_attn.attend)
     return _attn.attend(q, k, v, allowed, cd, self.blocks.attention == "exact", self.device)
 
   def cache_step(self, cache, mask, index, t: int, n: int, cd) -> CacheStep:
@@ -330,8 +337,8 @@ def resolve_plan(
   dev = device if isinstance(device, Device) else current_device(device)
   exact = isinstance(precision, Precision) and precision.batch_invariant
   fused = dev.gpu and dev.kernels.fused_mlp
-  if exact and dev.gpu:  # fixed-tile GEMMs; attention's exact sums are invariant anywhere
-    blocks = Blocks("invariant", "invariant", "invariant", "exact", "exact", "invariant")
+  if exact and dev.gpu:  # fixed tiles and orders (kernels/invariant_*.py)
+    blocks = Blocks(*["invariant"] * 6)
   elif exact:
     blocks = Blocks("exact", "exact", "exact", "exact", "exact", "exact")
   else:
