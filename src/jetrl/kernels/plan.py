@@ -8,18 +8,28 @@ methods (`linear`, `norm`, `norm_linear`, `mlp`, `head`, ...), never a kernel.
 
 Per block (`Blocks`), the implementation it runs:
 
-  linear            "plain" (no precision: one matmul), "exact" (the batch-invariant forward)
-                    or the fprop's GEMM backend ("xla", "cublaslt", "pallas", "pallas_interpret";
+  linear            "plain" (no precision: one matmul), "exact" (the batch-invariant forward's
+                    exact sums), "invariant" (the batch-invariant forward on a GPU: fixed-tile
+                    Pallas GEMMs, kernels/invariant_gemm.py) or the fprop's GEMM backend ("xla", "cublaslt", "pallas", "pallas_interpret";
                     each GEMM may still fall back for a shape its kernel cannot take)
   norm_linear, mlp  "fused" (compiled for a GPU under a blockwise training precision: the
                     norm's and SwiGLU's kernels write the GEMMs' FP8 groups, where the shapes
-                    are whole tiles), "unfused" or "exact"
-  attention         "flash" (the Pallas flash-attention kernel, for whole tiles), "xla", "exact"
+                    are whole tiles), "unfused", "exact" or "invariant" (the norm's exact sum
+                    of squares, then the invariant GEMMs)
+  attention         "flash" (the Pallas flash-attention kernel, for whole tiles), "xla", "exact",
+                    "invariant" (one key-block size and merge order for every call)
   decode_attention  "kernel" (compiled for a GPU: one Pallas kernel over the cache where its
                     shapes serve, with the bias, RoPE and cache write where q / k / v come
                     fused, and the whole decode step in the fused kernels where they apply;
-                    else XLA's reductions), "xla", "exact" (a gridded cache: `grids_cache`)
-  head              "dot16" (the 16-bit head with its backward in that dtype), "xla", "exact"
+                    else XLA's reductions), "xla", "exact" (a gridded cache: `grids_cache`),
+                    "invariant" (the attention block's kernel over the cache's slots)
+  head              "dot16" (the 16-bit head with its backward in that dtype), "xla", "exact",
+                    "invariant" (kernels/invariant_head.py: the fixed-tile bf16 GEMM and the
+                    exact log-softmax)
+
+`jet_exact` resolves to "exact" everywhere on the CPU and to "invariant" on a GPU: there the
+attention (training forward, prefill and decode step alike) is kernels/invariant_attention.py,
+over a plain KV cache.
 
 The numbers are the same whichever implementation runs, except where docs/numerics.md says
 the float32 sums run in another order.
@@ -42,6 +52,9 @@ from jetrl.kernels import exact_gemm as _exact_gemm
 from jetrl.kernels import exact_ops
 from jetrl.kernels import gemms as _gemms
 from jetrl.kernels import head as _head
+from jetrl.kernels import invariant_attention as _inv_attn
+from jetrl.kernels import invariant_gemm as _inv_gemm
+from jetrl.kernels import invariant_head as _inv_head
 from jetrl.kernels import mlp as _mlp
 from jetrl.kernels import swiglu_kernel as _sk
 from jetrl.kernels.cache_step import CacheStep
@@ -80,8 +93,8 @@ class Plan(XlaGemms):
 
   @property
   def exact(self) -> bool:
-    """The batch-invariant forward: every block's exact implementation."""
-    return self.blocks.linear == "exact"
+    """The batch-invariant forward: every block's exact or invariant implementation."""
+    return self.blocks.linear in _INVARIANT
 
   @property
   def gpu(self) -> bool:
@@ -95,12 +108,16 @@ class Plan(XlaGemms):
   # The GEMMs of `jetrl.precision.linear` (xla_gemms.XlaGemms's interface).
 
   def k_major(self, g, exact: bool) -> bool:
-    return _backend.wants_k_major(g, self.device) and not exact
+    if exact:  # the invariant GEMM reads the weight K-major, the exact sums [K, N]
+      return self.blocks.linear == "invariant"
+    return _backend.wants_k_major(g, self.device)
 
   def matmul_cd(self, a, b, cd):
     return _gemms.matmul_cd(a, b, cd, self.device)
 
   def fprop(self, x2, w: QuantizedWeight, g, cd, exact: bool):
+    if exact and self.blocks.linear == "invariant":  # one tile configuration, K in order
+      return _inv_gemm.fp8_fprop(x2, w, g, cd, interpret=self.device.interpret_kernels)
     if exact:  # batch-invariant: exact float64 block sums in a fixed order
       kernel = _cpu_kernels.usable(self.device)
       return _exact_gemm.fp8_fprop(x2, *w.kn(), g, kernel=kernel)
@@ -123,7 +140,7 @@ class Plan(XlaGemms):
 
   def weight_k_major(self, g) -> bool:
     """Whether the plan's own forward quantizes a weight for g K-major (as `linear` does)."""
-    return self.k_major(g, self.blocks.linear == "exact")
+    return self.k_major(g, self.blocks.linear in _INVARIANT)
 
   def with_gemm_scales(self, w: QuantizedWeight, g) -> QuantizedWeight:
     """A weight quantized once with its scales laid out as its GEMM reads them."""
@@ -152,7 +169,7 @@ class Plan(XlaGemms):
 
   def norm(self, x, weight, eps: float, cd):
     """RMSNorm: x / rms(x) * weight over the last axis, the statistic in float32, out in cd."""
-    if self.blocks.norm_linear == "exact":  # the exact sum of squares (exact_ops)
+    if self.blocks.norm_linear in _INVARIANT:  # the exact sum of squares (exact_ops)
       return exact_ops.rms_norm(x, weight, eps, cd, reference=rms_norm_cd)
     return rms_norm_cd(x, weight, eps, cd)  # one formula with the fused kernels' backward
 
@@ -189,7 +206,7 @@ class Plan(XlaGemms):
     if self.precision is None:
       return self.linear(x, m)
     plain = Precision(self.precision.compute_dtype)
-    if self.blocks.linear == "exact":
+    if self.blocks.linear in _INVARIANT:
       reference = lambda a, w: _precision_linear(a, w, plain, gemms=self).astype(jnp.float32)
       return exact_ops.matmul(x, m, cd, reference).astype(cd)
     return _precision_linear(x, m, plain, gemms=self)
@@ -207,6 +224,9 @@ class Plan(XlaGemms):
 
   def attend(self, q, k, v, allowed, cd):
     """Masked GQA attention, q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (`kernels.attention`)."""
+    if self.blocks.attention == "invariant":  # key blocks from each row's first real token
+      interpret = self.device.interpret_kernels
+      return _inv_attn.attend(q, k, v, allowed, cd, interpret=interpret, reference=_attn.attend)
     return _attn.attend(q, k, v, allowed, cd, self.blocks.attention == "exact", self.device)
 
   def cache_step(self, cache, mask, index, t: int, n: int, cd) -> CacheStep:
@@ -227,7 +247,7 @@ class Plan(XlaGemms):
     exact rule its training forward uses (`truncation.keep_mask_exact`), bit for bit."""
     if not _truncation.is_truncated(top_k, top_p, logits.shape[-1]):
       return None
-    if self.blocks.head == "exact":
+    if self.blocks.head in _INVARIANT:
       inv_t = exact_ops.inverse_temperature(temperature)
       return _truncation.keep_mask_exact(logits, inv_t, top_k, top_p)
     return _truncation.keep_mask(scaled, top_k, top_p)
@@ -238,7 +258,7 @@ class Plan(XlaGemms):
     `keep` [R, V] of a truncated draw (the drawn tokens in it): under the batch-invariant plan
     by the training forward's own log-softmax (exact_ops), bit for bit; else by the training
     forward's formula (`head.stats_of_logits`)."""
-    if self.blocks.head == "exact":
+    if self.blocks.head in _INVARIANT:
       return exact_ops.token_logprobs_from_logits(logits, tokens, temperature, keep)
     if keep is not None:
       z_tok = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
@@ -255,11 +275,17 @@ class Plan(XlaGemms):
 
   def head_grid(self, w, tied: bool, cd):
     """The head's weights on their exact-dot grids, once (a rollout's), where the plan's head
-    reads them so (the batch-invariant head: `exact_ops.grid_lm_head`); else None."""
+    reads them so (the batch-invariant head: `exact_ops.grid_lm_head`; on a GPU, w in cd,
+    which its kernel reads); else None."""
+    if self.blocks.head == "invariant":
+      return w.astype(cd)
     return exact_ops.grid_lm_head(w, tied, cd) if self.blocks.head == "exact" else None
 
   def head(self, h, w, tied: bool, cd, grids=None):
     """float32 logits [..., V] of h [..., D] under the head w (`kernels.head`)."""
+    if self.blocks.head == "invariant":
+      w = w if grids is None else grids  # a rollout's head, in cd once
+      return _inv_head.logits(h, w, tied, cd, interpret=self.device.interpret_kernels)
     return _head.logits(h, w, tied, cd, self.blocks.head, grids)
 
   def head_stats(self, w, tied: bool, cd, temperature, top_k=None, top_p: float = 1.0):
@@ -271,9 +297,19 @@ class Plan(XlaGemms):
     if self.blocks.head == "dot16" and not cut:
       return lambda hc, tc: _head.head_stats(hc, w, tc, temperature, tied, cd)
     impl = self.blocks.head
+    if impl == "invariant":
+      stats = lambda hc, tc: _inv_head.chunk_stats(
+        hc, tc, w, tied, cd, temperature, interpret=self.device.interpret_kernels, top_k=top_k,
+        top_p=top_p,
+      )  # fmt: skip
+      return jax.checkpoint(stats) if cut else stats
     return jax.checkpoint(
       lambda hc, tc: _head.chunk_stats(hc, tc, w, tied, cd, temperature, impl, top_k, top_p)
     )
+
+
+# The blocks' batch-invariant implementations: exact sums (any device), fixed-order kernels (GPU).
+_INVARIANT = ("exact", "invariant")
 
 
 def _linear_block(precision: Optional[Precision], dev: Device) -> str:
@@ -301,7 +337,9 @@ def resolve_plan(
   dev = device if isinstance(device, Device) else current_device(device)
   exact = isinstance(precision, Precision) and precision.batch_invariant
   fused = dev.gpu and dev.kernels.fused_mlp
-  if exact:
+  if exact and dev.gpu:  # fixed tiles and orders (kernels/invariant_*.py)
+    blocks = Blocks(*["invariant"] * 6)
+  elif exact:
     blocks = Blocks("exact", "exact", "exact", "exact", "exact", "exact")
   else:
     blocks = Blocks(
