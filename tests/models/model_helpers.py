@@ -23,9 +23,12 @@ LLAMA3_SCALING = dict(
 
 def tiny_config(family: str = "llama", *, vocab: int, d_model: int, heads, d_ff: int, **fields):
   """A small ModelConfig of `family`; heads = (n_heads, n_kv_heads, head_dim). n_layers is 2,
-  qkv_bias and qk_norm are the family's (its FamilySpec) unless `fields` set them."""
+  qkv_bias and qk_norm are the family's (its FamilySpec) unless `fields` set them; a mixture
+  of experts' family has 4 experts of width d_ff, 2 a token, unless they do."""
   spec = M.family_spec(family)
   n_heads, n_kv_heads, head_dim = heads
+  if spec.moe:
+    fields = {"n_experts": 4, "experts_per_token": 2, "moe_d_ff": d_ff, **fields}
   fields = {"n_layers": 2, "qkv_bias": spec.qkv_bias, "qk_norm": spec.qk_norm, **fields}
   return M.ModelConfig(
     family=family,

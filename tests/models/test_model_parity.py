@@ -125,6 +125,7 @@ EXPORT_VARIANTS = {
   "llama": dict(rope_theta=500000.0, rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16), rms_eps=1e-5),
   "qwen2": dict(heads=(4, 1, 16), rope_theta=1e6, tie_embeddings=True),
   "qwen3": dict(heads=(4, 2, 20), rope_theta=1e6),
+  "qwen3_moe": dict(n_experts=4, experts_per_token=2, moe_d_ff=32, norm_topk_prob=True),
 }
 
 

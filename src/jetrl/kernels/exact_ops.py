@@ -289,6 +289,20 @@ def matmul(h: jax.Array, w: jax.Array, cd, reference) -> jax.Array:
   return with_reference_vjp(exact, reference, h, w)
 
 
+def softmax(z: jax.Array) -> jax.Array:
+  """float32 softmax of z over the last axis from exact float64 sums (a mixture of experts'
+  router, `Plan.router`): exp64(z - max z) / exact_sum, one value whatever the batch;
+  differentiated as `jax.nn.softmax`."""
+
+  def exact(a):
+    with x64():
+      u = a.astype(F64) - jnp.max(a, axis=-1, keepdims=True).astype(F64)
+      e = exp64(u)
+      return (e / exact_sum(e, -1)[..., None]).astype(jnp.float32)
+
+  return with_reference_vjp(exact, lambda a: jax.nn.softmax(a, axis=-1), z.astype(jnp.float32))
+
+
 def inverse_temperature(temperature) -> jax.Array:
   """float32(1 / T): the sampler and the training forward scale logits by the same factor."""
   return jnp.float32(1.0) / jnp.asarray(temperature, jnp.float32)

@@ -211,6 +211,17 @@ class Plan(XlaGemms):
       return exact_ops.matmul(x, m, cd, reference).astype(cd)
     return _precision_linear(x, m, plain, gemms=self)
 
+  def router(self, x, w, cd):
+    """A mixture of experts' router: (logits [..., E] in cd, float32 softmax probabilities
+    [..., E]) of x [..., D] and w [D, E]; not quantized, like the LM head. The batch-invariant
+    plan's dot and softmax are exact (`adapter_dot`, `exact_ops.softmax`): a token's routing is
+    the same in a decode step and in a training forward of any batch."""
+    logits = self.adapter_dot(x, w, cd).astype(cd)
+    z = logits.astype(jnp.float32)
+    if self.blocks.linear == "exact":
+      return logits, exact_ops.softmax(z)
+    return logits, jax.nn.softmax(z, axis=-1)
+
   # Attention.
 
   def use_flash(self, t: int, head_dim: int, cd) -> bool:

@@ -7,7 +7,9 @@ from jetrl.models.decoder import forward, forward_cached, hidden_states
 from jetrl.models.io.export import export_hf
 from jetrl.models.io.hf_io import load_pretrained, save_pretrained
 from jetrl.models.logprobs import logprobs_from_hidden, token_logprobs
+from jetrl.models.moe import Routing, moe_mlp
 from jetrl.models.params import (
+  EXPERT_WEIGHTS,
   LINEAR_WEIGHTS,
   check_params,
   init_params,
@@ -60,6 +62,9 @@ __all__ = [
   "stop_ids",
   "export_hf",
   "LINEAR_WEIGHTS",
+  "EXPERT_WEIGHTS",
+  "Routing",
+  "moe_mlp",
   "prequantize_linear_weights",
   "fuse_projections",
   "rollout_weights",

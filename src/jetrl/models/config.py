@@ -46,6 +46,12 @@ class ModelConfig:
   head_dim is explicit (Qwen3 has n_heads * head_dim != d_model).
   qkv_bias: biases on the q, k, v projections (Qwen2). qk_norm: per-head RMSNorm on q and k
   before RoPE (Qwen3). tie_embeddings: the LM head is the transposed embedding matrix.
+  n_experts > 0 (a family whose spec has `moe`; 0 otherwise): every layer's MLP is a mixture of
+  n_experts SwiGLU experts of width moe_d_ff, each token's output the sum of its
+  experts_per_token best experts' outputs weighted by the router's softmax probabilities
+  (renormalised over those experts with norm_topk_prob; `jetrl.models.moe`). d_ff is then
+  unused by the layers (config.json's intermediate_size, kept for the round trip), as is
+  router_aux_loss_coef (config.json's; the update's own `router_aux_coef` decides).
   """
 
   family: str = "llama"
@@ -63,9 +69,15 @@ class ModelConfig:
   qkv_bias: bool = False
   qk_norm: bool = False
   max_seq_len: int = 2048
+  n_experts: int = 0
+  experts_per_token: int = 0
+  moe_d_ff: int = 0
+  norm_topk_prob: bool = True
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
-    family_spec(self.family)  # ValueError naming the accepted families
+    spec = family_spec(self.family)  # ValueError naming the accepted families
+    self._check_moe(spec.moe)
     for field in (
       "vocab_size",
       "d_model",
@@ -95,6 +107,39 @@ class ModelConfig:
         f"{type(self.rope_scaling).__name__}"
       )
 
+  def _check_moe(self, moe: bool) -> None:
+    for field in ("n_experts", "experts_per_token", "moe_d_ff"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"ModelConfig.{field} must be an int >= 0, got {value!r}")
+    if not moe:
+      if self.n_experts or self.experts_per_token or self.moe_d_ff:
+        raise ValueError(
+          f"ModelConfig(family={self.family!r}) has a dense MLP: n_experts, experts_per_token "
+          f"and moe_d_ff must be 0, got {self.n_experts}, {self.experts_per_token}, "
+          f"{self.moe_d_ff} (a mixture of experts is family 'qwen3_moe')"
+        )
+      return
+    if self.n_experts < 1 or self.moe_d_ff < 1:
+      raise ValueError(
+        f"ModelConfig(family={self.family!r}) is a mixture of experts: n_experts and moe_d_ff "
+        f"must be >= 1, got {self.n_experts} and {self.moe_d_ff}"
+      )
+    if not 1 <= self.experts_per_token <= self.n_experts:
+      raise ValueError(
+        f"ModelConfig.experts_per_token must be between 1 and n_experts ({self.n_experts}), "
+        f"got {self.experts_per_token}"
+      )
+    if not self.router_aux_loss_coef >= 0:
+      raise ValueError(
+        f"ModelConfig.router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef!r}"
+      )
+
+  @property
+  def moe(self) -> bool:
+    """Whether every layer's MLP is a mixture of experts."""
+    return self.n_experts > 0
+
   @property
   def q_dim(self) -> int:
     return self.n_heads * self.head_dim
@@ -107,7 +152,8 @@ class ModelConfig:
   def n_params(self) -> int:
     """Number of parameters (the LM head counted once when tied)."""
     d, f, v = self.d_model, self.d_ff, self.vocab_size
-    per_layer = d * (self.q_dim + 2 * self.kv_dim) + self.q_dim * d + 3 * d * f + 2 * d
+    mlp = self.n_experts * (3 * d * self.moe_d_ff + d) if self.moe else 3 * d * f
+    per_layer = d * (self.q_dim + 2 * self.kv_dim) + self.q_dim * d + mlp + 2 * d
     if self.qkv_bias:
       per_layer += self.q_dim + 2 * self.kv_dim
     if self.qk_norm:

@@ -21,6 +21,7 @@ from jetrl.models import attention as attn
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
 from jetrl.models.layers import activation_dtype, lm_head, project, rope_tables, swiglu
+from jetrl.models.moe import Routing, moe_mlp
 from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision
 
@@ -49,6 +50,12 @@ def _rows(x) -> int:
 
 
 def _mlp_residual(x, layer, config: ModelConfig, plan: Plan, cd):
+  """(x + the layer's MLP of x, its Routing: None for a dense MLP)."""
+  if "router" in layer:  # a mixture of experts (jetrl.models.moe)
+    y, routing = moe_mlp(
+      plan.norm(x, layer["mlp_norm"], config.rms_eps, cd), layer, config, plan, cd
+    )
+    return x + y.astype(x.dtype), routing
   wg, wu, wd = (layer.get(n) for n in ("w_gate", "w_up", "w_down"))
   if (
     wg is not None
@@ -56,9 +63,9 @@ def _mlp_residual(x, layer, config: ModelConfig, plan: Plan, cd):
     and plan.fused_norm(_rows(x), layer["mlp_norm"], wg)
   ):  # a GPU training step under blockwise FP8: the norm's kernel writes gate / up's groups
     norm = (layer["mlp_norm"], config.rms_eps)
-    return x + plan.mlp(x, wg, wu, wd, norm=norm).astype(x.dtype)
+    return x + plan.mlp(x, wg, wu, wd, norm=norm).astype(x.dtype), None
   h = plan.norm(x, layer["mlp_norm"], config.rms_eps, cd)
-  return x + swiglu(h, layer, plan, cd)
+  return x + swiglu(h, layer, plan, cd), None
 
 
 def _qkv(x, layer, config: ModelConfig, plan: Plan, cd, cos, sin):
@@ -73,8 +80,8 @@ def _qkv(x, layer, config: ModelConfig, plan: Plan, cd, cos, sin):
 
 
 def _layer(x, layer, config: ModelConfig, plan: Plan, cd, cos, sin, allowed, flash_mask=None):
-  """One layer; `flash_mask` = (attention_mask,) when the forward attends with the flash
-  kernel (`Plan.use_flash`), else None."""
+  """(x after one layer, its Routing or None); `flash_mask` = (attention_mask,) when the
+  forward attends with the flash kernel (`Plan.use_flash`), else None."""
   q, k, v = _qkv(x, layer, config, plan, cd, cos, sin)
   if flash_mask is not None:
     out = plan.attend_flash(q, k, v, flash_mask[0], cd)
@@ -95,8 +102,11 @@ def hidden_states(
   remat: bool = False,
   split_tokens: Optional[Callable[[jax.Array], jax.Array]] = None,
   plan: Optional[Plan] = None,
-) -> jax.Array:
-  """Final-normed hidden states [B, T, D] in the compute dtype.
+  routing: bool = False,
+):
+  """Final-normed hidden states [B, T, D] in the compute dtype; with `routing`, a pair of
+  them and the mixture of experts' `Routing` of every layer (probs [B, T, L, E], experts
+  [B, T, L, k]; None for a dense model).
 
   tokens int [B, T]; positions [B, T] (default arange); attention_mask [B, T] (1 / True for a
   real token, 0 for padding; combined with the causal mask). remat: recompute each layer in
@@ -122,14 +132,19 @@ def hidden_states(
   split = split_tokens or (lambda a: a)
 
   def body(x, layer):
-    return _layer(split(x), layer, config, plan, cd, cos, sin, allowed, flash), None
+    return _layer(split(x), layer, config, plan, cd, cos, sin, allowed, flash)
 
   if remat:
     body = jax.checkpoint(body)
-  x, _ = jax.lax.scan(body, split(_embed(params, tokens, cd)), params["layers"])
+  x, routes = jax.lax.scan(body, split(_embed(params, tokens, cd)), params["layers"])
   x = split(x)
   chex.assert_shape(x, (b, t, config.d_model))
-  return plan.norm(x, params["final_norm"], config.rms_eps, cd)
+  h = plan.norm(x, params["final_norm"], config.rms_eps, cd)
+  if not routing:
+    return h
+  if routes is not None:  # [L, B, T, ...] -> [B, T, L, ...]
+    routes = Routing(*(jnp.moveaxis(a, 0, 2) for a in routes))
+  return h, routes
 
 
 def forward(params, config: ModelConfig, tokens: jax.Array, **inputs) -> jax.Array:
@@ -209,8 +224,11 @@ def forward_cached(
   last_only: bool = False,
   attend_slots: Optional[int] = None,
   plan: Optional[Plan] = None,
+  routing: bool = False,
 ):
-  """Run T new tokens against the cache; returns (float32 logits, new cache).
+  """Run T new tokens against the cache; returns (float32 logits, new cache), and with
+  `routing` the experts each new token's layers chose ([B, T, L, k] int32; None for a dense
+  model) as a third.
 
   Writes the new tokens' k / v at slots [index, index + T), sets their mask from token_mask
   ([B, T] bool, False for left padding) and advances index by T. Each new query attends to
@@ -243,6 +261,7 @@ def forward_cached(
   # (A scan over a stacked cache copies the layer's slice out at every step.)
   layers = unstack_layers(params)["layers"]
   x, layers = step.layers(x, layers, config, cos, sin)  # those the fused decode kernels left
+  chosen = []
   for i, layer in enumerate(layers):
     h = plan.norm(x, layer["attn_norm"], config.rms_eps, cd)
     if step.fuses_qkv(layer, config):  # the bias, RoPE, cache write and attention: one kernel
@@ -250,9 +269,14 @@ def forward_cached(
     else:
       out = step.attend(i, *attn.qkv(h, layer, config, plan, cd, cos, sin))
     x = x + attn.output(out, layer, plan, cd)
-    x = _mlp_residual(x, layer, config, plan, cd)
+    x, routes = _mlp_residual(x, layer, config, plan, cd)
+    if routes is not None:
+      chosen.append(routes.experts)
   if last_only:
     x = x[:, -1:, :]
   logits = lm_head(plan.norm(x, params["final_norm"], config.rms_eps, cd), params, config, cd, plan)
   k, v, v_exp = step.new_cache()
-  return logits, KVCache(k=k, v=v, mask=mask, index=index + t, v_exp=v_exp)
+  cache = KVCache(k=k, v=v, mask=mask, index=index + t, v_exp=v_exp)
+  if not routing:
+    return logits, cache
+  return logits, cache, jnp.stack(chosen, axis=2) if chosen else None

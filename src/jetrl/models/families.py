@@ -30,6 +30,10 @@ class FamilySpec:
   tie_default: tie_word_embeddings when config.json omits it.
   tensor_names: (params["layers"] name, suffix after "model.layers.{i}.") pairs where the
     family's checkpoint names differ from Llama's.
+  moe: every layer's MLP is a mixture of experts (`jetrl.models.moe`: a top-k softmax router
+    and SwiGLU experts), its shape from config.json's num_experts, num_experts_per_tok,
+    moe_intermediate_size and norm_topk_prob; dense MLP layers among them
+    (decoder_sparse_step > 1, mlp_only_layers) are refused.
   """
 
   name: str
@@ -42,6 +46,7 @@ class FamilySpec:
   sliding_window: str = "none"
   tie_default: bool = False
   tensor_names: tuple = ()
+  moe: bool = False
 
   def __post_init__(self):
     if self.sliding_window not in SLIDING_WINDOW_RULES:
@@ -75,6 +80,16 @@ SPECS = {
       qk_norm=True,
       attention_bias_key=True,
       sliding_window="flag",
+    ),
+    # Qwen3's attention, every MLP a mixture of experts (Qwen3-30B-A3B, Qwen3-235B-A22B).
+    FamilySpec(
+      name="qwen3_moe",
+      architecture="Qwen3MoeForCausalLM",
+      model_type="qwen3_moe",
+      qk_norm=True,
+      attention_bias_key=True,
+      sliding_window="flag",
+      moe=True,
     ),
     # Llama's layout; its sliding window must cover every position (or be null).
     FamilySpec(

@@ -109,8 +109,11 @@ def token_logprobs(
   top_k: Optional[int] = None,
   top_p: float = 1.0,
   plan: Optional[Plan] = None,
+  routing: bool = False,
 ):
-  """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params.
+  """(logp [B, T], entropy [B, T]), both float32 and differentiable w.r.t. params; with
+  `routing`, a mixture of experts' `Routing` of every position and layer as a third
+  (`hidden_states`; None for a dense model).
 
   logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]], and entropy[b, t] is
   the entropy of that same distribution. With top_k / top_p, the distribution is the
@@ -139,7 +142,10 @@ def token_logprobs(
     remat=remat,
     split_tokens=split_tokens,
     plan=plan,
+    routing=routing,
   )
+  if routing:
+    h, routes = h
   logp, ent = logprobs_from_hidden(
     params,
     config,
@@ -153,4 +159,8 @@ def token_logprobs(
     top_p=top_p,
     plan=plan,
   )
-  return logp[:, :t], ent[:, :t]
+  if not routing:
+    return logp[:, :t], ent[:, :t]
+  if routes is not None:
+    routes = jax.tree_util.tree_map(lambda a: a[:, :t], routes)
+  return logp[:, :t], ent[:, :t], routes

@@ -8,7 +8,10 @@ params = {
     "bq": [L, H*Dh], "bk": [L, Hkv*Dh], "bv": [L, Hkv*Dh],       # qkv_bias only
     "q_norm": [L, Dh], "k_norm": [L, Dh],                          # qk_norm only
     "mlp_norm": [L, D],
-    "w_gate": [L, D, F], "w_up": [L, D, F], "w_down": [L, F, D],
+    "w_gate": [L, D, F], "w_up": [L, D, F], "w_down": [L, F, D],    # dense MLP
+    "router": [L, D, E],                                            # mixture of experts:
+    "experts_gate": [L, E, D, Fe], "experts_up": [L, E, D, Fe],     # E experts of width Fe
+    "experts_down": [L, E, Fe, D],                                  # (instead of w_gate ...)
   },
   "final_norm": [D],
   "lm_head":    [D, V],             # untied embeddings only
@@ -31,6 +34,9 @@ from jetrl.models.config import ModelConfig
 INIT_STD = 0.02
 # The projection weights of a layer: every `linear` of the model, so every FP8 GEMM.
 LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# A mixture of experts' projections, stacked per expert: [E, in, out] a layer, each expert's
+# slice an FP8 GEMM of its own (jetrl.models.moe). The router is not one: compute dtype.
+EXPERT_WEIGHTS = ("experts_gate", "experts_up", "experts_down")
 
 
 def param_shapes(config: ModelConfig) -> dict:
@@ -44,10 +50,17 @@ def param_shapes(config: ModelConfig) -> dict:
     "wv": (L, D, c.kv_dim),
     "wo": (L, c.q_dim, D),
     "mlp_norm": (L, D),
-    "w_gate": (L, D, F),
-    "w_up": (L, D, F),
-    "w_down": (L, F, D),
   }
+  if c.moe:
+    E, Fe = c.n_experts, c.moe_d_ff
+    layers.update(
+      router=(L, D, E),
+      experts_gate=(L, E, D, Fe),
+      experts_up=(L, E, D, Fe),
+      experts_down=(L, E, Fe, D),
+    )
+  else:
+    layers.update(w_gate=(L, D, F), w_up=(L, D, F), w_down=(L, F, D))
   if c.qkv_bias:
     layers.update(bq=(L, c.q_dim), bk=(L, c.kv_dim), bv=(L, c.kv_dim))
   if c.qk_norm:

@@ -26,12 +26,16 @@ class TrainBatch(NamedTuple):
   mask: jax.Array  # [R, T] float32: completion tokens that count in the loss
   rollout_logprobs: jax.Array  # [R, T] float32
   advantages: jax.Array  # [R] float32
+  # [R, T, L, k] int32: the experts a mixture of experts' rollout chose for each completion
+  # token in each layer (`Rollout.routes`), or None.
+  rollout_routes: Optional[jax.Array] = None
 
 
 def make_train_batch(
-  prompt_tokens, prompt_mask, tokens, mask, rollout_logprobs, advantages
+  prompt_tokens, prompt_mask, tokens, mask, rollout_logprobs, advantages, rollout_routes=None
 ) -> TrainBatch:
-  """Assemble a TrainBatch from the sampler's arrays and per-row advantages."""
+  """Assemble a TrainBatch from the sampler's arrays and per-row advantages (and, for a
+  mixture of experts, the rollout's routes: the routing agreement metrics)."""
   seq = jnp.concatenate([prompt_tokens, tokens], axis=1).astype(jnp.int32)
   seq_mask = jnp.concatenate([prompt_mask, mask], axis=1).astype(bool)
   positions = positions_from_mask(seq_mask)
@@ -43,6 +47,7 @@ def make_train_batch(
     mask=mask.astype(jnp.float32),
     rollout_logprobs=rollout_logprobs.astype(jnp.float32),
     advantages=jnp.asarray(advantages, jnp.float32),
+    rollout_routes=None if rollout_routes is None else jnp.asarray(rollout_routes, jnp.int32),
   )
 
 
@@ -70,13 +75,16 @@ def policy_logprobs(
   top_k: Optional[int] = None,
   top_p: float = 1.0,
   plan=None,
+  routing: bool = False,
 ):
-  """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T]).
+  """Training-forward log-probs and entropies of the completion tokens: ([R, T], [R, T]);
+  with `routing`, a third: the `Routing` of every input position [R, S, L, ...] (None for a
+  dense model).
   split_tokens: on a mesh, where the activations' rows live (`models.hidden_states`);
   top_k, top_p: the sampler's truncation, applied to this forward's own logits
   (`token_logprobs`); plan: the kernels (`jetrl.kernels.Plan`; default: resolved for the
   precision)."""
-  logp, ent = token_logprobs(
+  out = token_logprobs(
     params,
     model_config,
     batch.inputs,
@@ -91,6 +99,8 @@ def policy_logprobs(
     top_k=top_k,
     top_p=top_p,
     plan=plan,
+    routing=routing,
   )
   t = batch.targets.shape[1]
-  return completion_logprobs(logp, t), completion_logprobs(ent, t)
+  logp, ent = completion_logprobs(out[0], t), completion_logprobs(out[1], t)
+  return (logp, ent, out[2]) if routing else (logp, ent)

@@ -13,6 +13,9 @@ Groups (what writes them):
                   "agree/abs_diff_mean").
   UPDATE_KEYS     `jetrl.rl.update.summarize`, the float32 scalars of every update step.
   KL              written by the update only against a reference policy (kl_coef > 0).
+  ROUTING_KEYS    a mixture of experts' routing agreement (`jetrl.rl.routing`), under
+                  AGREE_PREFIX, written only when the batch carries the rollout's routes;
+                  ROUTER_AUX_LOSS only with router_aux_coef > 0.
 
 tests/test_metric_keys.py runs an update step and checks that every key listed here is in
 its metrics, and that every metric name experiments/ reads is one of them.
@@ -52,13 +55,22 @@ AGREEMENT_KEYS = (
   ROW_ABS_DIFF_MEAN,
 )
 
+# A mixture of experts' routing agreement (jetrl.rl.routing), written only when the batch
+# carries the rollout's routes (`make_train_batch(..., rollout_routes=)`).
+ROUTE_AGREE = "route_agree"  # share of tokens with the same top-k experts in every layer (1)
+ROUTE_AGREE_LAYER = "route_agree_layer"  # share of (token, layer) pairs with the same set (1)
+ROUTE_RANK_SHIFT = "route_rank_shift"  # mean |rank in training - rank in the rollout| (0)
+ROUTING_KEYS = (ROUTE_AGREE, ROUTE_AGREE_LAYER, ROUTE_RANK_SHIFT)
+
 AGREE_PREFIX = "agree/"
 
 
 def agree(key: str) -> str:
   """The update's key of an agreement metric: `agree("kl_k3")` is "agree/kl_k3"."""
-  if key not in AGREEMENT_KEYS:
-    raise KeyError(f"{key!r} is not an agreement metric; those are {', '.join(AGREEMENT_KEYS)}")
+  if key not in AGREEMENT_KEYS + ROUTING_KEYS:
+    raise KeyError(
+      f"{key!r} is not an agreement metric; those are {', '.join(AGREEMENT_KEYS + ROUTING_KEYS)}"
+    )
   return AGREE_PREFIX + key
 
 
@@ -79,6 +91,7 @@ IS_FRAC_DROPPED = "is_frac_dropped"  # tokens given IS weight 0 (mis, seq_mis, i
 IS_FRAC_SEQ_DROPPED = "is_frac_seq_dropped"  # sequences with a token given IS weight 0
 IS_MEAN_WEIGHT = "is_mean_weight"  # mean IS weight
 KL = "kl"  # KL to the reference policy; only with kl_coef > 0
+ROUTER_AUX_LOSS = "router_aux_loss"  # load-balancing loss; only with router_aux_coef > 0
 
 AGREE_ABS_DIFF_MEAN = agree(ABS_DIFF_MEAN)  # the mismatch a benchmark reports
 # Per row, [B]: the RL step moves it from the step's record to its completions table.

@@ -7,6 +7,7 @@ A new loss is one entry here; the config's choices, its help and the update foll
 The total loss of a micro-batch is one expression of its terms (`total_loss`):
 
   loss = pg - entropy_coef * entropy (+ kl_coef * kl, with a reference policy)
+              (+ router_aux_coef * router_aux, a mixture of experts' load balancing)
 
 applied to the terms' numerators in the micro-batch loss (whose gradient the update takes)
 and to their normalised values in the minibatch's reported loss, so the two cannot drift.
@@ -154,9 +155,20 @@ def has_reference(cfg: Any) -> bool:
   return cfg.kl_coef > 0
 
 
+def has_router_aux(cfg: Any) -> bool:
+  """Whether the loss has the load-balancing term (router_aux_coef > 0; a mixture of experts
+  only: `jetrl.rl.update` refuses it for a dense model)."""
+  return getattr(cfg, "router_aux_coef", 0.0) > 0
+
+
 def term_keys(cfg: Any) -> tuple[str, ...]:
-  """The loss's terms (`total_loss`), in the update's metrics as pg_loss, entropy, kl."""
-  return ("pg", "entropy") + (("kl",) if has_reference(cfg) else ())
+  """The loss's terms (`total_loss`), in the update's metrics as pg_loss, entropy, kl,
+  router_aux_loss."""
+  return (
+    ("pg", "entropy")
+    + (("kl",) if has_reference(cfg) else ())
+    + (("router_aux",) if has_router_aux(cfg) else ())
+  )
 
 
 def total_loss(terms: Mapping[str, chex.Array], cfg: Any) -> chex.Array:
@@ -164,6 +176,8 @@ def total_loss(terms: Mapping[str, chex.Array], cfg: Any) -> chex.Array:
   loss = terms["pg"] - cfg.entropy_coef * terms["entropy"]
   if has_reference(cfg):
     loss = loss + cfg.kl_coef * terms["kl"]
+  if has_router_aux(cfg):
+    loss = loss + cfg.router_aux_coef * terms["router_aux"]
   return loss
 
 

@@ -62,12 +62,14 @@ from jetrl.rl import metrics as names
 from jetrl.rl.objective import (
   TOKEN_METRICS,
   has_reference,
+  has_router_aux,
   loss_terms,
   term_keys,
   total_loss,
 )
 from jetrl.rl.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 from jetrl.rl.remat import resolve_remat
+from jetrl.rl.routing import ROUTE_SUMS, load_balancing_loss, route_metrics, route_sums
 from jetrl.rl.state import TrainState
 from jetrl.rl.update_config import UpdateConfig
 
@@ -104,7 +106,12 @@ class StepSpec(NamedTuple):
       raise ValueError("a LoRA update needs the frozen base (init_lora_train_state)")
     return attach(frozen, params, self.lora)
 
-  def logprobs(self, params, batch: TrainBatch, remat: bool = False):
+  def compares_routes(self, batch: TrainBatch) -> bool:
+    """Whether the rollout's expert choices are compared with this forward's (a mixture of
+    experts whose batch carries them: the routing agreement metrics, `jetrl.rl.routing`)."""
+    return self.model_config.moe and batch.rollout_routes is not None
+
+  def logprobs(self, params, batch: TrainBatch, remat: bool = False, routing: bool = False):
     return policy_logprobs(
       params,
       self.model_config,
@@ -117,6 +124,7 @@ class StepSpec(NamedTuple):
       top_k=self.top_k,
       top_p=self.top_p,
       plan=self.plan,
+      routing=routing,
     )
 
   def aggregate(self, per_token, mask):
@@ -131,11 +139,22 @@ def _take(tree, idx):
   return jax.tree_util.tree_map(lambda a: a[idx], tree)
 
 
-def no_grad_logprobs(params, batch: TrainBatch, spec: StepSpec) -> jax.Array:
-  """Training-forward log-probs of the whole batch, in micro-batch chunks, without gradient."""
+def no_grad_logprobs(params, batch: TrainBatch, spec: StepSpec, routes: bool = False):
+  """Training-forward log-probs of the whole batch, in micro-batch chunks, without gradient;
+  with `routes`, a pair of them and the routing agreement's sums (`route_sums`)."""
   n = spec.cfg.minibatches * spec.cfg.micro_batches
-  lp = jax.lax.map(lambda b: spec.logprobs(params, b)[0], _split(batch, n))
-  return jax.lax.stop_gradient(lp.reshape(batch.targets.shape))
+
+  def one(b):
+    if not routes:
+      return spec.logprobs(params, b)[0]
+    logp, _, routing = spec.logprobs(params, b, routing=True)
+    return logp, route_sums(b.rollout_routes, routing, b.mask)
+
+  out = jax.lax.map(one, _split(batch, n))
+  lp = jax.lax.stop_gradient((out[0] if routes else out).reshape(batch.targets.shape))
+  if not routes:
+    return lp
+  return lp, jax.tree_util.tree_map(lambda a: jax.lax.stop_gradient(a.sum()), out[1])
 
 
 def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
@@ -150,8 +169,13 @@ def pre_update(state: TrainState, batch: TrainBatch, spec: StepSpec, bin_edges):
   if cfg.resolved_old_logp == "same_forward":
     extra, agree, is_metrics = {}, None, None
   else:
-    pre_logp = no_grad_logprobs(spec.policy(state.params, state.frozen), batch, spec)
+    routes = spec.compares_routes(batch)
+    pre_logp = no_grad_logprobs(spec.policy(state.params, state.frozen), batch, spec, routes)
+    if routes:
+      pre_logp, sums = pre_logp
     agree, is_w, is_metrics = forward_metrics(pre_logp, batch, cfg, bin_edges)
+    if routes:
+      agree = dict(agree, **route_metrics(sums))
     old_logp = batch.rollout_logprobs if cfg.resolved_old_logp == "rollout" else pre_logp
     extra = dict(old_logp=old_logp, is_w=is_w)
   if has_reference(cfg) and spec.lora is not None:  # the frozen base is the reference
@@ -185,9 +209,13 @@ def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=
   """(loss, (aux, log-probs)) of one micro-batch; `den` is its minibatch's fixed denominator;
   `frozen`, a LoRA run's base (no gradient: `params` are the adapters). The log-probs
   (detached) are this forward's under `same_forward`, else None."""
-  logp, ent = spec.logprobs(spec.policy(params, frozen), mb, remat=spec.remat)
+  same_forward = spec.cfg.resolved_old_logp == "same_forward"
+  compare = same_forward and spec.compares_routes(mb)
+  routing = compare or has_router_aux(spec.cfg)
+  out = spec.logprobs(spec.policy(params, frozen), mb, remat=spec.remat, routing=routing)
+  logp, ent = out[:2]
   own = None
-  if spec.cfg.resolved_old_logp == "same_forward":
+  if same_forward:
     # The ratio's denominator from this very forward (the loss stops its gradient): exactly 1
     # on the one step, where a separate pre-update program may round a token differently;
     # the IS weights compare the same values with the rollout's.
@@ -202,8 +230,13 @@ def micro_loss(params, mb: TrainBatch, extra: dict, den, spec: StepSpec, frozen=
     )
     extra = dict(extra, old_logp=own, is_w=is_w)
   nums, pm = loss_terms(spec.cfg, logp, ent, mb.advantages, mb.mask, extra, spec.max_tokens)
+  if has_router_aux(spec.cfg):  # per micro-batch, their mean over the minibatch
+    lb = load_balancing_loss(out[2], mb.attention_mask)
+    nums["router_aux"] = lb * den / spec.cfg.micro_batches
   aux = {k: v / den for k, v in nums.items()}
   aux.update({k: pm[k] * pm["n_tokens"] for k in TOKEN_METRICS}, n_tokens=pm["n_tokens"])
+  if compare:  # the routing of the forward the ratio's old policy comes from
+    aux.update(route_sums(mb.rollout_routes, jax.lax.stop_gradient(out[2]), mb.mask))
   return total_loss(nums, spec.cfg) / den, (aux, own)
 
 
@@ -225,7 +258,10 @@ def accumulate(params, mb: TrainBatch, extra: dict, spec: StepSpec, frozen=None)
     ), own
 
   zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  aux0 = {k: jnp.float32(0.0) for k in term_keys(cfg) + TOKEN_METRICS + ("n_tokens",)}
+  keys = term_keys(cfg) + TOKEN_METRICS + ("n_tokens",)
+  if cfg.resolved_old_logp == "same_forward" and spec.compares_routes(mb):
+    keys += ROUTE_SUMS
+  aux0 = {k: jnp.float32(0.0) for k in keys}
   (grads, loss, aux), own = jax.lax.scan(
     add, (zeros, jnp.float32(0), aux0), _split((mb, extra), cfg.micro_batches)
   )
@@ -289,6 +325,8 @@ def summarize(
   )
   if "kl" in outs:  # only against a real reference policy (kl_coef > 0)
     metrics["kl"] = fmean(outs["kl"])
+  if "router_aux" in outs:  # a mixture of experts' load balancing (router_aux_coef > 0)
+    metrics[names.ROUTER_AUX_LOSS] = fmean(outs["router_aux"])
   metrics.update({names.agree(k): v for k, v in agree.items()})
   return metrics
 
@@ -330,6 +368,11 @@ def train_step(
   """
   if not temperature > 0:
     raise ValueError(f"temperature must be > 0 for the update, got {temperature!r}")
+  if has_router_aux(cfg) and not model_config.moe:
+    raise ValueError(
+      f"router_aux_coef={cfg.router_aux_coef} is a mixture of experts' load-balancing loss; "
+      f"this model (family {model_config.family!r}) has none: set it to 0"
+    )
   rows = batch.inputs.shape[0]
   check_batch_divisible(rows, cfg)
   n_micro = cfg.minibatches * cfg.micro_batches
@@ -364,6 +407,8 @@ def train_step(
   if agree is None:  # same_forward: the metrics of the differentiated forward (one epoch)
     own = outs.pop("logp").reshape(batch.targets.shape)
     agree, _, is_metrics = forward_metrics(own, batch, cfg, bin_edges)
+    if "route_n" in outs:  # its routing against the rollout's (one optimizer step)
+      agree = dict(agree, **route_metrics({k: outs.pop(k).sum() for k in ROUTE_SUMS}))
   return state, summarize(outs, state, skipped_before, agree, is_metrics, learning_rate)
 
 

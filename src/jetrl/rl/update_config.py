@@ -117,6 +117,15 @@ class UpdateConfig(LossFields):
   overlong_buffer: int = field(
     0, "DAPO soft overlong penalty buffer in tokens (0: off).", lo=0, former=("overlong_buffer",)
   )
+  router_aux_coef: float = field(
+    0.0,
+    "Coefficient of a mixture of experts' load-balancing loss (transformers' "
+    "router_aux_loss_coef form, over every layer and real position of each micro-batch; 0: "
+    "off, as transformers leaves it without output_router_logits; a model's own "
+    "router_aux_loss_coef is not applied unless given here).",
+    lo=0.0,
+    hi=100.0,
+  )
   mask_truncated: bool = field(
     False, "Drop completions that hit the length limit from the loss.", former=("mask_truncated",)
   )

@@ -59,6 +59,9 @@ class Rollout(NamedTuple):
   mask: jax.Array  # [R, T] bool: generated tokens (the stop token included)
   lengths: jax.Array  # [R] int32
   stop_reason: jax.Array  # [R] int32: STOP_TOKEN or STOP_LENGTH
+  # [R, T, L, k] int32: a mixture of experts' choice for each generated token in each layer,
+  # made when the token was fed back (best first); None for a dense model.
+  routes: Optional[jax.Array] = None
 
 
 class DecodeState(NamedTuple):
@@ -72,6 +75,7 @@ class DecodeState(NamedTuple):
   done: jax.Array  # [R] bool: the row hit a stop token
   lengths: jax.Array  # [R] int32
   key: jax.Array
+  routes: Optional[jax.Array] = None  # [R, T, L, k] int32 (a mixture of experts)
 
 
 def pad_prompts(
@@ -231,6 +235,9 @@ def _decode(
     done=jnp.zeros((r,), bool),
     lengths=jnp.zeros((r,), jnp.int32),
     key=key,
+    routes=None
+    if not model_config.moe
+    else jnp.zeros((r, t_max, model_config.n_layers, model_config.experts_per_token), jnp.int32),
   )
 
   def cond(end):
@@ -245,7 +252,7 @@ def _decode(
       lp = jnp.where(active, lp, 0.0)
       hit = active & jnp.isin(tok, stop_ids)
       # Step k writes slot P + k and reads slots up to it: within the segment's `slots`.
-      new_logits, new_cache = forward_cached(
+      new_logits, new_cache, chosen = forward_cached(
         params,
         model_config,
         tok[:, None],
@@ -256,7 +263,9 @@ def _decode(
         last_only=True,
         attend_slots=slots,
         plan=plan,
+        routing=True,
       )
+      routes = None if chosen is None else s.routes.at[:, s.step].set(chosen[:, 0])
       return DecodeState(
         step=s.step + 1,
         cache=_constrain(new_cache, cache_sharding),
@@ -266,6 +275,7 @@ def _decode(
         done=s.done | hit,
         lengths=s.lengths + active.astype(jnp.int32),
         key=key,
+        routes=routes,
       )
 
     return step
@@ -277,7 +287,7 @@ def _decode(
   # A row is done only by hitting a stop token before the budget ran out.
   reason = jnp.where(s.done, STOP_TOKEN, STOP_LENGTH).astype(jnp.int32)
   # The cache comes back (aliasing the donated buffer); callers drop it.
-  return (s.tokens, s.logprobs, mask, s.lengths, reason), s.cache
+  return (s.tokens, s.logprobs, mask, s.lengths, reason, s.routes), s.cache
 
 
 @functools.partial(jax.jit, static_argnames=("precision", "fuse"))

@@ -95,7 +95,7 @@ class RLStep:
     if u.mask_truncated:
       mask = truncation_mask(rows(stop_reason == STOP_LENGTH), mask)
     batch = make_train_batch(
-      out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs, rows(adv)
+      out.prompt_tokens, out.prompt_mask, out.tokens, mask, out.logprobs, rows(adv), out.routes
     )
     t_reward = time.time() - t0 - t_roll
 

@@ -60,6 +60,40 @@ def _check_window(spec: FamilySpec, cfg: dict) -> None:
     )
 
 
+def _int_key(cfg: dict, *keys):
+  for key in keys:
+    if cfg.get(key) is not None:
+      return int(cfg[key])
+  raise ValueError(f"config.json: missing field {keys[0]!r}")
+
+
+def _moe_from_hf(spec: FamilySpec, cfg: dict) -> dict:
+  """The ModelConfig fields of a mixture of experts (spec.moe), every layer one: a dense MLP
+  layer among them (decoder_sparse_step > 1, mlp_only_layers) is refused."""
+  if not spec.moe:
+    return {}
+  step = cfg.get("decoder_sparse_step", 1)
+  only = cfg.get("mlp_only_layers") or []
+  if step != 1 or only:
+    raise ValueError(
+      f"config.json: decoder_sparse_step={step!r}, mlp_only_layers={only!r}: dense MLP layers "
+      f"among the mixture-of-experts layers are not supported for {spec.architecture}; "
+      "accepted: decoder_sparse_step 1 and mlp_only_layers empty (every layer a mixture)"
+    )
+  experts = _int_key(cfg, "num_experts", "num_local_experts")
+  if experts < 1:
+    raise ValueError(
+      f"config.json: num_experts must be >= 1 for {spec.architecture}, got {experts}"
+    )
+  return dict(
+    n_experts=experts,
+    experts_per_token=_int_key(cfg, "num_experts_per_tok"),
+    moe_d_ff=_int_key(cfg, "moe_intermediate_size"),
+    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+    router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)),
+  )
+
+
 def config_from_hf(cfg: dict) -> ModelConfig:
   """ModelConfig from a parsed Hugging Face config.json; ValueError on what is unsupported."""
   archs = cfg.get("architectures") or []
@@ -109,6 +143,7 @@ def config_from_hf(cfg: dict) -> ModelConfig:
     qkv_bias=spec.qkv_bias,
     qk_norm=spec.qk_norm,
     max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+    **_moe_from_hf(spec, cfg),
   )
 
 
@@ -167,4 +202,15 @@ def config_to_hf(config: ModelConfig, dtype) -> dict:
     out["use_sliding_window"] = False
   if spec.sliding_window != "none":
     out["sliding_window"] = None
+  if spec.moe:
+    out.update(
+      num_experts=config.n_experts,
+      num_experts_per_tok=config.experts_per_token,
+      moe_intermediate_size=config.moe_d_ff,
+      norm_topk_prob=config.norm_topk_prob,
+      router_aux_loss_coef=config.router_aux_loss_coef,
+      decoder_sparse_step=1,
+      mlp_only_layers=[],
+      output_router_logits=False,
+    )
   return out

@@ -49,6 +49,13 @@ _LAYER_TENSORS = {
   "w_gate": ("mlp.gate_proj.weight", True),
   "w_up": ("mlp.up_proj.weight", True),
   "w_down": ("mlp.down_proj.weight", True),
+  "router": ("mlp.gate.weight", True),
+}
+# A mixture of experts' stacked weights [L, E, in, out]: name -> (suffix with {j} the expert).
+_EXPERT_TENSORS = {
+  "experts_gate": "mlp.experts.{j}.gate_proj.weight",
+  "experts_up": "mlp.experts.{j}.up_proj.weight",
+  "experts_down": "mlp.experts.{j}.down_proj.weight",
 }
 _TOP_TENSORS = {
   "embed": ("model.embed_tokens.weight", False),
@@ -83,9 +90,19 @@ def _hf_names(config: ModelConfig) -> dict:
     if name != "layers":
       names[(name, None)] = _TOP_TENSORS[name]
   for name in shapes["layers"]:
+    if name in _EXPERT_TENSORS:  # torch's [out, in] per expert
+      names[("layers", name)] = ("model.layers.{i}." + _EXPERT_TENSORS[name], True)
+      continue
     suffix, transposed = _LAYER_TENSORS[name]
     names[("layers", name)] = ("model.layers.{i}." + renamed.get(name, suffix), transposed)
   return names
+
+
+def _layer_names(template: str, i: int, n_experts: int) -> list:
+  """The checkpoint names of layer i's slice of a stacked tensor: one, or one per expert."""
+  if "{j}" not in template:
+    return [template.format(i=i)]
+  return [template.format(i=i, j=j) for j in range(n_experts)]
 
 
 def _target_np_dtype(dtype):
@@ -191,12 +208,13 @@ def _read_params(config: ModelConfig, path: str, files: dict, stack, dtype) -> d
       params[top] = jnp.asarray(get(name, shapes[top], transposed))
       used.add(name)
       continue
-    per_layer = shapes["layers"][sub][1:]
     stacked = np.empty(shapes["layers"][sub], target)
+    per_expert = "{j}" in template  # [L, E, in, out]: one tensor per layer and expert
     for i in range(config.n_layers):
-      name = template.format(i=i)
-      stacked[i] = get(name, per_layer, transposed)
-      used.add(name)
+      for j, name in enumerate(_layer_names(template, i, config.n_experts)):
+        at = (i, j) if per_expert else (i,)
+        stacked[at] = get(name, stacked.shape[len(at) :], transposed)
+        used.add(name)
     params["layers"][sub] = jnp.asarray(stacked)
   extra = sorted(
     n
@@ -231,8 +249,9 @@ def save_pretrained(
       continue
     stacked = np.asarray(jax.device_get(params["layers"][sub]))
     for i in range(config.n_layers):
-      arr = stacked[i]
-      tensors[template.format(i=i)] = np.ascontiguousarray(arr.T if transposed else arr)
+      for j, name in enumerate(_layer_names(template, i, config.n_experts)):
+        arr = stacked[i] if "{j}" not in template else stacked[i, j]
+        tensors[name] = np.ascontiguousarray(arr.T if transposed else arr)
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config_to_hf(config, dtype), f, indent=2)
