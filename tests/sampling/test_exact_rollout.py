@@ -6,7 +6,9 @@ the update step's pre-update forward of a short RL run; varied: batch size, samp
 prompt, prompt lengths and padding, temperature (greedy too), log-prob chunk size, position
 in the sequence, and a batch large enough (24 rows) for XLA:CPU to run the training forward's
 query / key norms through YNNPACK while the sampler's small decode steps stay in XLA's own code.
-`jet`, the same comparison, is close but not exact. (Host devices of a data mesh:
+`jet`, the same comparison, is close but not exact. With an FP8 KV cache (`kv_cache="fp8"`)
+the rollout reads E4M3 keys and values and the training forward the same rounded values: the
+same comparisons, with the same results. (Host devices of a data mesh:
 tests/parallel/_multi_device_cases.py.)
 """
 
@@ -34,6 +36,7 @@ from jetrl.train.config import ModelSpec
 from jetrl.train.sft import _solution_batch, sft_step
 
 EXACT, JET = get_recipe("jet_exact"), get_recipe("jet")
+EXACT8, JET8 = get_recipe("jet_exact", kv_cache="fp8"), get_recipe("jet", kv_cache="fp8")
 TOK = char_tokenizer()
 IDS = pieces.token_ids(TOK)
 TASK = get_task("addition", difficulty=1, length=2, seed=0)
@@ -174,6 +177,21 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise(model, sft_params, 
   assert whole == 0.0 and alone == 0.0, (whole, alone)
 
 
+@pytest.mark.parametrize("which", ["A", "B"])
+def test_fp8_kv_cache_rollout_logprobs_equal_the_training_forward_bitwise(model, which):
+  """The rollout's cache holds E4M3 keys and values; the training forward's attention reads
+  them quantized and dequantized alike: bit for bit still. Its rounding is real: jet_exact's
+  training forward without it does not give the FP8 cache's rollout log-probs."""
+  cfg, params = model
+  _, sc, out = _rollout(cfg, params, which, EXACT8)
+  assert out.mask.sum() >= 40
+  temperature = np.float32(sc.temperature or 1.0)
+  whole, alone = _diffs(cfg, params, out, temperature, EXACT8)
+  assert whole == 0.0 and alone == 0.0, (whole, alone)
+  plain = _train_logprobs(params, cfg, out, EXACT, temperature)
+  assert np.abs(plain - out.logprobs)[out.mask].max() > 1e-3
+
+
 def test_decode_in_segments_changes_no_bit(model, monkeypatch):
   """A long budget decodes in segments whose attention reads only the cache's filled part
   (`decode_segments`); forced here at 40 tokens: the same rollout, bit for bit."""
@@ -203,18 +221,21 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise_in_a_large_batch(mo
   assert whole == 0.0 and alone == 0.0, (whole, alone)
 
 
-def test_jet_is_close_but_not_bitwise(model):
+@pytest.mark.parametrize("recipe", [JET, JET8], ids=["jet", "jet_fp8_kv_cache"])
+def test_jet_is_close_but_not_bitwise(model, recipe):
   cfg, params = model
-  _, sc, out = _rollout(cfg, params, "A", JET)
-  lp = _train_logprobs(params, cfg, out, JET, sc.temperature)
+  _, sc, out = _rollout(cfg, params, "A", recipe)
+  lp = _train_logprobs(params, cfg, out, recipe, sc.temperature)
   d = np.abs(lp - out.logprobs)[out.mask]
-  print(f"jet: max |dlogp| {d.max():.3g}, mean {d.mean():.3g} over {d.size} tokens")
+  print(f"{recipe.rollout.kv_cache} cache: max |dlogp| {d.max():.3g}, mean {d.mean():.3g}")
   assert 0.0 < d.max() < 1.0 and d.mean() < 0.05
 
 
-def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
+@pytest.mark.parametrize("recipe", [EXACT, EXACT8], ids=["jet_exact", "jet_exact_fp8_kv_cache"])
+def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params, recipe):
   """Sample, reward, update (the pre-update forward in micro-batches of half the rows), three
-  times: the agreement metrics are exactly zero and the first PPO ratio exactly one."""
+  times: the agreement metrics are exactly zero and the first PPO ratio exactly one (with an
+  FP8 KV cache too: its gradient passes straight through the rounding)."""
   cfg, _ = model
   # The rollout's log-probs as the PPO ratio's old policy: the first ratio compares them with
   # the training forward (with "recompute" it would compare the forward with itself).
@@ -223,7 +244,7 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
   state = init_train_state(sft_params, ucfg, opt)
   before = np.asarray(state.params["embed"]).copy()
   for step in range(3):
-    problems, sc, out = _rollout(cfg, state.params, "A", EXACT, seed=step)
+    problems, sc, out = _rollout(cfg, state.params, "A", recipe, seed=step)
     _, rewards = scoring.completions_and_rewards(TASK, TOK, problems, out, sc.n)
     adv = group_advantages(jnp.asarray(rewards) + 0.1 * np.arange(len(rewards)), sc.n)
     state, m = update_step(
@@ -234,7 +255,7 @@ def test_short_rl_run_logs_zero_mismatch_at_every_step(model, sft_params):
       cfg=ucfg,
       optimizer=opt,
       total_steps=3,
-      precision=EXACT.train,
+      precision=recipe.train,
       temperature=SC_A.temperature,
     )
     agree = {k: float(v) for k, v in m.items() if k.startswith("agree/") and np.ndim(v) == 0}

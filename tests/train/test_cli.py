@@ -91,6 +91,12 @@ def test_flags_are_field_paths_with_optional_tuple_and_choice_values(tmp_path):
     (["--sampling.temperature=1e-30"], "--sampling.temperature: must be 0 or in [0.01, 100]"),
     (["--sampling.temperature=101"], "--sampling.temperature: must be 0 or in [0.01, 100]"),
     (["--grad_fmt=e5m2", "--recipe=bf16"], "--grad_fmt: gradient format 'e5m2' needs a recipe"),
+    (
+      ["--kv_cache=fp8", "--recipe=bf16"],
+      "--kv_cache: kv_cache 'fp8' needs a recipe with an FP8 rollout that takes it "
+      "(fp8_rollout, jet, jet_exact); 'bf16' keeps",
+    ),
+    (["--kv_cache=bf16"], "--kv_cache: 'bf16' is not accepted; choose one of ['compute', 'fp8']"),
     (["--update.minibatches=3"], "--update.minibatches: prompts_per_step x sampling.n = 128 rows"),
     (["--task.name=chess"], "--task.name: 'chess' is not accepted"),
     (["--update.is_method=clip"], "--update.is_method: 'clip' is not accepted"),
@@ -122,6 +128,15 @@ def test_bad_values_are_flag_errors(argv, message):
   with pytest.raises(FlagError) as e:
     parse(argv)
   assert str(e.value).startswith(message), str(e.value)
+
+
+def test_the_fp8_kv_cache_flag_reaches_the_recipe():
+  assert parse([]).precision_recipe.rollout.kv_cache == "compute"  # off by default
+  jet = parse(["--kv_cache=fp8"]).precision_recipe  # jet: the training forward reads it too
+  assert jet.train.kv_cache == "fp8" and jet.rollout == jet.train.forward
+  fr = parse(["--kv_cache=fp8", "--recipe=fp8_rollout"]).precision_recipe
+  assert fr.rollout.kv_cache == "fp8" and fr.train.kv_cache == "compute"
+  assert "  --kv_cache=" in usage(TrainConfig(), "doc line")
 
 
 def test_an_old_config_with_top_k_0_reads_as_none(tmp_path):

@@ -138,6 +138,15 @@ def test_memory_floor_matches_hand_computed_bytes():
   assert (
     exact["rollout KV cache"] == parts["rollout KV cache"] + layers * 16 * 80 * cfg.n_kv_heads * 4
   )
+  # An FP8 KV cache: one byte a key or value entry and a float32 scale a head (one 1x128
+  # group of the 64-wide heads), no value exponents under jet_exact either.
+  for name in ("jet", "jet_exact"):
+    fp8 = step_bytes(
+      cfg, rows=16, seq_len=80, micro_rows=4, recipe=get_recipe(name, kv_cache="fp8")
+    )
+    assert fp8["rollout KV cache"] == (
+      parts["rollout KV cache"] // 2 + 2 * layers * 16 * 80 * cfg.n_kv_heads * 4
+    )
   per_token = (
     2 * d + 2 * cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim + 3 * cfg.d_ff
   )

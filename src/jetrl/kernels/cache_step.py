@@ -11,6 +11,13 @@ what `jetrl.models.forward_cached` calls for each layer (`CacheStep`).
       whole cache gridded at every step (the same logits, slower)
   otherwise                    the new keys and values written into the cache, then
       `attention.attend` over its first n slots
+
+Under an FP8 KV cache (`Plan.kv_fp8`) the new keys and values are quantized as they are
+written (`kv_cache.quantize_kv`) and attention reads the cache's FP8 values with their scales:
+a GPU's decode step in the one kernel (head size up to 128: one group a head; not the fused
+q / k / v or whole-step kernels, which write a cache in the compute dtype), elsewhere
+`attention.attend` over the dequantized slots (`kv_cache.dequantize_kv`; the batch-invariant
+forward grids them at every step).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import jax.numpy as jnp
 from jetrl.kernels import attention as _attn
 from jetrl.kernels import decode_attention as _da
 from jetrl.kernels import decode_fused as _fused
+from jetrl.precision.kv_cache import dequantize_kv, quantize_kv
 
 
 class CacheStep:
@@ -37,24 +45,28 @@ class CacheStep:
     self.view = lambda a: a if n == s else a[:, :, :n]  # the slots attention reads
     self.start = (zero, zero, index, zero)
     head_dim = cache.k[0].shape[-1]
+    self.fp8 = plan.kv_fp8  # an FP8 cache: E4M3 keys and values with their scales
     self.one_kernel = (
       t == 1
       and plan.blocks.decode_attention == "kernel"
       and _attn.use_decode_kernel(n, head_dim, plan.device)
+      and not (self.fp8 and not _da.supports_fp8(head_dim))
     )
     if self.one_kernel:  # the slots the kernel may see, once for all layers, in its forms
       self.seen = mask & (jnp.arange(s, dtype=jnp.int32)[None, :] <= index)
       self.seen32, self.index1 = self.seen.astype(jnp.int32), index.reshape(1)
     # A batch-invariant plan with a gridded cache writes each new key / value on its grid.
     self.grids = plan.blocks.decode_attention == "exact" and len(cache.v_exp) == len(cache.k)
-    self.new_k, self.new_v, self.new_e = [], [], []
+    self.new_k, self.new_v, self.new_e, self.new_ks, self.new_vs = [], [], [], [], []
 
   def layers(self, x, layers, config, cos, sin):
     """(x, ()) after all `layers` in the fused decode kernels where they apply (an FP8
     rollout's decode step on a GPU: every projection's input quantized by the operator
     before it, eight kernels a layer), else (x, layers): the caller runs them one by one."""
     plan = self.plan
-    if not (self.one_kernel and _fused.applies(layers, config, plan, x.shape[0], self.n)):
+    if self.fp8 or not (
+      self.one_kernel and _fused.applies(layers, config, plan, x.shape[0], self.n)
+    ):
       return x, layers
     x, self.new_k, self.new_v = _fused.layers_step(
       x, layers, config, plan, self.cd, cos, sin, self.cache, self.seen32, self.index1, self.n
@@ -64,7 +76,7 @@ class CacheStep:
   def fuses_qkv(self, layer, config) -> bool:
     """Whether layer i's bias, RoPE, cache write and attention run in one kernel from its
     fused q / k / v GEMM's output (`attend_qkv`)."""
-    return self.one_kernel and _da.fuses_layer(layer, config)
+    return self.one_kernel and not self.fp8 and _da.fuses_layer(layer, config)
 
   def attend_qkv(self, i: int, y, layer, config, cos, sin):
     """Attention output [B, 1, H * Dh] of layer i from its q / k / v GEMM's output y."""
@@ -81,6 +93,8 @@ class CacheStep:
     Dh] written into its cache first."""
     cache, cd, view, plan = self.cache, self.cd, self.view, self.plan
     k, v = _attn.heads_first(k), _attn.heads_first(v)
+    if self.fp8:
+      return self._attend_fp8(i, q, k, v)
     if self.grids:
       kc, vc, ec = _attn.write_grids(cache.k[i], cache.v[i], cache.v_exp[i], k, v, self.start, cd)
       out = _attn.attend_grids(q, view(kc), view(vc), view(ec), self.allowed, cd)
@@ -96,7 +110,34 @@ class CacheStep:
     self.new_v.append(vc)
     return out
 
+  def _attend_fp8(self, i: int, q, k, v):
+    """`attend` into an FP8 cache: k, v [B, Hkv, T, Dh] quantized and written with their
+    scales, then attention over the FP8 slots read with their scales."""
+    cache, cd, view, plan = self.cache, self.cd, self.view, self.plan
+    update = lambda a, new: jax.lax.dynamic_update_slice(a, new, self.start)
+    (kq, ks), (vq, vs) = quantize_kv(k), quantize_kv(v)
+    kc, vc = update(cache.k[i], kq), update(cache.v[i], vq)
+    ksc, vsc = update(cache.k_scale[i], ks), update(cache.v_scale[i], vs)
+    if self.one_kernel:
+      out = _da.decode_attention(
+        q, kc, vc, self.seen, self.n, cd, scales=(ksc, vsc), interpret=plan.interpret
+      )
+    else:
+      kd, vd = dequantize_kv(view(kc), view(ksc), cd), dequantize_kv(view(vc), view(vsc), cd)
+      out = plan.attend(q, kd, vd, self.allowed, cd)
+    self.new_k.append(kc)
+    self.new_v.append(vc)
+    self.new_ks.append(ksc)
+    self.new_vs.append(vsc)
+    return out
+
   def new_cache(self):
-    """The layers' (keys, values, value exponents) after the step, as tuples."""
+    """The layers' (keys, values, value exponents, key scales, value scales) after the step,
+    as tuples."""
     v_exp = tuple(self.new_e) if self.grids else self.cache.v_exp
-    return tuple(self.new_k), tuple(self.new_v), v_exp
+    scales = (
+      (tuple(self.new_ks), tuple(self.new_vs))
+      if self.fp8
+      else (self.cache.k_scale, self.cache.v_scale)
+    )
+    return tuple(self.new_k), tuple(self.new_v), v_exp, *scales

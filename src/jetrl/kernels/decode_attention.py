@@ -19,6 +19,12 @@ writes its output quantized (one head's output is one 1 x 128 group), for the o 
 (models/decode_fused.py). Both kernels carry their slot count in their name
 (`decode_attention_<n>slots`), from which the compile report counts the bytes they read
 (jetrl.aot.kernels).
+
+Under an FP8 KV cache (`decode_attention(..., scales=...)`, head size up to 128: one 1 x 128
+group a head) the kernel reads the E4M3 keys and values and their float32 scales, one a slot,
+and takes each slot's key and value as `kv_cache.dequantize_kv` gives them (the FP8 value
+times its scale in float32, rounded to the compute dtype): half the bytes of a bf16 cache,
+the same attention of the same values.
 """
 
 from __future__ import annotations
@@ -41,25 +47,40 @@ def supported(n_slots: int, head_dim: int) -> bool:
   return n_slots % CHUNK == 0 and n_slots > 0 and head_dim & (head_dim - 1) == 0
 
 
-def _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks: int, scale: float, cd, init):
+def supports_fp8(head_dim: int) -> bool:
+  """Whether the kernel reads an FP8 cache of this head size: one 1 x 128 group a head."""
+  return head_dim <= 128
+
+
+def _attend_chunks(
+  qs, k_ref, v_ref, allowed, n_chunks: int, scale: float, cd, init, ks_ref=None, vs_ref=None
+):
   """The online softmax of each query head q in qs (float32 [Dh] each, or a pair of halves
   (q1, q2)) over n_chunks chunks of the kv head's keys and values, each chunk read once for
   all of them. allowed(start) -> bool [CHUNK] (the slots a query may see); init: each head's
-  (running max, total, accumulator). Returns each head's (total, acc)."""
+  (running max, total, accumulator); ks_ref, vs_ref: an FP8 cache's scales [S, 1] (one group
+  a slot), None for a cache in the compute dtype. Returns each head's (total, acc)."""
   f32 = jnp.float32
   r = lambda a: a.astype(cd).astype(f32)
   halves = isinstance(qs[0], tuple)
   dh = v_ref.shape[-1]
   lo, hi = pl.ds(0, dh // 2), pl.ds(dh // 2, dh // 2)
 
+  def read(ref, s_ref, at, cols):
+    """Slots `at` of a key or value ref as attention reads them (dequantized, in cd)."""
+    x = ref[at, cols]
+    if s_ref is None:
+      return r(x)
+    return r(x.astype(f32) * s_ref[at, :])  # kv_cache.dequantize_kv's arithmetic
+
   def body(i, carry):
     start = pl.multiple_of(i * CHUNK, CHUNK)
     at = pl.ds(start, CHUNK)
     if halves:
-      k1, k2 = r(k_ref[at, lo]), r(k_ref[at, hi])
+      k1, k2 = read(k_ref, ks_ref, at, lo), read(k_ref, ks_ref, at, hi)
     else:
-      k = r(k_ref[at, :])
-    v = r(v_ref[at, :])
+      k = read(k_ref, ks_ref, at, slice(None))
+    v = read(v_ref, vs_ref, at, slice(None))
     ok = allowed(start)
     out = []
     for q, (m, total, acc) in zip(qs, carry):
@@ -79,14 +100,17 @@ def _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks: int, scale: float, cd, i
   return [(total, acc) for _, total, acc in final]
 
 
-def _kernel(q_ref, k_ref, v_ref, m_ref, o_ref, *, g: int, n_chunks: int, scale: float, cd):
+def _kernel(*refs, g: int, n_chunks: int, scale: float, cd, fp8: bool):
+  q_ref, k_ref, v_ref, m_ref = refs[:4]
+  ks_ref, vs_ref = refs[4:6] if fp8 else (None, None)
+  o_ref = refs[-1]
   f32 = jnp.float32
   dh = q_ref.shape[-1]
   qs = [q_ref[j].astype(cd).astype(f32) for j in range(g)]  # the group's heads, [Dh] each
   init = [(f32(MASK_VALUE), f32(0.0), jnp.zeros((dh,), f32))] * g
   allowed = lambda start: m_ref[pl.ds(start, CHUNK)] != 0
   for j, (total, acc) in enumerate(
-    _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks, scale, cd, init)
+    _attend_chunks(qs, k_ref, v_ref, allowed, n_chunks, scale, cd, init, ks_ref, vs_ref)
   ):
     o_ref[j] = (acc / total).astype(o_ref.dtype)
 
@@ -99,10 +123,13 @@ def decode_attention(
   n_slots: int,
   cd,
   *,
+  scales=None,
   interpret: bool = False,
 ) -> jax.Array:
   """q [B, 1, H, Dh]; k, v [B, Hkv, S, Dh] (the whole cache); mask [B, S] (the slots the
-  query may see; only the first n_slots are read). Returns [B, 1, H * Dh] in cd."""
+  query may see; only the first n_slots are read). Returns [B, 1, H * Dh] in cd.
+  scales: an FP8 cache's (k_scale, v_scale) [B, Hkv, S, 1] (k and v in E4M3, Dh <= 128), or
+  None for k and v in the compute dtype."""
   b, t, h, dh = q.shape
   hkv, s = k.shape[1], k.shape[2]
   if t != 1 or not supported(n_slots, dh) or n_slots > s:
@@ -110,23 +137,38 @@ def decode_attention(
       f"decode_attention: one query a row, n_slots a multiple of {CHUNK} up to the cache's "
       f"{s} slots and a power-of-two head size; got q {q.shape}, n_slots {n_slots}"
     )
+  if scales is not None and not (
+    supports_fp8(dh) and all(a.shape == (b, hkv, s, 1) for a in scales)
+  ):
+    raise ValueError(
+      f"decode_attention: an FP8 cache needs a head size up to 128 and scales [B, Hkv, S, 1] "
+      f"{(b, hkv, s, 1)}; got Dh {dh}, scales {[tuple(a.shape) for a in scales]}"
+    )
   g = h // hkv
   group = pl.BlockSpec((None, g, dh), lambda i, j: (i, j, 0))  # kv head j's query heads
+  cache_spec = pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j, 0, 0))
+  in_specs = [group, cache_spec, cache_spec, pl.BlockSpec((None, s), lambda i, j: (i, 0))]
+  args = [q.reshape(b, h, dh), k, v, mask.astype(jnp.int32)]
+  if scales is not None:  # one scale a slot (read, as k and v, for the first n_slots only)
+    in_specs += [pl.BlockSpec((None, None, s, 1), lambda i, j: (i, j, 0, 0))] * 2
+    args += list(scales)
   out = pl.pallas_call(
-    functools.partial(_kernel, g=g, n_chunks=n_slots // CHUNK, scale=float(dh**-0.5), cd=cd),
+    functools.partial(
+      _kernel,
+      g=g,
+      n_chunks=n_slots // CHUNK,
+      scale=float(dh**-0.5),
+      cd=cd,
+      fp8=scales is not None,
+    ),
     out_shape=jax.ShapeDtypeStruct((b, h, dh), cd),
     grid=(b, hkv),
-    in_specs=[
-      group,
-      pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j, 0, 0)),
-      pl.BlockSpec((None, None, s, dh), lambda i, j: (i, j, 0, 0)),
-      pl.BlockSpec((None, s), lambda i, j: (i, 0)),
-    ],
+    in_specs=in_specs,
     out_specs=group,
     compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     interpret=interpret,
     name=f"decode_attention_{n_slots}slots",  # read by jetrl.aot.kernels
-  )(q.reshape(b, h, dh), k, v, mask.astype(jnp.int32))
+  )(*args)
   return out.reshape(b, 1, h * dh)
 
 

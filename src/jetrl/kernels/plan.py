@@ -61,6 +61,7 @@ from jetrl.kernels.cache_step import CacheStep
 from jetrl.kernels.device import Device, KernelConfig, current_device
 from jetrl.kernels.norm_kernel import rms_norm_cd
 from jetrl.precision import truncation as _truncation
+from jetrl.precision.kv_cache import round_kv
 from jetrl.precision.formats import format_dtype
 from jetrl.precision.linear import linear as _precision_linear
 from jetrl.precision.recipes import Precision
@@ -233,6 +234,19 @@ class Plan(XlaGemms):
   def attend_flash(self, q, k, v, attention_mask, cd):
     return _attn.attend_flash(q, k, v, attention_mask, cd, dev=self.device)
 
+  @property
+  def kv_fp8(self) -> bool:
+    """Whether keys and values are held in FP8 (`Precision.kv_cache`): a KV cache stores them
+    quantized (`KVCache.k_scale`, `v_scale`), a forward's attention reads them quantized and
+    dequantized (`cached_kv`)."""
+    return isinstance(self.precision, Precision) and self.precision.kv_cache == "fp8"
+
+  def cached_kv(self, k, v):
+    """The keys and values [..., Dh] a forward's attention reads: as a KV cache of the plan's
+    precision hands them back (under an FP8 cache `kv_cache.round_kv`, the gradient straight
+    through the rounding), so that the training forward reads the rollout's values."""
+    return (round_kv(k), round_kv(v)) if self.kv_fp8 else (k, v)
+
   def attend(self, q, k, v, allowed, cd):
     """Masked GQA attention, q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (`kernels.attention`)."""
     if self.blocks.attention == "invariant":  # key blocks from each row's first real token
@@ -249,8 +263,9 @@ class Plan(XlaGemms):
   @property
   def grids_cache(self) -> bool:
     """Whether a KV cache keeps each value's grid exponent with it (`KVCache.v_exp`): the
-    batch-invariant attention's, which then grids each key and value once, when written."""
-    return self.blocks.decode_attention == "exact"
+    batch-invariant attention's, which then grids each key and value once, when written. Not
+    with an FP8 KV cache: its attention grids the dequantized keys and values at every step."""
+    return self.blocks.decode_attention == "exact" and not self.kv_fp8
 
   def choice_keep(self, logits, scaled, temperature, top_k, top_p):
     """The kept set [R, V] of a top-k / top-p truncated draw from float32 logits [R, V] (scaled:

@@ -18,6 +18,7 @@ from jetrl.models.config import ModelConfig
 from jetrl.kernels import Plan
 from jetrl.kernels.plan import plan_for
 from jetrl.precision import Precision
+from jetrl.precision.kv_cache import KV_BLOCK, KV_DTYPE, kv_scale_shape
 
 
 class KVCache(NamedTuple):
@@ -30,6 +31,10 @@ class KVCache(NamedTuple):
     row's grid exponent. Such a cache holds every key and value already rounded to its grid
     (`exact_ops.grid_keys`, `grid_values`), written once with the slot, so that a decode step
     grids only its own new key and value (docs/numerics.md, "Bitwise on-policy").
+  k_scale, v_scale: empty, except in a cache for a precision with an FP8 KV cache
+    (`Precision.kv_cache == "fp8"`): k and v then hold E4M3 values and these their float32
+    scales, one [B, Hkv, S, ceil(Dh / 128)] array per layer (one scale per slot, kv head and
+    1 x 128 group of the head dimension; jetrl.precision.kv_cache).
 
   One array per layer (not one stacked [L, ...] array) lets each decode step update and read
   a layer's cache in place; the kv-head axis comes before the slot axis, so the step's batched
@@ -42,6 +47,8 @@ class KVCache(NamedTuple):
   mask: jax.Array
   index: jax.Array
   v_exp: Tuple[jax.Array, ...] = ()
+  k_scale: Tuple[jax.Array, ...] = ()
+  v_scale: Tuple[jax.Array, ...] = ()
 
 
 def init_cache(
@@ -56,22 +63,30 @@ def init_cache(
   """An empty cache of `max_len` slots per row (zeros, nothing masked in, index 0).
 
   precision: the rollout precision (or its `plan`): where the plan's attention grids keys and
-  values (`Plan.grids_cache`, a batch-invariant one's), the gridded layout (`v_exp`).
+  values (`Plan.grids_cache`, a batch-invariant one's), the gridded layout (`v_exp`); under an
+  FP8 KV cache (`Plan.kv_fp8`), k and v in E4M3 (whatever `dtype` says) with their scales
+  (`k_scale`, `v_scale`; 1, as `quantize` gives an all-zero group).
   """
   for name, value in (("batch", batch), ("max_len", max_len)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
   shape = (batch, config.n_kv_heads, max_len, config.head_dim)
-  zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
-  v_exp = ()
-  if plan_for(precision, plan).grids_cache:
-    v_exp = tuple(jnp.zeros(shape[:-1] + (1,), jnp.int32) for _ in range(config.n_layers))
+  plan = plan_for(precision, plan)
+  per_layer = lambda make: tuple(make() for _ in range(config.n_layers))
+  v_exp, scales = (), ()
+  if plan.grids_cache:
+    v_exp = per_layer(lambda: jnp.zeros(shape[:-1] + (1,), jnp.int32))
+  if plan.kv_fp8:
+    dtype = KV_DTYPE
+    scales = lambda: per_layer(lambda: jnp.ones(kv_scale_shape(shape), jnp.float32))
   return KVCache(
-    k=zeros(),
-    v=zeros(),
+    k=per_layer(lambda: jnp.zeros(shape, dtype)),
+    v=per_layer(lambda: jnp.zeros(shape, dtype)),
     mask=jnp.zeros((batch, max_len), bool),
     index=jnp.zeros((), jnp.int32),
     v_exp=v_exp,
+    k_scale=scales() if scales else (),
+    v_scale=scales() if scales else (),
   )
 
 
@@ -82,11 +97,21 @@ def positions_from_mask(token_mask: jax.Array) -> jax.Array:
 
 
 def cache_bytes(
-  config: ModelConfig, batch: int, max_len: int, itemsize: int = 2, value_exponents: bool = False
+  config: ModelConfig,
+  batch: int,
+  max_len: int,
+  itemsize: int = 2,
+  value_exponents: bool = False,
+  fp8: bool = False,
 ) -> int:
   """Bytes of k and v for a cache of this size (the mask and index are negligible), plus the
-  value rows' int32 exponents of a batch-invariant precision's cache (`value_exponents`)."""
+  value rows' int32 exponents of a batch-invariant precision's cache (`value_exponents`).
+  fp8: an FP8 KV cache's (`init_cache` under `Plan.kv_fp8`): one byte a key or value entry
+  (`itemsize` is ignored) and a float32 scale per 1 x 128 group of each head."""
   slots = config.n_layers * batch * max_len
-  return 2 * slots * config.kv_dim * itemsize + (
-    4 * slots * config.n_kv_heads if value_exponents else 0
-  )
+  if fp8:
+    groups = config.n_kv_heads * -(-config.head_dim // KV_BLOCK)
+    kv = 2 * slots * (config.kv_dim + 4 * groups)
+  else:
+    kv = 2 * slots * config.kv_dim * itemsize
+  return kv + (4 * slots * config.n_kv_heads if value_exponents else 0)

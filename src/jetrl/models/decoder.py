@@ -24,6 +24,7 @@ from jetrl.models.layers import activation_dtype, lm_head, project, rope_tables,
 from jetrl.models.moe import Routing, moe_mlp
 from jetrl.models.params import check_params, unstack_layers
 from jetrl.precision import Precision
+from jetrl.precision.kv_cache import KV_BLOCK, KV_DTYPE
 
 
 def _check_config(config) -> None:
@@ -83,6 +84,7 @@ def _layer(x, layer, config: ModelConfig, plan: Plan, cd, cos, sin, allowed, fla
   """(x after one layer, its Routing or None); `flash_mask` = (attention_mask,) when the
   forward attends with the flash kernel (`Plan.use_flash`), else None."""
   q, k, v = _qkv(x, layer, config, plan, cd, cos, sin)
+  k, v = plan.cached_kv(k, v)  # as a KV cache holds them (FP8 under an FP8 KV cache)
   if flash_mask is not None:
     out = plan.attend_flash(q, k, v, flash_mask[0], cd)
   else:
@@ -197,8 +199,9 @@ def _check_cached(params, config, tokens, cache, positions, token_mask, attend_s
   if cache.v_exp and not plan.grids_cache:
     raise ValueError(
       "cache.v_exp is set (a gridded cache for a batch-invariant precision), "
-      "but the precision is not batch-invariant"
+      "but the precision is not batch-invariant or keeps an FP8 KV cache"
     )
+  _check_fp8_cache(cache, config, plan, expected)
   if tuple(cache.mask.shape) != (b, s):
     raise ValueError(f"cache.mask must have shape {(b, s)}, got {tuple(cache.mask.shape)}")
   if t > s:
@@ -210,6 +213,25 @@ def _check_cached(params, config, tokens, cache, positions, token_mask, attend_s
       f"slots, got {attend_slots}"
     )
   return n
+
+
+def _check_fp8_cache(cache, config, plan, expected) -> None:
+  """An FP8 KV cache (E4M3 k / v with k_scale / v_scale) for a plan with one, a plain cache
+  otherwise (init_cache builds either, from the precision)."""
+  scales = expected[:-1] + (-(-config.head_dim // KV_BLOCK),)
+  fp8 = plan.kv_fp8
+  for name, layers in (("k_scale", cache.k_scale), ("v_scale", cache.v_scale)):
+    want = config.n_layers if fp8 else 0
+    if len(layers) != want or any(tuple(a.shape) != scales for a in layers):
+      raise ValueError(
+        f"cache.{name} must be "
+        + (f"{want} per-layer arrays of shape {scales}" if fp8 else "empty")
+        + f" for a precision with kv_cache={'fp8' if fp8 else 'compute'!r} (init_cache(..., "
+        f"precision=...) builds it), got {len(layers)} arrays"
+      )
+  for name, layers in (("k", cache.k), ("v", cache.v)):
+    if fp8 and any(a.dtype != KV_DTYPE for a in layers):
+      raise ValueError(f"cache.{name} must hold {jnp.dtype(KV_DTYPE).name} values (FP8 KV cache)")
 
 
 def forward_cached(
@@ -239,7 +261,10 @@ def forward_cached(
   Logits are [B, T, V], or [B, 1, V] for the last new token when last_only.
   Under a batch-invariant precision, a cache from `init_cache(..., precision=precision)`
   (with `v_exp`) keeps each key and value on its grid from the step that wrote it; a plain
-  one is gridded whole at every step (the same logits, slower).
+  one is gridded whole at every step (the same logits, slower). Under a precision with an
+  FP8 KV cache the cache must be one (`init_cache(..., precision=precision)`: E4M3 keys and
+  values with their scales); the new keys and values are quantized as they are written and
+  attention reads the cache dequantized (the values `forward`'s attention reads).
   attend_slots: attention reads only the first `attend_slots` slots (T <= attend_slots <= S);
   the caller guarantees that no slot at or after it is set and that index + T <=
   attend_slots (a prefill into an empty cache passes T). Masked slots add nothing, so the
@@ -275,8 +300,8 @@ def forward_cached(
   if last_only:
     x = x[:, -1:, :]
   logits = lm_head(plan.norm(x, params["final_norm"], config.rms_eps, cd), params, config, cd, plan)
-  k, v, v_exp = step.new_cache()
-  cache = KVCache(k=k, v=v, mask=mask, index=index + t, v_exp=v_exp)
+  k, v, v_exp, k_scale, v_scale = step.new_cache()
+  cache = KVCache(k, v, mask, index + t, v_exp, k_scale, v_scale)
   if not routing:
     return logits, cache
   return logits, cache, jnp.stack(chosen, axis=2) if chosen else None

@@ -278,11 +278,14 @@ class Layout:
     s = self.rows_sharding(rows, strict=True, what="TrainBatch")
     return jax.tree_util.tree_map(lambda _: s, batch)
 
-  def cache_sharding(self, rows: int, value_exponents: bool = False) -> KVCache:
+  def cache_sharding(
+    self, rows: int, value_exponents: bool = False, scales: bool = False
+  ) -> KVCache:
     """KVCache of shardings for `rows` rows: each layer's k / v [B, Hkv, S, Dh] with B over
     the batch axes and Hkv over `tensor` when divisible; mask [B, S] like B; index
     replicated. value_exponents: a gridded cache's (batch-invariant precision) v_exp
-    [B, Hkv, S, 1] too, like k / v."""
+    [B, Hkv, S, 1] too, like k / v; scales: an FP8 cache's k_scale / v_scale [B, Hkv, S, G]
+    too, like k / v."""
     sizes = self.axis_sizes
     b = _rows_axes(rows, sizes, False, "KV cache")
     t = _clean(TENSOR, sizes)
@@ -294,6 +297,8 @@ class Layout:
       mask=self.named(P(b, None)),
       index=self.replicated,
       v_exp=kv if value_exponents else (),
+      k_scale=kv if scales else (),
+      v_scale=kv if scales else (),
     )
 
   @property

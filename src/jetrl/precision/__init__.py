@@ -6,6 +6,8 @@ from jetrl.precision.linear import linear
 from jetrl.precision.quantize import dequantize, quantize, scale_shape
 from jetrl.precision.recipes import (
   GEMM_BACKENDS,
+  KV_CACHE_RECIPES,
+  KV_CACHES,
   RECIPES,
   Fp8Gemm,
   Precision,
@@ -35,6 +37,8 @@ __all__ = [
   "quantize",
   "scale_shape",
   "RECIPES",
+  "KV_CACHES",
+  "KV_CACHE_RECIPES",
   "Fp8Gemm",
   "Precision",
   "Recipe",

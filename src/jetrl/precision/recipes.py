@@ -16,6 +16,11 @@ import jax.numpy as jnp
 from jetrl.precision.formats import COMPUTE_DTYPES, FORMATS
 
 SCALINGS = ("block", "tensor")
+# What the rollout's KV cache holds (`Precision.kv_cache`): keys and values in the compute
+# dtype, or in E4M3 with float32 scales (jetrl.precision.kv_cache); and the recipes that take
+# the FP8 one (`get_recipe(..., kv_cache=...)`).
+KV_CACHES = ("compute", "fp8")
+KV_CACHE_RECIPES = ("fp8_rollout", "jet", "jet_exact")
 # Which implementation runs an FP8 GEMM (`Fp8Gemm.gemm_backend`; jetrl.kernels.backend).
 GEMM_BACKENDS = ("auto", "xla", "cublaslt", "pallas", "pallas_interpret")
 
@@ -72,6 +77,11 @@ class Precision:
     jetrl.kernels.exact_ops), so a token's log-probs do not depend on the batch, the padding or
     the program that computes them. Needs a block-scaled E4M3 fprop; the backward is the
     usual one. The exact forward GEMM runs in XLA whatever the fprop's `gemm_backend` says.
+  kv_cache: "compute" (keys and values in the compute dtype) or "fp8": attention reads keys
+    (after RoPE) and values quantized per token and kv head in E4M3, 1 x 128 groups along the
+    head dimension, and dequantized (jetrl.precision.kv_cache); a rollout's KV cache stores
+    them so (FP8 values and float32 scales), a training forward reads the same values with
+    the gradient passed straight through the rounding. Carried by `forward`.
   """
 
   compute_dtype: str = "bfloat16"
@@ -79,8 +89,11 @@ class Precision:
   dgrad: Optional[Fp8Gemm] = None
   wgrad: Optional[Fp8Gemm] = None
   batch_invariant: bool = False
+  kv_cache: str = "compute"
 
   def __post_init__(self):
+    if self.kv_cache not in KV_CACHES:
+      raise ValueError(f"unknown kv_cache {self.kv_cache!r}; accepted: {list(KV_CACHES)}")
     if self.compute_dtype not in COMPUTE_DTYPES:
       raise ValueError(
         f"unknown compute dtype {self.compute_dtype!r}; accepted: {sorted(COMPUTE_DTYPES)}"
@@ -99,13 +112,17 @@ class Precision:
 
   @property
   def forward(self) -> "Precision":
-    """The forward half of this precision: the same compute dtype and the same fprop object.
+    """The forward half of this precision: the same compute dtype, the same fprop object and
+    the same KV cache.
 
     This is what a rollout under the unified flow runs; it shares `fprop` with the training
     precision by identity, so the two cannot diverge.
     """
     return Precision(
-      compute_dtype=self.compute_dtype, fprop=self.fprop, batch_invariant=self.batch_invariant
+      compute_dtype=self.compute_dtype,
+      fprop=self.fprop,
+      batch_invariant=self.batch_invariant,
+      kv_cache=self.kv_cache,
     )
 
   @property
@@ -282,9 +299,11 @@ BUILDERS = {
 RECIPES = tuple(BUILDERS)
 
 
-def get_recipe(name: str, *, grad_fmt: str = "e4m3") -> Recipe:
+def get_recipe(name: str, *, grad_fmt: str = "e4m3", kv_cache: str = "compute") -> Recipe:
   """The recipe called `name` (one of RECIPES). `grad_fmt` selects E4M3 or E5M2 gradients:
-  a recipe whose backward runs no FP8 GEMM accepts only the default (it would be ignored)."""
+  a recipe whose backward runs no FP8 GEMM accepts only the default (it would be ignored).
+  `kv_cache` "fp8" gives the rollout an FP8 KV cache (`with_kv_cache`; the recipes of
+  KV_CACHE_RECIPES)."""
   if name not in BUILDERS:
     raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
   if grad_fmt not in FORMATS:
@@ -298,7 +317,32 @@ def get_recipe(name: str, *, grad_fmt: str = "e4m3") -> Recipe:
       f"({', '.join(n for n in RECIPES if BUILDERS[n](block, tensor).fp8_backward)}); "
       f"{name!r} computes its gradients in {recipe.train.compute_dtype}"
     )
+  if kv_cache not in KV_CACHES:
+    raise ValueError(f"unknown kv_cache {kv_cache!r}; accepted: {list(KV_CACHES)}")
+  if kv_cache != "compute":
+    if name not in KV_CACHE_RECIPES:
+      raise ValueError(
+        f"kv_cache {kv_cache!r} needs a recipe with an FP8 rollout that takes it "
+        f"({', '.join(KV_CACHE_RECIPES)}); {name!r} keeps its KV cache in its compute dtype"
+      )
+    recipe = with_kv_cache(recipe, kv_cache)
   return recipe
+
+
+def with_kv_cache(recipe: Recipe, kv_cache: str) -> Recipe:
+  """A copy of `recipe` whose rollout keeps its KV cache as `kv_cache` says.
+
+  A unified recipe (jet, jet_exact) changes its training precision, so that the training
+  forward's attention reads the keys and values the rollout's cache holds (the unified flow:
+  the rollout stays `train.forward`). A recipe with a rollout of its own (fp8_rollout)
+  changes only that rollout, as an inference engine's FP8 KV cache does: its training
+  forward never sees the rounding (off-policy, like its FP8 GEMMs).
+  """
+  if recipe.unified:
+    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, kv_cache=kv_cache))
+  return dataclasses.replace(
+    recipe, rollout_override=dataclasses.replace(recipe.rollout_override, kv_cache=kv_cache)
+  )
 
 
 def with_gemm_backend(obj: Union[Fp8Gemm, Precision, Recipe, None], name: str):

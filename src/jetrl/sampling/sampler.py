@@ -137,7 +137,12 @@ def _repeat_cache(cache, n: int):
     return cache
   rep = lambda layers: tuple(jnp.repeat(a, n, axis=0) for a in layers)
   return cache._replace(
-    k=rep(cache.k), v=rep(cache.v), mask=jnp.repeat(cache.mask, n, axis=0), v_exp=rep(cache.v_exp)
+    k=rep(cache.k),
+    v=rep(cache.v),
+    mask=jnp.repeat(cache.mask, n, axis=0),
+    v_exp=rep(cache.v_exp),
+    k_scale=rep(cache.k_scale),
+    v_scale=rep(cache.v_scale),
   )
 
 
@@ -333,7 +338,9 @@ def sample(
   if layout is not None:
     rows = layout.rows_sharding(len(tokens))
     tokens_in, mask_in = layout.put(tokens, rows), layout.put(mask, rows)
-    cache_sharding = layout.cache_sharding(len(tokens) * config.n, value_exponents=plan.grids_cache)
+    cache_sharding = layout.cache_sharding(
+      len(tokens) * config.n, value_exponents=plan.grids_cache, scales=plan.kv_fp8
+    )
   # Fused projections change which columns a tensor-parallel layout splits: single device only.
   params = rollout_params(params, precision=precision, fuse=layout is None)
   cache, logits = _prefill(

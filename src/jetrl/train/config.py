@@ -24,7 +24,8 @@ checked when a run starts (`check_paths`), before anything is compiled or writte
 the trees had nodes (`former=`: refused with the new name, `jetrl.train.cli`).
 
 The recipe is resolved once, when the config is built: `cfg.precision_recipe` is the
-`jetrl.precision.Recipe` (with the run's gradient format) every part of the run reads.
+`jetrl.precision.Recipe` (with the run's gradient format and KV cache) every part of the run
+reads.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from jetrl.config import (
 from jetrl.models.lora import LoraConfig
 from jetrl.parallel.mesh import parse_mesh
 from jetrl.precision import RECIPES, Recipe, get_recipe
+from jetrl.precision.recipes import KV_CACHE_RECIPES, KV_CACHES
 from jetrl.precision.formats import FORMATS
 from jetrl.rl.optimizer import OptimizerConfig
 from jetrl.rl.update_config import UpdateConfig
@@ -109,6 +111,15 @@ class RunConfig(Tree):
 
   recipe: str = recipe_field("jet")
   seed: int = seed_field()
+  kv_cache: str = field(
+    "compute",
+    "The rollout's KV cache: compute (keys and values in the recipe's compute dtype) or fp8 "
+    "(E4M3, per token and kv head in 1x128 groups along the head dimension, float32 scales: "
+    "half the bytes; recipes " + ", ".join(KV_CACHE_RECIPES) + "). Under jet and jet_exact "
+    "the training forward's attention reads the same rounded keys and values (the gradient "
+    "straight through the rounding); under fp8_rollout only the rollout does.",
+    choices=KV_CACHES,
+  )
 
   def __post_init__(self):
     check_fields(self)
@@ -116,9 +127,11 @@ class RunConfig(Tree):
 
   def _resolve_recipe(self) -> Recipe:
     try:
-      recipe = get_recipe(self.recipe, grad_fmt=self.gradient_format)
+      recipe = get_recipe(self.recipe, grad_fmt=self.gradient_format, kv_cache=self.kv_cache)
     except ValueError as e:
-      raise ConfigError("grad_fmt" if self.recipe in RECIPES else "recipe", str(e)) from None
+      if self.recipe not in RECIPES:
+        raise ConfigError("recipe", str(e)) from None
+      raise ConfigError("kv_cache" if "kv_cache" in str(e) else "grad_fmt", str(e)) from None
     object.__setattr__(self, "_recipe", recipe)
     return recipe
 

@@ -27,12 +27,17 @@ from jetrl.train.validation import FlagError
 GIB = 1024**3
 
 
-def _cache_kind(recipe: Optional[Recipe]) -> tuple[int, bool]:
-  """(bytes of a value between operators, whether the rollout's KV cache keeps value
-  exponents: a batch-invariant precision's) under `recipe` (None: bf16)."""
+def _cache_kind(recipe: Optional[Recipe]) -> tuple[int, dict]:
+  """(bytes of a value between operators, how the rollout's KV cache is laid out: whether it
+  keeps value exponents (a batch-invariant precision's cache in the compute dtype) and whether
+  it is an FP8 one, as `cache_bytes` takes them) under `recipe` (None: bf16)."""
   if recipe is None:
-    return 2, False
-  return recipe.compute_bytes, recipe.rollout.batch_invariant
+    return 2, {}
+  fp8 = recipe.rollout.kv_cache == "fp8"
+  return recipe.compute_bytes, {
+    "value_exponents": recipe.rollout.batch_invariant and not fp8,
+    "fp8": fp8,
+  }
 
 
 def step_bytes(
@@ -48,12 +53,12 @@ def step_bytes(
 ) -> dict[str, int]:
   """Bytes by part (see the module docstring); every part is needed at some point of a step
   under `recipe` (its compute dtype's size, and its rollout cache; None: bf16)."""
-  compute_bytes, value_exponents = _cache_kind(recipe)
+  compute_bytes, cache_kind = _cache_kind(recipe)
   n = mcfg.n_params
   per_token = 2 * mcfg.d_model + 2 * mcfg.q_dim + 2 * mcfg.kv_dim + 3 * mcfg.d_ff
   return {
     "params, AdamW state, gradients": n * (master_bytes * (2 if ref_params else 1) + 8 + 4),
-    "rollout KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, value_exponents),
+    "rollout KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, **cache_kind),
     "rollout logits": rows * mcfg.vocab_size * 4,
     "update activations": micro_rows * seq_len * mcfg.n_layers * per_token * compute_bytes,
     "update log-prob chunk": micro_rows * min(chunk, seq_len) * mcfg.vocab_size * 4,
@@ -76,11 +81,11 @@ def eval_bytes(
   """Bytes by part of one evaluation sampler call of `rows` rows (`EvalConfig.rows`) that
   generates `max_new_tokens` after prompts `prompt_width` wide under `recipe`'s rollout,
   while `resident` bytes (the params, and a run's optimizer state) stay where they are."""
-  compute_bytes, value_exponents = _cache_kind(recipe)
+  compute_bytes, cache_kind = _cache_kind(recipe)
   seq_len = prompt_width + max_new_tokens
   return {
     "params and optimizer state": resident,
-    "evaluation KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, value_exponents),
+    "evaluation KV cache": cache_bytes(mcfg, rows, seq_len, compute_bytes, **cache_kind),
     "evaluation logits": rows * mcfg.vocab_size * 4,
   }
 
