@@ -146,12 +146,14 @@ class Variant:
   """A recipe as measured: `fused_quant` runs it on cuBLASLt with the one-pass quantization
   kernel (jetrl.kernels.quant_kernel), labelled "<recipe>+fq"; `decode_gemm` also runs a
   decode step's FP8 GEMMs on the Pallas decode kernel (JETRL_DECODE_GEMM=pallas,
-  gemm_pallas.decode_matmul_nt), labelled "<recipe>+fq+pd"."""
+  gemm_pallas.decode_matmul_nt), labelled "<recipe>+fq+pd"; `kv_fp8` gives the rollout an FP8
+  KV cache (`--kv_cache=fp8`), labelled "<recipe>+kv8"."""
 
   recipe: str
   fused_quant: bool = False
   decode_gemm: bool = False
   fused_mlp: bool = True  # False: the update's MLP unfused (JETRL_FUSED_MLP=0), "+fq-mlp"
+  kv_fp8: bool = False
 
   @property
   def label(self) -> str:
@@ -160,6 +162,7 @@ class Variant:
       + ("+fq" if self.fused_quant else "")
       + ("+pd" if self.decode_gemm else "")
       + ("" if self.fused_mlp else "-mlp")
+      + ("+kv8" if self.kv_fp8 else "")
     )
 
   def row(self) -> dict:
@@ -168,6 +171,7 @@ class Variant:
       fused_quant=self.fused_quant,
       decode_gemm=self.decode_gemm,
       fused_mlp=self.fused_mlp,
+      kv_cache="fp8" if self.kv_fp8 else "compute",
     )
 
 
@@ -176,15 +180,18 @@ def variants(
   fused_quant: Sequence[str] = (),
   decode_gemm: Sequence[str] = (),
   unfused_mlp: Sequence[str] = (),
+  kv_fp8: Sequence[str] = (),
 ) -> tuple[Variant, ...]:
   """Each recipe, then each of `fused_quant` (recipes too) with the one-pass kernel, then each
   of `decode_gemm` with the one-pass kernel and the Pallas decode GEMM, then each of
-  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.kernels.mlp off)."""
+  `unfused_mlp` with the one-pass kernel and the MLP unfused (jetrl.kernels.mlp off), then
+  each of `kv_fp8` with the one-pass kernel and an FP8 KV cache."""
   return (
     tuple(Variant(r) for r in recipes)
     + tuple(Variant(r, True) for r in fused_quant)
     + tuple(Variant(r, True, True) for r in decode_gemm)
     + tuple(Variant(r, True, False, False) for r in unfused_mlp)
+    + tuple(Variant(r, True, kv_fp8=True) for r in kv_fp8)
   )
 
 
@@ -194,7 +201,7 @@ def recipe_of(variant: Variant, interpret: bool):
   minutes). With fused_quant, on cuBLASLt: its explicit backend makes it a different static
   argument, so its programs are traced anew, with the kernel on for that first, tracing call
   (`fused_quant`)."""
-  rec = precision.get_recipe(variant.recipe)
+  rec = precision.get_recipe(variant.recipe, kv_cache="fp8" if variant.kv_fp8 else "compute")
   if interpret:
     return precision.with_gemm_backend(rec, "xla")
   if variant.fused_quant:

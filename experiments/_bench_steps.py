@@ -104,14 +104,16 @@ def run_update(
 
     cfg, params = load_model(model, jnp.float32)
     batch = update_batch(cfg, rows_n, prompt_len, completion_len)
-    ucfg = UpdateConfig()
+    ucfg = UpdateConfig(master_dtype=FLAGS.update_master_dtype)
   except Exception as e:  # pylint: disable=broad-except
     return [dict(skipped=f"{type(e).__name__}: {e}")]
   tokens = rows_n * (prompt_len + completion_len)
   n_params = param_count(params)
   seq = prompt_len + completion_len - 1
   # as update_step decides it (flash attention on a GPU for FP8 and bf16 recipes alike)
-  remat = resolve_remat(ucfg.remat, cfg, rows_n, seq, flash=use_flash(None, seq, cfg.head_dim))
+  remat = resolve_remat(
+    ucfg.remat, cfg, rows_n, seq, flash=use_flash(None, seq, cfg.head_dim, jnp.bfloat16)
+  )
   rows = []
   for v in variants:
     rec = recipe_of(v, interpret)
@@ -142,7 +144,13 @@ def run_update(
         res["profile"] = profile(lambda s=state: step(s, 0)[1], 1, f"{v.label} update")
       return res
 
-    row = dict(v.row(), rows=rows_n, seq=prompt_len + completion_len, remat=remat)
+    row = dict(
+      v.row(),
+      rows=rows_n,
+      seq=prompt_len + completion_len,
+      remat=remat,
+      master_dtype=FLAGS.update_master_dtype,
+    )
     measure(rows, row, one, FLAGS.update_budget_fraction, v.label)
   return rows
 

@@ -95,7 +95,20 @@ flags.DEFINE_list(
   "Recipes whose rollout is also timed with the one-pass quantization and the Pallas decode "
   "GEMM (JETRL_DECODE_GEMM=pallas; reported as <recipe>+fq+pd).",
 )
+flags.DEFINE_list(
+  "rollout_kv_cache",
+  [],
+  "Recipes whose rollout is also timed with the one-pass quantization and an FP8 KV cache "
+  "(--kv_cache=fp8; reported as <recipe>+fq+kv8).",
+)
 flags.DEFINE_list("update_recipes", ["bf16", "jet"], "Update recipes.")
+flags.DEFINE_enum(
+  "update_master_dtype",
+  "float32",
+  ["float32", "bfloat16"],
+  "The update's --update.master_dtype: float32 master weights and AdamW moments, or bf16 "
+  "(the paper's setting at 8B, where float32 masters and moments do not fit one GPU).",
+)
 flags.DEFINE_list(
   "update_fused_quant",
   [],
@@ -155,6 +168,20 @@ for _name, _fq in (
 ):
   flags.register_validator(_name, _check_recipes(_fq))
 
+
+def _check_kv_cache_recipes(names):
+  from jetrl.precision import KV_CACHE_RECIPES  # pylint: disable=import-outside-toplevel
+
+  bad = [r for r in names if r not in KV_CACHE_RECIPES]
+  if bad:
+    raise flags.ValidationError(
+      f"an FP8 KV cache is not a choice of {bad}; accepted: {list(KV_CACHE_RECIPES)}"
+    )
+  return True
+
+
+flags.register_validator("rollout_kv_cache", _check_kv_cache_recipes)
+
 _T0 = time.perf_counter()
 
 
@@ -194,14 +221,18 @@ def setup_xla_flags() -> dict:
   return info
 
 
-def _variants(recipes_flag: str, fq_flag: str, pd_flag: str = "", mlp_flag: str = ""):
+def _variants(
+  recipes_flag: str, fq_flag: str, pd_flag: str = "", mlp_flag: str = "", kv_flag: str = ""
+):
   """The variants of the flags: recipes, recipes also run with the one-pass kernel, (the
-  rollout) with the Pallas decode GEMM too, and (the update) with the MLP unfused."""
+  rollout) with the Pallas decode GEMM too or an FP8 KV cache, and (the update) with the MLP
+  unfused."""
   from _bench_common import variants  # pylint: disable=import-outside-toplevel
 
   pd = getattr(FLAGS, pd_flag) if pd_flag else ()
   mlp = getattr(FLAGS, mlp_flag) if mlp_flag else ()
-  return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag), pd, mlp)
+  kv = getattr(FLAGS, kv_flag) if kv_flag else ()
+  return variants(getattr(FLAGS, recipes_flag), getattr(FLAGS, fq_flag), pd, mlp, kv)
 
 
 def _update_shape():
@@ -226,7 +257,9 @@ def main(argv):
   from _bench_steps import result_line, run_e2e, run_rollout, run_update, settings  # pylint: disable=import-outside-toplevel
   from jetrl.kernels import backend, cublaslt  # pylint: disable=import-outside-toplevel
 
-  rollout_variants = _variants("rollout_recipes", "rollout_fused_quant", "rollout_decode_gemm")
+  rollout_variants = _variants(
+    "rollout_recipes", "rollout_fused_quant", "rollout_decode_gemm", kv_flag="rollout_kv_cache"
+  )
   update_variants = _variants("update_recipes", "update_fused_quant", mlp_flag="update_unfused_mlp")
   on_gpu = jax.default_backend() == "gpu"
   if not on_gpu and not FLAGS.allow_cpu:

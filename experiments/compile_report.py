@@ -38,6 +38,13 @@ flags.DEFINE_enum("target", "h200", list(TARGETS), "Compile-only device (and how
 flags.DEFINE_string("model", "qwen2.5-1.5b", "A model preset, or a Hugging Face model folder.")
 flags.DEFINE_integer("layers", None, "Keep only the first N layers (quick looks, tests).")
 flags.DEFINE_string("recipe", "jet", "Precision recipe (jetrl.precision.RECIPES).")
+flags.DEFINE_enum(
+  "kv_cache",
+  "compute",
+  ["compute", "fp8"],
+  "The rollout's KV cache: in the compute dtype, or FP8 (E4M3 with 1x128 scales; the recipes "
+  "of jetrl.precision.KV_CACHE_RECIPES), as --kv_cache of a run.",
+)
 flags.DEFINE_list("programs", ["rollout", "update"], "Programs: rollout, update, sft.")
 flags.DEFINE_integer("batch", 64, "Rollout rows (prompts x samples).")
 flags.DEFINE_integer("prompt_len", 256, "Rollout prompt tokens per row.")
@@ -105,10 +112,14 @@ def _model_config():
 
 
 def _check_flags():
-  from jetrl.precision import RECIPES
+  from jetrl.precision import KV_CACHE_RECIPES, RECIPES
 
   if FLAGS.recipe not in RECIPES:
     raise app.UsageError(f"--recipe={FLAGS.recipe!r}: accepted recipes are {list(RECIPES)}")
+  if FLAGS.kv_cache == "fp8" and FLAGS.recipe not in KV_CACHE_RECIPES:
+    raise app.UsageError(
+      f"--kv_cache=fp8 needs one of the recipes {list(KV_CACHE_RECIPES)}, got --recipe={FLAGS.recipe}"
+    )
   bad = [p for p in FLAGS.programs if p not in ("rollout", "update", "sft")]
   if bad or not FLAGS.programs:
     raise app.UsageError(f"--programs={FLAGS.programs}: accepted are rollout, update, sft")
@@ -182,7 +193,7 @@ def main(argv):
 
   target = get_target(FLAGS.target)
   cfg = _model_config()
-  recipe = get_recipe(FLAGS.recipe)
+  recipe = get_recipe(FLAGS.recipe, kv_cache=FLAGS.kv_cache)
   try:
     devs = devices(target)
   except MissingPlugin as e:
@@ -192,7 +203,7 @@ def main(argv):
   n_params = int(sum(np.prod(a.shape) for a in _leaves(programs.abstract_params(cfg, jnp.float32))))
   print(
     f"compile report: {FLAGS.model} ({cfg.n_layers} layers, {n_params / 1e9:.2f} B params), "
-    f"recipe {FLAGS.recipe}, target {target.name} ({target.devices} x {target.device_kind}, "
+    f"recipe {FLAGS.recipe}{' (FP8 KV cache)' if FLAGS.kv_cache == 'fp8' else ''}, target {target.name} ({target.devices} x {target.device_kind}, "
     f"{target.hbm_gib:.0f} GiB, {target.hbm_gbps:.0f} GB/s, {target.peak_bf16_tflops:.0f} "
     f"bf16 TFLOP/s)",
     flush=True,
@@ -268,6 +279,7 @@ def main(argv):
         lora_rank=FLAGS.lora_rank,
         master_dtype=FLAGS.master_dtype,
         old_logp=FLAGS.old_logp,
+        kv_cache=FLAGS.kv_cache,
       ),
       cost_params=params.as_dict(),
       programs=rows,
