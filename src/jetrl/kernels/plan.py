@@ -14,8 +14,8 @@ Per block (`Blocks`), the implementation it runs:
                     each GEMM may still fall back for a shape its kernel cannot take)
   norm_linear, mlp  "fused" (compiled for a GPU under a blockwise training precision: the
                     norm's and SwiGLU's kernels write the GEMMs' FP8 groups, where the shapes
-                    are whole tiles), "unfused", "exact" or "invariant" (the norm's exact sum
-                    of squares, then the invariant GEMMs)
+                    are whole tiles), "unfused", "exact" or "invariant" (the norm's fixed-order
+                    float32 sum of squares, one program a row, then the invariant GEMMs)
   attention         "flash" (the Pallas flash-attention kernel, for whole tiles), "xla", "exact",
                     "invariant" (one key-block size and merge order for every call; the
                     flash kernels' backward)
@@ -58,6 +58,7 @@ from jetrl.kernels import head as _head
 from jetrl.kernels import invariant_attention as _inv_attn
 from jetrl.kernels import invariant_gemm as _inv_gemm
 from jetrl.kernels import invariant_head as _inv_head
+from jetrl.kernels import invariant_norm as _inv_norm
 from jetrl.kernels import mlp as _mlp
 from jetrl.kernels import swiglu_kernel as _sk
 from jetrl.kernels.cache_step import CacheStep
@@ -172,6 +173,9 @@ class Plan(XlaGemms):
 
   def norm(self, x, weight, eps: float, cd):
     """RMSNorm: x / rms(x) * weight over the last axis, the statistic in float32, out in cd."""
+    if self.blocks.norm_linear == "invariant" and _inv_norm.chunk(x.shape[-1]):
+      interpret = self.device.interpret_kernels  # one program a row, a fixed-order sum
+      return _inv_norm.rms_norm(x, weight, eps, cd, interpret=interpret, reference=rms_norm_cd)
     if self.blocks.norm_linear in _INVARIANT:  # the exact sum of squares (exact_ops)
       return exact_ops.rms_norm(x, weight, eps, cd, reference=rms_norm_cd)
     return rms_norm_cd(x, weight, eps, cd)  # one formula with the fused kernels' backward
