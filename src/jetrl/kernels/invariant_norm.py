@@ -7,7 +7,7 @@ tree), var = sum / D, then y = (x rsqrt(var + eps)) in the compute dtype times t
 it. Every row is the same instructions whatever the rows around it, so a token's norm is the
 same in the training forward, the prefill and a decode step. The sum is float32 in a fixed
 order, not the CPU's exact sum (`exact_ops.rms_norm`): on a GPU the bits are batch-invariant,
-not the CPU's (docs/numerics.md, "On GPUs: the invariant kernels").
+not the CPU's (docs/numerics.md, "Bitwise on-policy: `jet_exact`", on GPUs).
 
 The backward is the standard norm's (`norm_kernel.rms_norm_cd`'s autodiff), on the same inputs.
 """
