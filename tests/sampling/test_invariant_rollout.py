@@ -1,7 +1,7 @@
 """`jet_exact` traced for a GPU and run here (Pallas interpret mode): its plan's invariant blocks
 (fixed-tile FP8 and bf16 GEMMs, kernels/invariant_gemm.py; attention in fixed key blocks from
-each row's first token over a plain cache, kernels/invariant_attention.py; the exact norms and
-log-softmax) give the sampler's recorded log-probs equal to the training forward's bit for
+each row's first token over a plain cache read in place, kernels/invariant_attention.py; the
+norms one program a row, kernels/invariant_norm.py; the exact log-softmax) give the sampler's recorded log-probs equal to the training forward's bit for
 bit: on the rollout's batch (6 rows, prompts of 5 to 8 tokens left-padded to 16) and on each
 row alone, moved right by another left padding in a row of another width."""
 
