@@ -138,3 +138,24 @@ def test_one_program_for_every_row_count(weight, head):
 def test_bf16_gemm_rejects_mixed_dtypes():
   with pytest.raises(ValueError, match="16-bit"):
     ig.matmul_nt(jnp.zeros((2, 4), jnp.bfloat16), jnp.zeros((3, 4), jnp.float32), interpret=True)
+
+
+def test_rms_norm_row_alone_and_against_float64():
+  """The invariant RMSNorm (kernels.invariant_norm: one program a row, a fixed-order float32
+  sum): within bf16 rounding of float64, and each row bit for bit the same alone as among 9."""
+  from jetrl.kernels import invariant_norm as inorm  # noqa: PLC0415
+  from jetrl.kernels.norm_kernel import rms_norm_cd  # noqa: PLC0415
+
+  d, eps = 384, 1e-6  # three chunks of 128
+  rng = np.random.default_rng(5)
+  x = _x(rng, 9, d).astype(ml_dtypes.bfloat16)
+  w = (1 + 0.1 * rng.standard_normal(d)).astype(ml_dtypes.bfloat16)
+  f = jax.jit(
+    lambda a: inorm.rms_norm(a, w, eps, jnp.bfloat16, interpret=True, reference=rms_norm_cd)
+  )
+  got = np.asarray(f(x), np.float64)
+  x64 = x.astype(np.float64)
+  want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
+  assert np.all(np.abs(got - want) <= 2**-7 * np.abs(want) + 1e-30)
+  for r in (0, 8):
+    np.testing.assert_array_equal(np.asarray(f(x[r : r + 1]), np.float64)[0], got[r])

@@ -1,7 +1,7 @@
 """`jet_exact` traced for a GPU and run here (Pallas interpret mode): its plan's invariant blocks
 (fixed-tile FP8 and bf16 GEMMs, kernels/invariant_gemm.py; attention in fixed key blocks from
-each row's first token over a plain cache, kernels/invariant_attention.py; the exact norms and
-log-softmax) give the sampler's recorded log-probs equal to the training forward's bit for
+each row's first token over a plain cache read in place, kernels/invariant_attention.py; the
+norms one program a row, kernels/invariant_norm.py; the exact log-softmax) give the sampler's recorded log-probs equal to the training forward's bit for
 bit: on the rollout's batch (6 rows, prompts of 5 to 8 tokens left-padded to 16) and on each
 row alone, moved right by another left padding in a row of another width."""
 
@@ -102,3 +102,33 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise(run):
     )  # fmt: skip
     got = np.asarray(lp1)[0, pad + len(seq) - n - 1 : pad + len(seq) - 1]
     np.testing.assert_array_equal(got, out.logprobs[r, :n], err_msg=f"row {r} alone")
+
+
+def test_an_fp8_kv_cache_keeps_the_rollout_bitwise_on_a_gpu(run):
+  """The FP8 cache under the invariant blocks: the decode step attends over the dequantized
+  cache in place, the training forward over the same rounded keys and values."""
+  cfg, params, _ = run
+  kv8 = get_recipe("jet_exact", kv_cache="fp8")
+  prompts = [pieces.encode_prompt(TOK, p) for p in ("12+34=", "5+6=")]
+  sc = SamplingConfig(
+    max_new_tokens=6, temperature=TEMPERATURE, stop_ids=(IDS.eos,), pad_id=IDS.pad, prompt_len=8
+  )
+  out = jax.tree_util.tree_map(
+    np.asarray, sample(params, cfg, prompts, jax.random.PRNGKey(1), sc, kv8.rollout)
+  )
+  assert out.mask.sum() >= 6
+  batch = make_train_batch(
+    out.prompt_tokens, out.prompt_mask, out.tokens, out.mask, out.logprobs, np.zeros(2)
+  )
+  lp, _ = policy_logprobs(
+    params, model_config=cfg, batch=batch, precision=kv8.train,
+    temperature=np.float32(TEMPERATURE), chunk_size=16,
+  )  # fmt: skip
+  assert np.abs(np.asarray(lp) - out.logprobs)[out.mask].max() == 0.0
+  plain, _ = policy_logprobs(
+    params, model_config=cfg, batch=batch, precision=EXACT.train,
+    temperature=np.float32(TEMPERATURE), chunk_size=16,
+  )  # fmt: skip
+  assert (
+    np.abs(np.asarray(plain) - out.logprobs)[out.mask].max() > 0.0
+  )  # the cache's rounding shows

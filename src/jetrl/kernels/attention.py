@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jetrl.kernels import decode_attention as _da
 from jetrl.kernels import exact_ops
 from jetrl.kernels.device import Device, current_device
-from jetrl.kernels.flash import flash_attention
+from jetrl.kernels.flash import flash_attention, flash_backward
 from jetrl.precision import Precision
 from jetrl.precision.formats import dot_precision
 
@@ -171,6 +171,30 @@ def attend_flash(
   interpret = interpret or (current_device() if dev is None else dev).interpret  # run here
   out = flash_attention(q, k, v, seg, float(dh**-0.5), interpret)  # partitioned on a mesh
   return out[:, :t].reshape(b, t, h * dh)
+
+
+def attend_flash_backward(q, k, v, segment_ids, out, lse, do, cd, *, interpret=False):
+  """(dq, dk, dv) of `attend_flash`'s attention from a forward's outputs, in the flash
+  kernels' backward (`flash.flash_backward`): q, out, do [B, T, H, Dh]; k, v [B, T, Hkv, Dh];
+  segment_ids [B, T] (1 for a real token) or None; lse [B, H, T], each query's log2-domain
+  log-sum-exp of its scaled scores (+inf for a query whose gradient is zero). As
+  `attend_flash`, T is padded to whole tiles (those queries' lse +inf) and the kv heads are
+  repeated to the query heads, their gradients summed back."""
+  b, t, h, dh = q.shape
+  hkv = k.shape[2]
+  g = h // hkv
+  tp = -(-t // FLASH_BLOCK) * FLASH_BLOCK
+  pad = lambda a: a if tp == t else jnp.pad(a, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
+  q, k, v, out, do = (pad(a.astype(cd)) for a in (q, k, v, out, do))
+  lse = jnp.pad(lse.astype(jnp.float32), ((0, 0), (0, 0), (0, tp - t)), constant_values=jnp.inf)
+  if segment_ids is not None:
+    segment_ids = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tp - t)))
+  if g > 1:
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+  dq, dk, dv = flash_backward(q, k, v, segment_ids, out, lse, do, float(dh**-0.5), interpret)
+  if g > 1:  # summed over each kv head's group, as the repeat's autodiff sums them
+    dk, dv = (a.reshape(b, tp, hkv, g, dh).sum(axis=3, dtype=a.dtype) for a in (dk, dv))
+  return dq[:, :t], dk[:, :t], dv[:, :t]
 
 
 def write_grids(

@@ -6,6 +6,8 @@ what `jetrl.models.forward_cached` calls for each layer (`CacheStep`).
       the cache write in the same kernel (`attend_qkv`); under an FP8 rollout whose every
       projection takes a quantized input, the whole layer stack in the fused kernels
       (decode_fused.py, `layers`)
+  the invariant attention (a GPU's batch-invariant forward)  one Pallas kernel over the whole
+      cache, read in place, which slots a query sees computed in it (invariant_attention.py)
   the batch-invariant forward  with a gridded cache (`KVCache.v_exp`), each new key and value
       written on its grid once (`attention.write_grids`, `attend_grids`); without one, the
       whole cache gridded at every step (the same logits, slower)
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 from jetrl.kernels import attention as _attn
 from jetrl.kernels import decode_attention as _da
 from jetrl.kernels import decode_fused as _fused
+from jetrl.kernels import invariant_attention as _inv
 from jetrl.precision.kv_cache import dequantize_kv, quantize_kv
 
 
@@ -55,6 +58,9 @@ class CacheStep:
     if self.one_kernel:  # the slots the kernel may see, once for all layers, in its forms
       self.seen = mask & (jnp.arange(s, dtype=jnp.int32)[None, :] <= index)
       self.seen32, self.index1 = self.seen.astype(jnp.int32), index.reshape(1)
+    self.invariant = plan.blocks.decode_attention == "invariant"
+    if self.invariant:  # which slots each row's queries see, once for all layers
+      self.slots = _inv.slots(mask, index, t)
     # A batch-invariant plan with a gridded cache writes each new key / value on its grid.
     self.grids = plan.blocks.decode_attention == "exact" and len(cache.v_exp) == len(cache.k)
     self.new_k, self.new_v, self.new_e, self.new_ks, self.new_vs = [], [], [], [], []
@@ -104,6 +110,9 @@ class CacheStep:
       vc = jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), self.start)
       if self.one_kernel:
         out = _da.decode_attention(q, kc, vc, self.seen, self.n, cd, interpret=plan.interpret)
+      elif self.invariant:  # the whole cache, read in place (no slice of its first n slots)
+        interpret = plan.device.interpret_kernels
+        out = _inv.attend_cache(q, kc, vc, self.slots, cd, interpret=interpret)
       else:
         out = plan.attend(q, view(kc), view(vc), self.allowed, cd)
     self.new_k.append(kc)
@@ -122,6 +131,10 @@ class CacheStep:
       out = _da.decode_attention(
         q, kc, vc, self.seen, self.n, cd, scales=(ksc, vsc), interpret=plan.interpret
       )
+    elif self.invariant:  # the whole cache dequantized, then read as a plain one
+      kd, vd = dequantize_kv(kc, ksc, cd), dequantize_kv(vc, vsc, cd)
+      interpret = plan.device.interpret_kernels
+      out = _inv.attend_cache(q, kd, vd, self.slots, cd, interpret=interpret)
     else:
       kd, vd = dequantize_kv(view(kc), view(ksc), cd), dequantize_kv(view(vc), view(vsc), cd)
       out = plan.attend(q, kd, vd, self.allowed, cd)

@@ -68,6 +68,16 @@ def flash_attention(q, k, v, segment_ids: Optional[jax.Array], sm_scale: float, 
   return _attend_seg(q, k, v, segment_ids, float(sm_scale), bool(interpret))
 
 
+def flash_backward(q, k, v, segment_ids, out, lse, do, sm_scale: float, interpret=False):
+  """(dq, dk, dv) of `flash_attention` from a forward's residuals: q, k, v, out, do
+  [B, T, H, Dh], segment_ids [B, T] or None, lse [B, H, T] (the log2-domain log-sum-exp of
+  each query's scaled scores, as `mha` keeps it): the backward kernels alone, partitioned on a
+  mesh. Only where `partitioned_backward_available`."""
+  seg = segment_ids is not None
+  res = (q, k, v) + ((segment_ids,) if seg else ()) + (out, lse, do)
+  return _calls(float(sm_scale), bool(interpret), seg)[1](*res)
+
+
 def _rule(seg: bool, kind: str) -> str:
   ins = ["b t h d", "b s h d", "b s h d"] + (["b s"] if seg else [])
   if kind == "fwd":

@@ -14,15 +14,16 @@ Per block (`Blocks`), the implementation it runs:
                     each GEMM may still fall back for a shape its kernel cannot take)
   norm_linear, mlp  "fused" (compiled for a GPU under a blockwise training precision: the
                     norm's and SwiGLU's kernels write the GEMMs' FP8 groups, where the shapes
-                    are whole tiles), "unfused", "exact" or "invariant" (the norm's exact sum
-                    of squares, then the invariant GEMMs)
+                    are whole tiles), "unfused", "exact" or "invariant" (the norm's fixed-order
+                    float32 sum of squares, one program a row, then the invariant GEMMs)
   attention         "flash" (the Pallas flash-attention kernel, for whole tiles), "xla", "exact",
-                    "invariant" (one key-block size and merge order for every call)
+                    "invariant" (one key-block size and merge order for every call; the
+                    flash kernels' backward)
   decode_attention  "kernel" (compiled for a GPU: one Pallas kernel over the cache where its
                     shapes serve, with the bias, RoPE and cache write where q / k / v come
                     fused, and the whole decode step in the fused kernels where they apply;
                     else XLA's reductions), "xla", "exact" (a gridded cache: `grids_cache`),
-                    "invariant" (the attention block's kernel over the cache's slots)
+                    "invariant" (the attention block's kernel over the cache, read in place)
   head              "dot16" (the 16-bit head with its backward in that dtype), "xla", "exact",
                     "invariant" (kernels/invariant_head.py: the fixed-tile bf16 GEMM and the
                     exact log-softmax)
@@ -38,6 +39,7 @@ the float32 sums run in another order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Union
 
 import math
@@ -50,11 +52,13 @@ from jetrl.kernels import backend as _backend
 from jetrl.kernels import cpu_kernels as _cpu_kernels
 from jetrl.kernels import exact_gemm as _exact_gemm
 from jetrl.kernels import exact_ops
+from jetrl.kernels import flash as _flash
 from jetrl.kernels import gemms as _gemms
 from jetrl.kernels import head as _head
 from jetrl.kernels import invariant_attention as _inv_attn
 from jetrl.kernels import invariant_gemm as _inv_gemm
 from jetrl.kernels import invariant_head as _inv_head
+from jetrl.kernels import invariant_norm as _inv_norm
 from jetrl.kernels import mlp as _mlp
 from jetrl.kernels import swiglu_kernel as _sk
 from jetrl.kernels.cache_step import CacheStep
@@ -170,6 +174,9 @@ class Plan(XlaGemms):
 
   def norm(self, x, weight, eps: float, cd):
     """RMSNorm: x / rms(x) * weight over the last axis, the statistic in float32, out in cd."""
+    if self.blocks.norm_linear == "invariant" and _inv_norm.chunk(x.shape[-1]):
+      interpret = self.device.interpret_kernels  # one program a row, a fixed-order sum
+      return _inv_norm.rms_norm(x, weight, eps, cd, interpret=interpret, reference=rms_norm_cd)
     if self.blocks.norm_linear in _INVARIANT:  # the exact sum of squares (exact_ops)
       return exact_ops.rms_norm(x, weight, eps, cd, reference=rms_norm_cd)
     return rms_norm_cd(x, weight, eps, cd)  # one formula with the fused kernels' backward
@@ -226,12 +233,28 @@ class Plan(XlaGemms):
   # Attention.
 
   def use_flash(self, t: int, head_dim: int, cd) -> bool:
-    """Whether a forward over T tokens a row attends with the flash-attention kernel."""
+    """Whether a forward over T tokens a row attends from its attention mask (`attend_flash`)
+    instead of a [B, T, T] mask (`attend`): with the flash-attention kernel, or with the
+    invariant attention (always; its backward is the flash kernels' where they apply)."""
+    if self.blocks.attention == "invariant":
+      return True
     return self.blocks.attention == "flash" and _attn.use_flash(
       self.precision, t, head_dim, cd, self.device
     )
 
   def attend_flash(self, q, k, v, attention_mask, cd):
+    """Causal attention of a whole sequence, q [B, T, H, Dh], k, v [B, T, Hkv, Dh]."""
+    if self.blocks.attention == "invariant":  # key blocks from each row's first real token
+      t, dh = q.shape[1], q.shape[-1]
+      bwd = None  # jet's flash backward, where its kernels take the shapes
+      if _attn.use_flash(None, t, dh, cd, self.device) and _flash.partitioned_backward_available():
+        bwd = functools.partial(
+          _attn.attend_flash_backward, interpret=self.device.interpret_kernels
+        )
+      return _inv_attn.attend_causal(
+        q, k, v, attention_mask, cd, interpret=self.device.interpret_kernels,
+        flash_backward=bwd, reference=_attn.attend,
+      )  # fmt: skip
     return _attn.attend_flash(q, k, v, attention_mask, cd, dev=self.device)
 
   @property
@@ -249,9 +272,8 @@ class Plan(XlaGemms):
 
   def attend(self, q, k, v, allowed, cd):
     """Masked GQA attention, q [B, T, H, Dh]; k, v [B, Hkv, S, Dh] (`kernels.attention`)."""
-    if self.blocks.attention == "invariant":  # key blocks from each row's first real token
-      interpret = self.device.interpret_kernels
-      return _inv_attn.attend(q, k, v, allowed, cd, interpret=interpret, reference=_attn.attend)
+    if self.blocks.attention == "invariant":  # it reads no mask: attend_flash, cache_step
+      raise ValueError("the invariant attention attends from an attention mask (attend_flash)")
     return _attn.attend(q, k, v, allowed, cd, self.blocks.attention == "exact", self.device)
 
   def cache_step(self, cache, mask, index, t: int, n: int, cd) -> CacheStep:
