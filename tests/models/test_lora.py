@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jetrl.config import ConfigError
-from jetrl.models import forward
+from jetrl.models import ModelConfig, forward, init_params
 from jetrl.models.lora import (
   LoraConfig,
   LoraWeight,
@@ -63,6 +63,25 @@ def test_config_is_checked():
     LoraConfig(rank=-1)
   assert LoraConfig(rank=8, alpha=16.0, targets=("v", "q")).weights == ("wq", "wv")
   assert LoraConfig(rank=8, alpha=16.0).scale == 2.0
+
+
+def test_a_mixture_of_experts_is_refused_by_name():
+  """No dense MLP projections to adapt: a ValueError naming the flag, not a KeyError."""
+  moe = ModelConfig(
+    family="qwen3_moe", vocab_size=64, d_model=64, n_layers=1, n_heads=2, n_kv_heads=1,
+    head_dim=32, qk_norm=True, n_experts=4, experts_per_token=2, moe_d_ff=32,
+  )  # fmt: skip
+  lora = LoraConfig(rank=4, targets=("q", "v"))
+  for call in (
+    lambda: init_adapters(moe, lora, jax.random.PRNGKey(0)),
+    lambda: check_adapters({}, moe, lora),
+  ):
+    with pytest.raises(ValueError, match=r"--lora.rank=4: .* is a mixture of experts"):
+      call()
+  base = init_params(moe, jax.random.PRNGKey(0))
+  for recipe in ("bf16", "jet"):
+    with pytest.raises(ValueError, match=r"mixture of experts .*--lora.rank=0"):
+      freeze_base(base, get_recipe(recipe).train)
 
 
 def test_init_is_the_base_and_shapes_are_checked(setup):

@@ -230,5 +230,10 @@ def test_preset_shapes_match_transformers():
     state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     shapes = M.param_shapes(config)
     assert state["model.layers.0.self_attn.q_proj.weight"] == shapes["layers"]["wq"][:0:-1]
-    assert state["model.layers.0.mlp.down_proj.weight"] == shapes["layers"]["w_down"][:0:-1]
+    if config.moe:  # experts [E, D, Fe] as transformers stores them; the router [E, D]
+      _, e, fe, d = shapes["layers"]["experts_down"]
+      assert state["model.layers.0.mlp.experts.down_proj"] == (e, d, fe)
+      assert state["model.layers.0.mlp.gate.weight"] == shapes["layers"]["router"][:0:-1]
+    else:
+      assert state["model.layers.0.mlp.down_proj.weight"] == shapes["layers"]["w_down"][:0:-1]
     assert state["model.embed_tokens.weight"] == shapes["embed"]

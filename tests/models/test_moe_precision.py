@@ -12,7 +12,8 @@ import pytest
 
 from jetrl import models as M
 from jetrl.kernels import Plan
-from jetrl.precision import dequantize, get_recipe, quantize
+from jetrl.models.rollout_weights import prequantize_linear_weights, rollout_weights
+from jetrl.precision import QuantizedWeight, dequantize, get_recipe, quantize
 from model_helpers import tiny_config
 
 # Every expert matrix holds whole 128x128 blocks (2 x 1 or 1 x 2), d_model 256 = 2 groups.
@@ -33,7 +34,14 @@ def tokens():
 
 @pytest.fixture(scope="module")
 def fwd():
-  return jax.jit(M.forward, static_argnames=("config", "precision"))
+  """(logits, chosen experts [B, T, L, k]) of one compiled forward per precision."""
+
+  def run(p, t, precision):
+    logits = M.forward(p, CONFIG, t, precision=precision)
+    _, routes = M.hidden_states(p, CONFIG, t, precision=precision, routing=True)
+    return logits, routes.experts
+
+  return jax.jit(run, static_argnames=("precision",))
 
 
 def test_expert_projections_are_linears_and_the_router_is_not(params, tokens, monkeypatch):
@@ -61,17 +69,23 @@ def test_expert_projections_are_linears_and_the_router_is_not(params, tokens, mo
   assert routers == [((256, 4), precision)]
 
 
-def _np_fp8_linear(x, w):
-  """float64 reference of the FP8 fprop: x in 1x128 groups, w in 128x128 blocks (E4M3)."""
-  xq = np.asarray(dequantize(*quantize(jnp.asarray(x, jnp.float32), (1, 128)), (1, 128)))
-  wq = np.asarray(dequantize(*quantize(jnp.asarray(w, jnp.float32), (128, 128)), (128, 128)))
-  return xq.astype(np.float64) @ wq.astype(np.float64)
+def _np_fp8(a, block):
+  """a dequantized from its E4M3 values in `block` groups, as float64."""
+  a = jnp.asarray(a, jnp.float32)
+  return np.asarray(dequantize(*quantize(a, block), block), np.float64)
+
+
+def _np_fp8_linear(x, w_fp8):
+  """float64 reference of the FP8 fprop: x [N, K] in 1x128 groups (each row its own), w
+  already in 128x128 blocks (`_np_fp8(w, (128, 128))`)."""
+  return _np_fp8(x, (1, 128)) @ w_fp8
 
 
 def test_fp8_experts_match_a_numpy_reference(params):
   """The MoE block under jet's training precision against float64 numpy: routing from the
-  router's softmax of its bf16 logits (ties: lower index first), each chosen expert's three projections FP8 (tolerance: the bf16 values
-  between operators), the unquantized float64 experts further away."""
+  router's softmax of its bf16 logits (ties: lower index first), each chosen expert's three
+  projections FP8 (tolerance: the bf16 values between operators), the unquantized float64
+  experts further away."""
   layer = jax.tree_util.tree_map(lambda a: a[0], params["layers"])
   h = np.asarray(jax.random.normal(jax.random.PRNGKey(5), (16, 256)), np.float32)
   precision = get_recipe("jet").train
@@ -86,14 +100,20 @@ def test_fp8_experts_match_a_numpy_reference(params):
   top = np.argsort(-p, axis=-1, kind="stable")[:, :2]
   np.testing.assert_array_equal(np.asarray(routing.experts), top)
   want_fp8, want_exact = np.zeros_like(hb), np.zeros_like(hb)
-  for n in range(16):
-    w = p[n, top[n]] / p[n, top[n]].sum()
-    for e, we in zip(top[n], w):
-      g, u, d = (np.asarray(layer[k][e], np.float64) for k in M.EXPERT_WEIGHTS)
-      for lin, out in ((_np_fp8_linear, want_fp8), (np.matmul, want_exact)):
-        a = lin(hb[n : n + 1], g)
-        b = lin(hb[n : n + 1], u)
-        out[n] += we * lin(a / (1 + np.exp(-a)) * b, d)[0]
+  for e in range(CONFIG.n_experts):
+    # Every token through expert e (rows are independent: 1x128 groups per row), then each
+    # token's share of it where e is among its top 2.
+    ws = [np.asarray(layer[k][e], np.float64) for k in M.EXPERT_WEIGHTS]
+    for lin, out, w in (
+      (_np_fp8_linear, want_fp8, [_np_fp8(w, (128, 128)) for w in ws]),
+      (np.matmul, want_exact, ws),
+    ):
+      a, b = lin(hb, w[0]), lin(hb, w[1])
+      y_e = lin(a / (1 + np.exp(-a)) * b, w[2])
+      chosen = top == e  # [16, 2]
+      we = np.sum(np.where(chosen, p[np.arange(16)[:, None], top], 0.0), -1)
+      we /= p[np.arange(16)[:, None], top].sum(-1)
+      out += we[:, None] * y_e
   got = np.asarray(y, np.float64)
   err = lambda want: np.linalg.norm(got - want) / np.linalg.norm(want)
   assert err(want_fp8) < 2e-2, err(want_fp8)
@@ -120,40 +140,60 @@ def test_a_tokens_output_does_not_depend_on_the_other_tokens(params, recipe):
 
 def test_jet_rollout_is_the_training_forward_and_close_to_bf16(params, tokens, fwd):
   jet = get_recipe("jet")
-  train = fwd(params, config=CONFIG, tokens=tokens, precision=jet.train)
-  rollout = fwd(params, config=CONFIG, tokens=tokens, precision=jet.rollout)
+  train, r_jet = fwd(params, tokens, precision=jet.train)
+  rollout, r_rollout = fwd(params, tokens, precision=jet.rollout)
   np.testing.assert_array_equal(np.asarray(rollout), np.asarray(train))
-  bf16_p = get_recipe("bf16").train
-  bf16 = fwd(params, config=CONFIG, tokens=tokens, precision=bf16_p)
+  np.testing.assert_array_equal(np.asarray(r_rollout), np.asarray(r_jet))
+  bf16, r_bf16 = fwd(params, tokens, precision=get_recipe("bf16").train)
   gap = float(jnp.linalg.norm(train - bf16) / jnp.linalg.norm(bf16))
   # FP8 moves the router's inputs: some tokens choose other experts than under bf16, which
   # moves their logits further than a dense model's FP8 rounding does.
-  _, r_jet = M.hidden_states(params, CONFIG, tokens, precision=jet.train, routing=True)
-  _, r_bf16 = M.hidden_states(params, CONFIG, tokens, precision=bf16_p, routing=True)
-  same = np.all(
-    np.sort(np.asarray(r_jet.experts), -1) == np.sort(np.asarray(r_bf16.experts), -1), -1
-  )
+  same = np.all(np.sort(np.asarray(r_jet), -1) == np.sort(np.asarray(r_bf16), -1), -1)
   print(
     f"jet vs bf16: relative logit gap {gap:.3f}, (token, layer) routing equal {same.mean():.3f}"
   )
   assert 0 < gap < 0.5 and same.mean() > 0.75, (gap, same.mean())
 
 
-def test_jet_gradient_reaches_router_and_only_routed_experts(params, tokens):
-  """Under jet (FP8 dgrad and wgrad) the router and the experts get gradients; an expert no
-  token chose gets exactly zero."""
+def test_jet_gradient_reaches_router_and_only_routed_experts(params):
+  """Under jet (FP8 dgrad and wgrad) the MoE block's router and experts get gradients; an
+  expert the token did not choose (2 of the 4) gets exactly zero."""
   jet = get_recipe("jet").train
-  toks = tokens[:1, :2]  # 2 tokens x 2 experts each: at most 4 of 4 experts per layer
+  layer = {k: params["layers"][k][0] for k in ("router",) + M.EXPERT_WEIGHTS}
+  h = jax.random.normal(jax.random.PRNGKey(7), (1, 256)).astype(jnp.bfloat16)
 
-  def loss(p):
-    return M.forward(p, CONFIG, toks, precision=jet).astype(jnp.float32).sum()
+  def loss(lay):
+    y, routing = M.moe_mlp(h, lay, CONFIG, jet, jnp.bfloat16)
+    return y.astype(jnp.float32).sum(), routing.experts
 
-  g = jax.jit(jax.grad(loss))(params)["layers"]
-  _, routes = M.hidden_states(params, CONFIG, toks, precision=jet, routing=True)
-  chosen = np.asarray(routes.experts)  # [1, 2, L, k]
-  assert float(jnp.abs(g["router"]).max()) > 0
-  for layer in range(CONFIG.n_layers):
-    used = set(chosen[0, :, layer].ravel().tolist())
+  g, chosen = jax.jit(jax.grad(loss, has_aux=True))(layer)
+  used = set(np.asarray(chosen).ravel().tolist())
+  assert len(used) == 2 and float(jnp.abs(g["router"]).max()) > 0
+  for e in range(CONFIG.n_experts):
+    for k in M.EXPERT_WEIGHTS:
+      gmax = float(jnp.abs(g[k][e]).max())
+      assert (gmax > 0) == (e in used), (k, e, used, gmax)
+
+
+def test_rollout_quantizes_each_expert_once(params):
+  """A rollout's weights hold every expert's projections as FP8 values quantized once, each
+  expert's blocks exactly those of quantizing its [K, N] alone; the MoE block reads them to
+  the same bits as it does quantizing the stored weights itself."""
+  jet = get_recipe("jet").rollout
+  rw = rollout_weights(params, jet)
+  layer, stored = rw["layers"][1], jax.tree_util.tree_map(lambda a: a[1], params["layers"])
+  for k in M.EXPERT_WEIGHTS:
+    w = layer[k]
+    assert isinstance(w, QuantizedWeight) and w.q.dtype == jnp.float8_e4m3fn, (k, w)
+    assert w.shape == stored[k].shape
     for e in range(CONFIG.n_experts):
-      gmax = float(jnp.abs(g["experts_gate"][layer, e]).max())
-      assert (gmax > 0) == (e in used), (layer, e, used, gmax)
+      alone = prequantize_linear_weights({"layers": {"wq": stored[k][e]}}, jet)["layers"]["wq"]
+      got = jax.tree_util.tree_map(lambda a: a[e], w)
+      assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(alone)
+      jax.tree_util.tree_map(np.testing.assert_array_equal, got, alone)
+  assert not isinstance(layer["router"], QuantizedWeight)
+  h = jax.random.normal(jax.random.PRNGKey(8), (6, 256)).astype(jnp.bfloat16)
+  f = jax.jit(lambda lay: M.moe_mlp(h, lay, CONFIG, jet, jnp.bfloat16))
+  (y_q, r_q), (y, r) = f(layer), f(stored)
+  np.testing.assert_array_equal(np.asarray(r_q.experts), np.asarray(r.experts))
+  np.testing.assert_array_equal(np.asarray(y_q, np.float32), np.asarray(y, np.float32))

@@ -53,6 +53,29 @@ def test_train_rules_cover_every_parameter():
   assert samp["layers"]["wq"] == P(None, None, "tensor") and samp["embed"] == P("tensor", None)
 
 
+def test_a_mixture_of_experts_splits_each_expert_like_the_dense_mlp():
+  """qwen3-30b-a3b: every expert's [D, Fe] / [Fe, D] over fsdp x tensor, the expert axis
+  whole; the router over fsdp on D; 128-wide FP8 shards (D 2048 / 8, Fe 768 / 2 = 384)."""
+  cfg = PRESETS["qwen3-30b-a3b"]
+  sizes = {"data": 1, "fsdp": 8, "tensor": 2}
+  lay = parallel.param_specs(cfg, sizes)["layers"]
+  assert lay["experts_gate"] == P(None, None, "fsdp", "tensor") == lay["experts_up"]
+  assert lay["experts_down"] == P(None, None, "tensor", "fsdp")
+  assert lay["router"] == P(None, "fsdp", None)
+  parallel.check_fp8_alignment(cfg, parallel.param_specs(cfg, sizes), sizes, get_recipe("jet"))
+  samp = parallel.param_specs(cfg, sizes, "sample")["layers"]
+  assert samp["experts_gate"] == P(None, None, None, "tensor") and samp["router"] == P(
+    None, None, None
+  )
+  # tensor:4 cuts an expert's width 768 into 192-wide shards: its 128x128 blocks would
+  # straddle them (the dense check, on each expert's matrix).
+  bad = {"fsdp": 1, "tensor": 4}
+  with pytest.raises(ValueError) as e:
+    parallel.check_fp8_alignment(cfg, parallel.param_specs(cfg, bad), bad, get_recipe("jet"))
+  for part in ("'layers/experts_gate'", "(48, 128, 2048, 768)", "output dim N=768", "of 192"):
+    assert part in str(e.value), (part, str(e.value))
+
+
 def test_vocab_falls_back_to_replicated_when_not_divisible():
   cfg = dataclasses.replace(get_config("tiny"), vocab_size=37, n_kv_heads=4)
   specs = parallel.param_specs(cfg, {"tensor": 2})

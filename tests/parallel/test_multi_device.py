@@ -14,9 +14,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = os.path.join(ROOT, "tests", "parallel", "_multi_device_cases.py")
+MOE_CASES = os.path.join(ROOT, "tests", "parallel", "_moe_mesh_cases.py")
 
 
-def _run_cases(select: str):
+def _run_cases(select: str, cases: str = CASES):
   env = dict(os.environ)
   flags = " ".join(
     f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f
@@ -39,7 +40,7 @@ def _run_cases(select: str):
     "no:cacheprovider",
     "-s",
     "--durations=5",
-    CASES,
+    cases,
     "-k",
     select,
   ]
@@ -51,6 +52,11 @@ def _run_cases(select: str):
 def test_multi_device_cases_on_8_cpu_devices():
   """Forward, greedy sampling, one update, checkpoints across meshes, invalid meshes."""
   _run_cases("not runner")
+
+
+def test_moe_sampler_and_update_on_8_cpu_devices():
+  """A mixture of experts: the sampler and one update on data:2,fsdp:2,tensor:2."""
+  _run_cases("moe or mesh", MOE_CASES)
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ def params():
 
 @pytest.fixture(scope="module", params=["jet_exact", "jet"])
 def rollout(request, params):
+  """(recipe name, the rollout, its TrainBatch, the training forward's log-probs and routing
+  of that batch)."""
   recipe = get_recipe(request.param)
   out = jax.tree_util.tree_map(
     np.asarray, sample(params, CONFIG, PROMPTS, jax.random.PRNGKey(1), SC, recipe.rollout)
@@ -45,19 +47,18 @@ def rollout(request, params):
     np.linspace(-1, 1, len(out.tokens)),
     out.routes,
   )
-  return request.param, out, batch
-
-
-def test_rollout_logprobs_and_routes_against_the_training_forward(params, rollout):
-  name, out, batch = rollout
-  recipe = get_recipe(name)
-  t = out.tokens.shape[1]
-  assert out.routes.shape == (8, t, CONFIG.n_layers, CONFIG.experts_per_token)
-  assert out.mask.sum() >= 40
   lp, _, routing = _lp(
     params, model_config=CONFIG, batch=batch, precision=recipe.train, chunk_size=16, routing=True
   )
-  d = np.abs(np.asarray(lp) - out.logprobs)[out.mask]
+  return request.param, out, batch, np.asarray(lp), routing
+
+
+def test_rollout_logprobs_and_routes_against_the_training_forward(rollout):
+  name, out, batch, lp, routing = rollout
+  t = out.tokens.shape[1]
+  assert out.routes.shape == (8, t, CONFIG.n_layers, CONFIG.experts_per_token)
+  assert out.mask.sum() >= 40
+  d = np.abs(lp - out.logprobs)[out.mask]
   fed = out.mask[:, : t - 1]  # every generated token but the last went back through the model
   got = np.asarray(completion_routing(routing, t).experts)[fed]
   want = out.routes[:, : t - 1][fed]
@@ -73,12 +74,17 @@ def test_rollout_logprobs_and_routes_against_the_training_forward(params, rollou
 @pytest.mark.parametrize("old_logp", ["same_forward", "recompute"])
 def test_update_logs_routing_agreement(params, rollout, old_logp):
   """From the differentiated forward itself (same_forward) or the pre-update forward in
-  micro-batches (recompute; jet_exact only, to keep the compiles few)."""
-  name, _, batch = rollout
+  micro-batches (recompute; jet_exact only, to keep the compiles few). jet_exact's
+  same_forward update also carries the load-balancing loss (router_aux_coef > 0, one
+  micro-batch: the whole batch): the loss gains coef x the load-balancing loss of the
+  training forward's routing over the real positions."""
+  name, _, batch, _, routing = rollout
   if old_logp == "recompute" and name != "jet_exact":
     pytest.skip("one recipe is enough")
+  aux = 0.5 if (name, old_logp) == ("jet_exact", "same_forward") else 0.0
   recipe = get_recipe(name)
-  ucfg = UpdateConfig(chunk_size=16, old_logp=old_logp, micro_batches=2)
+  micro = 1 if aux else 2
+  ucfg = UpdateConfig(chunk_size=16, old_logp=old_logp, micro_batches=micro, router_aux_coef=aux)
   _, m = update_step(
     init_train_state(params, ucfg),
     batch,
@@ -95,41 +101,18 @@ def test_update_logs_routing_agreement(params, rollout, old_logp):
     assert float(m["agree/abs_diff_max"]) == 0.0
   else:
     assert 0.5 <= route["route_agree"] <= route["route_agree_layer"] <= 1.0 and shift >= 0.0
-  assert "router_aux_loss" not in m
-
-
-def test_load_balancing_loss_in_the_update(params, rollout):
-  """router_aux_coef > 0: the loss gains coef x the load-balancing loss of the forward's
-  routing over the real positions (one micro-batch: the whole batch); refused for a dense
-  model."""
-  name, _, batch = rollout
-  if name != "jet_exact":
-    pytest.skip("one recipe is enough")
-  fp32 = get_recipe("fp32").train
-  ucfg = UpdateConfig(chunk_size=16, router_aux_coef=0.5)
-  _, m = update_step(
-    init_train_state(params, ucfg),
-    batch,
-    jax.random.PRNGKey(0),
-    model_config=CONFIG,
-    cfg=ucfg,
-    precision=fp32,
-    temperature=SC.temperature,
-  )
-  _, routes = M.hidden_states(
-    params,
-    CONFIG,
-    batch.inputs,
-    precision=fp32,
-    positions=batch.positions,
-    attention_mask=batch.attention_mask,
-    routing=True,
-  )
-  want = float(load_balancing_loss(routes, batch.attention_mask))
+  if not aux:
+    assert "router_aux_loss" not in m
+    return
+  want = float(load_balancing_loss(routing, batch.attention_mask))
   assert want >= 1.0  # E * sum f P >= 1 (equality: perfectly balanced)
   np.testing.assert_allclose(float(m["router_aux_loss"]), want, rtol=1e-5)
   # loss = pg - 0 * entropy + 0.5 * router_aux
-  np.testing.assert_allclose(float(m["loss"]) - float(m["pg_loss"]), 0.5 * want, rtol=1e-5)
+  np.testing.assert_allclose(float(m["loss"]) - float(m["pg_loss"]), aux * want, rtol=1e-5)
+
+
+def test_load_balancing_loss_is_refused_for_a_dense_model(rollout):
+  _, _, batch, _, _ = rollout
   dense = M.ModelConfig(family="qwen3", qk_norm=True)
   with pytest.raises(ValueError, match="router_aux_coef=0.5 is a mixture of experts'"):
     update_step(
@@ -138,5 +121,5 @@ def test_load_balancing_loss_in_the_update(params, rollout):
       jax.random.PRNGKey(0),
       model_config=dense,
       cfg=UpdateConfig(router_aux_coef=0.5),
-      precision=fp32,
+      precision=get_recipe("fp32").train,
     )

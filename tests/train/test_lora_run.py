@@ -3,6 +3,7 @@ after a step and resumed ends with the uninterrupted run's adapters and records 
 the merged export loads in `transformers` with the adapted model's logits, and the flags that
 cannot work with LoRA are refused by name."""
 
+import dataclasses
 import json
 import os
 
@@ -17,7 +18,7 @@ from jetrl.models import forward, init_params
 from jetrl.models.io.hf_io import load_pretrained
 from jetrl.models.lora import LoraConfig, attach
 from jetrl.precision import get_recipe
-from jetrl.train import run
+from jetrl.train import pieces, run
 from jetrl.train.checkpoint import read_params
 from jetrl.train.export import ExportConfig, export_run
 
@@ -109,3 +110,19 @@ def test_lora_refusals(runs, tiny_train_config, tmp_path):
     run(tiny_train_config(tmp_path / "b", lora=LORA, mesh="data:1"), log=quiet)
   with pytest.raises(ConfigError, match="lora.targets: 'attn' is not accepted"):
     tiny_train_config(tmp_path / "c", lora={"rank": 4, "targets": ("q", "attn")})
+
+
+def test_lora_on_a_mixture_of_experts_is_refused_by_name(tiny_train_config, tmp_path, monkeypatch):
+  """Refused with the model's config, before any weight is made."""
+  real = pieces.model_config
+
+  def moe_config(*args):
+    c = real(*args)
+    return dataclasses.replace(
+      c, family="qwen3_moe", qk_norm=True, n_experts=4, experts_per_token=2, moe_d_ff=32
+    )
+
+  monkeypatch.setattr(pieces, "model_config", moe_config)
+  monkeypatch.setattr(pieces, "make_params", lambda *a: pytest.fail("made the weights"))
+  with pytest.raises(FlagError, match=r"--lora.rank: LoRA .* is a mixture of experts"):
+    run(tiny_train_config(tmp_path, lora=LORA), log=quiet)

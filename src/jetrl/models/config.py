@@ -200,6 +200,13 @@ PRESETS = {
   "qwen2.5-7b": _preset("qwen2", 152064, 3584, 28, 28, 4, 128, 18944, 131072, False),
   "qwen3-0.6b": _preset("qwen3", 151936, 1024, 28, 16, 8, 128, 3072, 40960, True),
   "qwen3-8b": _preset("qwen3", 151936, 4096, 36, 32, 8, 128, 12288, 40960, False),
+  # A mixture of experts: 128 experts of width 768, 8 a token (d_ff: config.json's unused
+  # intermediate_size).
+  "qwen3-30b-a3b": _preset(
+    "qwen3_moe", 151936, 2048, 48, 32, 4, 128, 6144, 40960, False,
+    n_experts=128, experts_per_token=8, moe_d_ff=768, norm_topk_prob=True,
+    router_aux_loss_coef=0.001,
+  ),
   "llama-3.1-8b": _preset(
     "llama", 128256, 4096, 32, 32, 8, 128, 14336, 131072, False,
     rope_theta=500000.0, rope_scaling=_LLAMA31_SCALING, rms_eps=1e-5,

@@ -128,8 +128,20 @@ class LoraWeight:
     return len(self.shape)
 
 
+def check_model(config: ModelConfig, cfg: LoraConfig) -> None:
+  """ValueError when `config` cannot take adapters: a mixture of experts (its MLP is experts,
+  not the dense gate / up / down projections the adapters target)."""
+  if cfg.enabled and config.moe:
+    raise ValueError(
+      f"--lora.rank={cfg.rank}: LoRA adapts the dense projections, and {config.family!r} is a "
+      f"mixture of experts ({config.n_experts} experts in every layer's MLP); LoRA on a mixture "
+      f"of experts is not supported: set --lora.rank=0 (full fine-tuning)"
+    )
+
+
 def adapter_shapes(config: ModelConfig, cfg: LoraConfig) -> dict:
   """{projection: {"a": (L, K, r), "b": (L, r, N)}} for the targeted projections."""
+  check_model(config, cfg)
   layers = param_shapes(config)["layers"]
   out = {}
   for name in cfg.weights:
@@ -189,6 +201,11 @@ def quantizes_base(precision: Optional[Precision]) -> bool:
 def freeze_base(base, precision: Optional[Precision]):
   """The frozen base for training under `precision`: its projection weights quantized once
   in the layout the training fprop reads (see the module doc), or unchanged."""
+  if "router" in base["layers"]:
+    raise ValueError(
+      "freeze_base: the base is a mixture of experts; LoRA on a mixture of experts is not "
+      "supported (--lora.rank=0)"
+    )
   if not quantizes_base(precision):
     return base
   g = precision.fprop

@@ -5,7 +5,9 @@ repeats the same work. `rollout_weights` returns the params pytree a rollout rea
 
   * every projection weight quantized once with the fprop's own quantizer, from the same
     stored values, so the rollout's FP8 weights are bit-identical to the training fprop's
-    (`prequantize_linear_weights`; a `QuantizedWeight` in the layout the GEMM backend reads);
+    (`prequantize_linear_weights`; a `QuantizedWeight` in the layout the GEMM backend reads).
+    A mixture of experts' expert weights [E, K, N] likewise, each expert in its own 128x128
+    blocks (the expert axis leads like the layer axis; the router is not FP8);
   * with `fuse`, q / k / v fused into one "wqkv" [D, q + 2 kv] and gate / up into one
     "w_gate_up" [D, 2F] projection (two GEMMs per layer instead of five at every decode step).
     Under a blockwise FP8 recipe the weights are fused only where every part's output width is
@@ -30,7 +32,13 @@ import jax.numpy as jnp
 from jetrl.kernels.plan import resolve_plan
 from jetrl.models.layers import activation_dtype, fusable
 from jetrl.models.lora import LoraWeight
-from jetrl.models.params import FUSED_PROJECTIONS, LINEAR_WEIGHTS, LM_HEAD_GRID, unstack_layers
+from jetrl.models.params import (
+  EXPERT_WEIGHTS,
+  FUSED_PROJECTIONS,
+  LINEAR_WEIGHTS,
+  LM_HEAD_GRID,
+  unstack_layers,
+)
 from jetrl.precision import Precision, QuantizedWeight, prequantize_weight
 
 
@@ -45,7 +53,7 @@ def prequantize_linear_weights(params, precision: Optional[Precision]):
     prequantize_weight(w, g, k_major=plan.k_major(g, False)), g
   )
   layers = dict(params["layers"])
-  for name in LINEAR_WEIGHTS + tuple(FUSED_PROJECTIONS):
+  for name in LINEAR_WEIGHTS + tuple(FUSED_PROJECTIONS) + EXPERT_WEIGHTS:
     w = layers.get(name)
     if w is None or isinstance(w, QuantizedWeight):  # absent, or frozen and quantized once
       continue

@@ -17,6 +17,16 @@ no scale (amax) is ever reduced across devices. The rules check this and refuse 
 a group or block would straddle a shard boundary (on the contraction dim K or, for weight
 blocks, the output dim N). The per-tensor baseline `fp8_tensor` has one scale per operand: a
 sharded operand's amax is then necessarily an all-reduce (this is its batch dependence).
+
+Mixture of experts. The experts [E, D, Fe] / [E, Fe, D] are split like the dense MLP's
+matrices (D over `fsdp`, Fe over `tensor`), not over their expert axis E: the MoE block
+(`jetrl.models.moe`) runs every expert over all of a device's tokens in a scan over E, so each
+step reads one expert whole; with E split, that dynamic slice of a sharded axis would gather
+the whole stack of experts. An `expert` mesh axis (each device holding E / n experts and
+running only its tokens routed there) needs a grouped dispatch with an all-to-all of the
+tokens, which the dense dispatch does not have. Each expert's 128x128 blocks are its own, so
+the FP8 check is the dense one on each expert's [K, N] (Fe / tensor and D / fsdp multiples of
+the block).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jetrl.models.cache import KVCache
 from jetrl.models.config import ModelConfig
-from jetrl.models.params import LINEAR_WEIGHTS, param_shapes
+from jetrl.models.params import EXPERT_WEIGHTS, LINEAR_WEIGHTS, param_shapes
 from jetrl.parallel.mesh import DATA, FSDP, TENSOR, mesh_str
 
 MODES = ("train", "sample")
@@ -49,6 +59,13 @@ _RULES = {
   "w_up": (FSDP, TENSOR),  # [D, F]
   "wo": (TENSOR, FSDP),
   "w_down": (TENSOR, FSDP),  # [in, D]
+  # A mixture of experts (qwen3_moe): each expert's matrices split as the dense MLP's (ZeRO-3
+  # over `fsdp` on D, Megatron over `tensor` on the expert's width), the expert axis E whole;
+  # the router [D, E] (not FP8) over `fsdp` on D. See "Mixture of experts" in the doc above.
+  "router": (FSDP, None),
+  "experts_gate": (None, FSDP, TENSOR),
+  "experts_up": (None, FSDP, TENSOR),  # [E, D, Fe]
+  "experts_down": (None, TENSOR, FSDP),  # [E, Fe, D]
   "bq": (TENSOR,),
   "bk": (TENSOR,),
   "bv": (TENSOR,),
@@ -129,7 +146,9 @@ def param_specs(config: ModelConfig, axis_sizes: dict[str, int], mode: str = "tr
           f"parameter {where!r} of shape {shape}: dim {dim} is not divisible by mesh axis "
           f"{_axes_names(axes)} of size {n}; choose axis sizes that divide the model's "
           f"dims (d_model={config.d_model}, d_ff={config.d_ff}, n_heads={config.n_heads}, "
-          f"n_kv_heads={config.n_kv_heads}, head_dim={config.head_dim})"
+          f"n_kv_heads={config.n_kv_heads}, head_dim={config.head_dim}"
+          + (f", moe_d_ff={config.moe_d_ff}" if config.moe else "")
+          + ")"
         )
       entries.append(axes)
     if name in ("wq", "bq", "wo") and sizes[TENSOR] > 1 and config.n_heads % sizes[TENSOR]:
@@ -165,7 +184,8 @@ def check_fp8_alignment(
 ) -> None:
   """ValueError if a 1xB group or BxB weight block of an FP8 matrix would straddle shards.
 
-  For each FP8 matrix (the linear layers; not embed / lm_head) of shape [L, K, N]: when K is
+  For each FP8 matrix (the linear layers and the experts, [L, K, N] or [L, E, K, N]; not
+  embed / lm_head / router): when K is
   split over n devices, K/n must be a multiple of B (1xB activation groups and BxB weight
   blocks along K stay local); when N is split over m devices, N/m must be a multiple of B
   (BxB weight blocks, and dgrad's 1xB groups of dy along N, stay local).
@@ -173,10 +193,11 @@ def check_fp8_alignment(
   sizes = {DATA: 1, FSDP: 1, TENSOR: 1, **axis_sizes}
   shapes = param_shapes(config)["layers"]
   for role, block in fp8_blocks(recipe):
-    for name in LINEAR_WEIGHTS:
+    for name in (n for n in LINEAR_WEIGHTS + EXPERT_WEIGHTS if n in shapes):
       shape = shapes[name]
-      spec = specs["layers"][name]
-      for dim_i, what in ((1, "contraction (input) dim K"), (2, "output dim N")):
+      spec = tuple(specs["layers"][name]) + (None,) * len(shape)
+      k_dim = len(shape) - 2  # the expert axis, if any, comes before [K, N]
+      for dim_i, what in ((k_dim, "contraction (input) dim K"), (k_dim + 1, "output dim N")):
         axes = spec[dim_i]
         n = _axis_size(sizes, axes)
         if n == 1:
@@ -187,7 +208,7 @@ def check_fp8_alignment(
             f"FP8 recipe {role} (block {block}): parameter 'layers/{name}' of shape "
             f"{shape} has its {what}={shape[dim_i]} split over mesh axis "
             f"{_axes_names(axes)} (size {n}) into shards of {local}, which is not a "
-            f"multiple of the FP8 block {block}: {'1x' if dim_i == 1 else ''}{block} "
+            f"multiple of the FP8 block {block}: {'1x' if dim_i == k_dim else ''}{block} "
             f"groups / {block}x{block} weight blocks would straddle a shard boundary. "
             f"Use a smaller {_axes_names(axes)} axis (shards of a multiple of {block}) or a "
             f"non-FP8 recipe."

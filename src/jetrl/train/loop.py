@@ -124,6 +124,12 @@ def _pieces(cfg: TrainConfig, log, given, reward) -> pieces.Pieces:
   recipe = cfg.precision_recipe
   tok, encode, task, width = driver.tokenizer_and_task(cfg, given, reward)
   mcfg = pieces.model_config(cfg.model, tok, width + cfg.sampling.max_new_tokens)
+  if cfg.lora.enabled and mcfg.moe:
+    raise FlagError(
+      "lora.rank",
+      f"LoRA adapts the dense projections and {cfg.model.name} is a mixture of experts "
+      f"({mcfg.n_experts} experts a layer); set --lora.rank=0 for full fine-tuning",
+    )
   check_memory(cfg, mcfg, width)
   layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--prompts_per_step x --sampling.n": cfg.rows}, log
