@@ -5,6 +5,9 @@
 
 Runs, each in its own process with its own time limit, in this order:
   bench  experiments/bench_device.py (FP8 GEMMs, rollout, update, one RL step) -> bench_device.json
+  bench2 the device benchmark once more with --bench2_flags (other settings in a process of
+         their own, such as other XLA flags: the decode loop with command buffers that capture
+         `while` loops) -> bench_device_2.json
   peers  the peers script on the same shapes (torch bf16 and cuBLAS blockwise FP8 GEMMs,
          HF transformers `generate`), when --peers names it -> peers.json
   tests  `pytest -m "not slow"` over tests/ (GPU-only tests run; CPU-only ones skip)
@@ -34,7 +37,9 @@ flags.DEFINE_list("parts", ["bench", "peers", "tests"], "Parts to run, in this o
 flags.DEFINE_float("budget_s", 480.0, "Wall-clock budget for all parts together.")
 flags.DEFINE_float("bench_share", 0.55, "Share of the budget for the device benchmark.")
 flags.DEFINE_float("peers_share", 0.15, "Share of the budget for the peers.")
-flags.DEFINE_string("bench_flags", "", "Extra flags for bench_device.py (space separated).")
+flags.DEFINE_string("bench_flags", "", "Extra flags for bench_device.py (shell words).")
+flags.DEFINE_string("bench2_flags", "", "Flags for the second bench_device.py run (shell words).")
+flags.DEFINE_float("bench2_share", 0.2, "Share of the budget for the second device benchmark.")
 flags.DEFINE_string("peers_ms", "4096,16384,64", "Token counts M of the peers' GEMMs.")
 flags.DEFINE_string("peers_sections", "gemm,generate", "Peers' parts.")
 flags.DEFINE_string(
@@ -319,7 +324,7 @@ def summary(bench, peers, tests) -> str:
   return "\n".join(out) + "\n"
 
 
-PARTS = ("bench", "peers", "tests")
+PARTS = ("bench", "bench2", "peers", "tests")
 
 
 def main(argv):
@@ -332,6 +337,7 @@ def main(argv):
   result = dict(environment=environment(), parts=[])
   print(f"[gpu_check] {result['environment']}", flush=True)
   bench_json, peers_json = out / "bench_device.json", out / "peers.json"
+  bench2_json = out / "bench_device_2.json"
   n_parts = len(FLAGS.parts)
   for i, part in enumerate(FLAGS.parts):
     if part == "bench":
@@ -341,8 +347,17 @@ def main(argv):
         "experiments/bench_device.py",
         f"--json_out={bench_json}",
         f"--time_budget_s={max(30.0, limit - 25):.0f}",
-      ] + FLAGS.bench_flags.split()
+      ] + shlex.split(FLAGS.bench_flags)
       result["parts"].append(run_part("bench", cmd, limit, out, _env()))
+    elif part == "bench2":
+      limit = min(left(), FLAGS.budget_s * FLAGS.bench2_share)
+      cmd = [
+        sys.executable,
+        "experiments/bench_device.py",
+        f"--json_out={bench2_json}",
+        f"--time_budget_s={max(30.0, limit - 25):.0f}",
+      ] + shlex.split(FLAGS.bench2_flags)
+      result["parts"].append(run_part("bench2", cmd, limit, out, _env()))
     elif part == "peers":
       if not FLAGS.peers or not Path(FLAGS.peers).exists():
         result["parts"].append(
@@ -376,6 +391,7 @@ def main(argv):
       rec.update(pytest_summary(out / "tests.log"))
       result["parts"].append(rec)
   result["bench"], result["peers"] = _load(bench_json), _load(peers_json)
+  result["bench2"] = _load(bench2_json)
   tests = next((p for p in result["parts"] if p["part"] == "tests"), None)
   text = summary(result["bench"], result["peers"], tests)
   (out / "summary.md").write_text(text)
