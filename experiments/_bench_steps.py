@@ -102,7 +102,8 @@ def run_update(
     from jetrl.kernels.attention import use_flash  # pylint: disable=import-outside-toplevel
     from jetrl.rl.remat import resolve_remat  # pylint: disable=import-outside-toplevel
 
-    cfg, params = load_model(model, jnp.float32)
+    # in the master dtype: the state's copy is then the only other one (8B bf16 on one H200)
+    cfg, params = load_model(model, jnp.dtype(FLAGS.update_master_dtype))
     batch = update_batch(cfg, rows_n, prompt_len, completion_len)
     ucfg = UpdateConfig(master_dtype=FLAGS.update_master_dtype)
   except Exception as e:  # pylint: disable=broad-except

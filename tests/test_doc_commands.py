@@ -7,7 +7,8 @@ What a command line is, here: `python[3] [-m] experiments/NAME.py` and what foll
 and the lines its trailing backslashes join, up to a comment, a pipe, `&&`, `;` or the end of
 inline code. Shell variables set earlier in the same file (`TASK="..."`) are substituted;
 `$OUT` and others not set there stand for a path. A value spelled as a placeholder in capitals
-(`--seed=S`, `--workdir=W`) only has its flag name checked. The `--bench_flags` of a
+(`--seed=S`, `--workdir=W`) only has its flag name checked. The `--bench_flags` and
+`--bench2_flags` of a
 gpu_check.py command are checked against experiments/bench_device.py too.
 """
 
@@ -129,11 +130,12 @@ def checked(root):
     names = [a.split("=")[0] for a in argv if PLACEHOLDER.match(a)]
     by_script[script].append((where, [a for a in argv if not PLACEHOLDER.match(a)], shown, names))
     if script.endswith("gpu_check.py"):
-      bench = next((a.split("=", 1)[1] for a in argv if a.startswith("--bench_flags=")), None)
-      if bench is not None:
-        by_script["experiments/bench_device.py"].append(
-          (f"{where} (--bench_flags)", shlex.split(bench), None, [])
-        )
+      for flag in ("--bench_flags=", "--bench2_flags="):
+        bench = next((a.split("=", 1)[1] for a in argv if a.startswith(flag)), None)
+        if bench is not None:
+          by_script["experiments/bench_device.py"].append(
+            (f"{where} ({flag[:-1]})", shlex.split(bench), None, [])
+          )
   results = []
   for script, items in sorted(by_script.items()):
     # A placeholder's flag name alone: the flag given with a value of its own kind.

@@ -103,7 +103,7 @@ def test_an_unknown_part_is_refused_before_anything_runs(root, tmp_path):
     timeout=120,
   )
   assert out.returncode != 0
-  assert "--parts: unknown ['gemm']; accepted: bench, peers, tests" in out.stderr
+  assert "--parts: unknown ['gemm']; accepted: bench, bench2, peers, tests" in out.stderr
   assert not (tmp_path / "o").exists()
 
 
