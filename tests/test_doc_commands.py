@@ -8,8 +8,7 @@ and the lines its trailing backslashes join, up to a comment, a pipe, `&&`, `;` 
 inline code. Shell variables set earlier in the same file (`TASK="..."`) are substituted;
 `$OUT` and others not set there stand for a path. A value spelled as a placeholder in capitals
 (`--seed=S`, `--workdir=W`) only has its flag name checked. The `--bench_flags` and
-`--bench2_flags` of a
-gpu_check.py command are checked against experiments/bench_device.py too.
+`--bench2_flags` of a gpu_check.py command are checked against experiments/bench_device.py too.
 """
 
 from __future__ import annotations
