@@ -81,7 +81,8 @@ def _keep_checkpoint(src_sft: str, dst_sft: str) -> None:
 
 
 def keep(root: str, dest: str) -> None:
-  """Copies each finished job's kept files, the warm starts' summaries and the timings."""
+  """Copies each finished job's kept files, the warm starts' summaries and the timings (and the
+  newest checkpoint of each warm start but those the gate left out)."""
   done = 0
   for job in round4.jobs(root, left_out=True):
     if not round4.job_done(root, job):
@@ -96,7 +97,8 @@ def keep(root: str, dest: str) -> None:
       out = round4.study_config(job["part"], job["warm"], dest)
       src_sft, dst_sft = sft_dir(cfg, job["length"]), sft_dir(out, job["length"])
       _copy(src_sft, dst_sft, SFT_FILES)
-      _keep_checkpoint(src_sft, dst_sft)
+      if not (job["part"] == "primary" and round4.warm_start_feasible(root, job["warm"]) is False):
+        _keep_checkpoint(src_sft, dst_sft)  # one the gate left out never serves again
     done += 1
   for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     if name.startswith("timing_") or name == "prereg.json":
