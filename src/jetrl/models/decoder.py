@@ -248,30 +248,20 @@ def forward_cached(
   plan: Optional[Plan] = None,
   routing: bool = False,
 ):
-  """Run T new tokens against the cache; returns (float32 logits, new cache), and with
-  `routing` the experts each new token's layers chose ([B, T, L, k] int32; None for a dense
-  model) as a third.
+  """Run T new tokens against the cache: (float32 logits [B, T, V], or [B, 1, V] with
+  last_only; the new cache), and with `routing` the experts each new token's layers chose
+  ([B, T, L, k] int32; None for a dense model).
 
-  Writes the new tokens' k / v at slots [index, index + T), sets their mask from token_mask
-  ([B, T] bool, False for left padding) and advances index by T. Each new query attends to
-  the slots at or before its own whose mask is set. positions [B, T] are RoPE positions.
-  The caller keeps index + T <= max_len (a write past the end is clamped, not an error).
-  params["layers"] may be stacked or a tuple of per-layer dicts (`unstack_layers`; a decode
-  loop passes those so the weights are sliced once, not at every step).
-  Logits are [B, T, V], or [B, 1, V] for the last new token when last_only.
-  Under a batch-invariant precision, a cache from `init_cache(..., precision=precision)`
-  (with `v_exp`) keeps each key and value on its grid from the step that wrote it; a plain
-  one is gridded whole at every step (the same logits, slower). Under a precision with an
-  FP8 KV cache the cache must be one (`init_cache(..., precision=precision)`: E4M3 keys and
-  values with their scales); the new keys and values are quantized as they are written and
-  attention reads the cache dequantized (the values `forward`'s attention reads).
-  attend_slots: attention reads only the first `attend_slots` slots (T <= attend_slots <= S);
-  the caller guarantees that no slot at or after it is set and that index + T <=
-  attend_slots (a prefill into an empty cache passes T). Masked slots add nothing, so the
-  logits are those of the whole cache (bit for bit under a batch-invariant precision, whose
-  sums are exact; within float32 reordering otherwise), at the cost of the slots read.
-  plan: the kernels (`jetrl.kernels.resolve_plan`; default: resolved for the precision now);
-  how each layer attends against the cache is its `CacheStep`'s (jetrl.kernels.cache_step).
+  Writes the new k / v at slots [index, index + T), sets their mask from token_mask ([B, T],
+  False for left padding), advances index by T (the caller keeps index + T <= max_len); each
+  query attends to the set slots at or before its own; positions [B, T] are RoPE's.
+  params["layers"] may be stacked or per-layer (`unstack_layers`: a decode loop slices once).
+  A batch-invariant or FP8-cache precision wants its own cache (`init_cache(...,
+  precision=...)`: gridded values, or E4M3 keys and values with scales, read dequantized as
+  `forward` reads them). attend_slots: attention reads only the first `attend_slots` slots
+  (none set past it, index + T <= it); the logits are those of the whole cache (bit for bit
+  under a batch-invariant precision). plan: the kernels (default: resolved now); each layer's
+  attention against the cache is its `CacheStep`'s (jetrl.kernels.cache_step).
   """
   plan = plan_for(precision, plan)
   n = _check_cached(params, config, tokens, cache, positions, token_mask, attend_slots, plan)
@@ -282,8 +272,7 @@ def forward_cached(
   step = plan.cache_step(cache, mask, index, t, n, cd)
   cos, sin = rope_tables(config, positions, cd)
   x = _embed(params, tokens, cd)
-  # Layers are unrolled over the per-layer cache arrays: each is updated and read in place.
-  # (A scan over a stacked cache copies the layer's slice out at every step.)
+  # Unrolled over the per-layer caches, each updated in place (a scan would copy each out).
   layers = unstack_layers(params)["layers"]
   x, layers = step.layers(x, layers, config, cos, sin)  # those the fused decode kernels left
   chosen = []
@@ -300,8 +289,8 @@ def forward_cached(
   if last_only:
     x = x[:, -1:, :]
   logits = lm_head(plan.norm(x, params["final_norm"], config.rms_eps, cd), params, config, cd, plan)
-  k, v, v_exp, k_scale, v_scale = step.new_cache()
-  cache = KVCache(k, v, mask, index + t, v_exp, k_scale, v_scale)
+  k, v, *grids_and_scales = step.new_cache()
+  cache = KVCache(k, v, mask, index + t, *grids_and_scales)
   if not routing:
     return logits, cache
   return logits, cache, jnp.stack(chosen, axis=2) if chosen else None
