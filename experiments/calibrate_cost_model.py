@@ -136,7 +136,8 @@ def compile_recorded(items, target, cache: Path, redo: bool) -> dict:
   `cache` after each (a key already there is compiled again only with `redo`)."""
   from jetrl.aot import programs
   from jetrl.aot.compile import compile_program
-  from jetrl.aot.targets import compiling_for, devices
+  from jetrl.aot import tracing_for
+  from jetrl.aot.targets import devices
   from jetrl.models import get_config
   from jetrl.precision import get_recipe
   from jetrl.rl import UpdateConfig
@@ -149,14 +150,23 @@ def compile_recorded(items, target, cache: Path, redo: bool) -> dict:
       continue
     kind, name, size = key.split(":")
     t0 = time.perf_counter()
-    with compiling_for(target):
+    # Traced for the target as code outside jetrl is (`tracing_for`): the GEMM loops are the
+    # GPU benchmark's own functions, which resolve their plans for the device traced for.
+    with tracing_for(target) as tracing:
       if kind == "gemm":
         m, k, n = (int(v) for v in size.split("x"))
         progs = [_gemm_program(name, m, k, n, devs)]
       elif kind == "rollout":
         b, p, t = (int(v) for v in size.split("x"))
         progs = programs.rollout_programs(
-          cfg, get_recipe(name), devs, batch=b, prompt_len=p, new_tokens=t, segments=(t,)
+          cfg,
+          get_recipe(name),
+          devs,
+          device=tracing.device,
+          batch=b,
+          prompt_len=p,
+          new_tokens=t,
+          segments=(t,),
         )
       else:
         rows, seq = (int(v) for v in size.split("x"))
@@ -165,6 +175,7 @@ def compile_recorded(items, target, cache: Path, redo: bool) -> dict:
             cfg,
             get_recipe(name),
             devs,
+            device=tracing.device,
             rows=rows,
             prompt_len=seq // 2,
             completion_len=seq // 2,

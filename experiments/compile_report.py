@@ -13,6 +13,9 @@ kernels by bytes and FLOPs, HBM bytes and FLOPs, the memory plan and whether it 
 collectives on a mesh, and the cost model's estimated time (an ESTIMATE: jetrl.aot.cost,
 calibrated on recorded H200 runs). Needs `pip install -e '.[aot]'` (make aot). The GPU
 benchmark's XLA flags are set (--xla_gpu_enable_triton_gemm=false) unless XLA_FLAGS sets them.
+The kernel settings are a run's `--kernels.*` flags (`--kernels.fused_mlp=false`,
+`--kernels.decode_gemm=pallas`, ...), their defaults from the JETRL_* variables where set
+(jetrl.kernels.device); the JSON output records them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+import dataclasses
 
 from absl import app, flags
 
@@ -33,7 +38,27 @@ from jetrl.aot.targets import TARGETS  # noqa: E402
 from jetrl.rl.update_config import OLD_LOGP_SOURCES  # noqa: E402
 from jetrl.rl.remat import REMAT_POLICIES  # noqa: E402
 
+from jetrl.config import FlagError, node  # noqa: E402
+from jetrl.config.flags import config_from_flags, define_flags  # noqa: E402
+from jetrl.kernels import KernelConfig  # noqa: E402
+from jetrl.kernels.device import kernel_defaults  # noqa: E402
+from jetrl.train.config import KERNELS_HELP  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFlags:
+  """The report's `--kernels.*` flags: a run's kernel settings node."""
+
+  kernels: KernelConfig = node(KernelConfig, KERNELS_HELP)
+
+
+try:  # the JETRL_* variables give the defaults, as in a run
+  KERNEL_DEFAULTS, KERNEL_NOTES = kernel_defaults(KernelFlags())
+except ValueError as e:
+  sys.exit(f"{Path(sys.argv[0]).name}: error: {e}")
+
 FLAGS = flags.FLAGS
+define_flags(KERNEL_DEFAULTS, FLAGS, module_name=sys.argv[0], config_file=False)
 flags.DEFINE_enum("target", "h200", list(TARGETS), "Compile-only device (and how many).")
 flags.DEFINE_string("model", "qwen2.5-1.5b", "A model preset, or a Hugging Face model folder.")
 flags.DEFINE_integer("layers", None, "Keep only the first N layers (quick looks, tests).")
@@ -111,6 +136,14 @@ def _model_config():
   return cfg
 
 
+def _kernel_settings() -> KernelConfig:
+  """The `--kernels.*` flags as a KernelConfig; a bad value names its flag."""
+  try:
+    return config_from_flags(KERNEL_DEFAULTS, FLAGS).kernels
+  except FlagError as e:
+    raise app.UsageError(str(e)) from None
+
+
 def _check_flags():
   from jetrl.precision import KV_CACHE_RECIPES, RECIPES
 
@@ -180,12 +213,15 @@ def main(argv):
   if FLAGS.from_json:
     return _reprint(FLAGS.from_json)
   _check_flags()
+  kernels = _kernel_settings()
+  for note in KERNEL_NOTES:
+    print(f"note: {note}", flush=True)
   import jax.numpy as jnp
   import numpy as np
 
   from jetrl.aot import cost, programs, report
   from jetrl.aot.compile import compile_program
-  from jetrl.aot.targets import MissingPlugin, compiling_for, devices, get_target
+  from jetrl.aot.targets import MissingPlugin, compiling_for, devices, get_target, target_device
   from jetrl.train.progress import ticking
   from jetrl.models.lora import LoraConfig
   from jetrl.precision import get_recipe
@@ -210,7 +246,8 @@ def main(argv):
   )
   compiled, failures = [], []
   prompt_len, completion_len = FLAGS.seq // 2, FLAGS.seq - FLAGS.seq // 2
-  with compiling_for(target):
+  device = target_device(target, kernels)  # what every program's plan is resolved for
+  with compiling_for(target, kernels.cublaslt_graphs):
     progs = []
     if "rollout" in FLAGS.programs:
       if target.devices > 1:
@@ -220,6 +257,7 @@ def main(argv):
           cfg,
           recipe,
           devs,
+          device=device,
           batch=FLAGS.batch,
           prompt_len=FLAGS.prompt_len,
           new_tokens=FLAGS.new_tokens,
@@ -231,6 +269,7 @@ def main(argv):
           cfg,
           recipe,
           devs,
+          device=device,
           rows=FLAGS.rows,
           prompt_len=prompt_len,
           completion_len=completion_len,
@@ -244,7 +283,13 @@ def main(argv):
     if "sft" in FLAGS.programs:
       progs.append(
         programs.sft_program(
-          cfg, recipe, devs, rows=FLAGS.rows, prompt_len=prompt_len, completion_len=completion_len
+          cfg,
+          recipe,
+          devs,
+          device=device,
+          rows=FLAGS.rows,
+          prompt_len=prompt_len,
+          completion_len=completion_len,
         )
       )
     for p in progs:
@@ -280,6 +325,7 @@ def main(argv):
         master_dtype=FLAGS.master_dtype,
         old_logp=FLAGS.old_logp,
         kv_cache=FLAGS.kv_cache,
+        kernels=dataclasses.asdict(kernels),
       ),
       cost_params=params.as_dict(),
       programs=rows,

@@ -18,7 +18,7 @@ import pytest
 from jetrl.aot import programs
 from jetrl.aot.compile import compile_program
 from jetrl.aot.programs import Program, one_device_sharding
-from jetrl.aot.targets import compiling_for, devices, get_target
+from jetrl.aot.targets import compiling_for, devices, get_target, target_device
 
 
 def _installed(module: str) -> bool:
@@ -76,16 +76,21 @@ def test_jet_linear_compiles_to_the_cublaslt_ffi_gemm_on_fp8_operands():
   rep = one_device_sharding(devices(target))
   x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=rep)
   w = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=rep)
+  from jetrl.kernels import resolve_plan
+
   jet = get_recipe("jet")
-  f = jax.jit(lambda a, b: linear(a, b, jet.rollout))
+  plan = resolve_plan(jet.rollout, target_device(target))
+  f = jax.jit(lambda a, b: linear(a, b, jet.rollout, plan))
   with compiling_for(target):
     c = compile_program(Program("linear", f, (x, w), {}), target, keep_text=True)
+    # A function given no plan traces for this machine even here: nothing global says the
+    # target (the plan's device does), so no FFI call.
+    here = jax.jit(lambda a, b: linear(a, b, jet.rollout))
+    text = here.trace(jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 384), jnp.bfloat16))
+    assert "jetrl_fp8_blockwise_gemm" not in text.lower().as_text()
   ffi = [k for k in c.launches.kernels if k.kind == "jetrl_fp8_ffi"]
   assert len(ffi) == 1 and ffi[0].fp8 and ffi[0].flops == 2 * 256 * 384 * 512
   assert "f8e4m3fn[256,512]" in c.hlo_text  # the activations reach the GEMM as FP8
-  # outside the context the same function traces for the CPU again: no FFI call
-  lowered = f.trace(jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 384), jnp.bfloat16))
-  assert "jetrl_fp8_blockwise_gemm" not in lowered.lower().as_text()
 
 
 @need_cuda
@@ -105,8 +110,8 @@ def test_pallas_kernels_compile_as_their_custom_calls(backend, fused_quant, kind
   x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=rep)
   w = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=rep)
   rec = with_gemm_backend(get_recipe("jet"), backend)
-  kernels = KernelConfig(fused_quant=fused_quant)
-  f = jax.jit(lambda a, b: linear(a, b, rec.rollout, resolve_plan(rec.rollout, kernels)))
+  dev = target_device(target, KernelConfig(fused_quant=fused_quant))
+  f = jax.jit(lambda a, b: linear(a, b, rec.rollout, resolve_plan(rec.rollout, dev)))
   with compiling_for(target):
     c = compile_program(Program("linear", f, (x, w), {}), target)
   assert kinds <= {k.kind for k in c.launches.kernels}
@@ -124,7 +129,13 @@ def test_update_memory_plan_holds_params_and_adam_state():
   n = sum(a.size for a in jax.tree_util.tree_leaves(programs.abstract_params(cfg, jnp.float32)))
   with compiling_for(target):
     p = programs.update_program(
-      cfg, get_recipe("bf16"), devs, rows=2, prompt_len=8, completion_len=8
+      cfg,
+      get_recipe("bf16"),
+      devs,
+      device=target_device(target),
+      rows=2,
+      prompt_len=8,
+      completion_len=8,
     )
     c = compile_program(p, target)
   # float32 params plus AdamW's two moments, all arguments of the step (donated: aliased)
@@ -153,6 +164,7 @@ def test_lora_update_holds_a_float8_base_and_adapter_state_only():
       cfg,
       get_recipe("jet"),
       devs,
+      device=target_device(target),
       rows=2,
       prompt_len=8,
       completion_len=8,
@@ -242,9 +254,11 @@ def test_flash_attention_compiles_with_its_matmuls_counted():
   q = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16, sharding=rep)
   kv = jax.ShapeDtypeStruct((b, t, hkv, d), jnp.bfloat16, sharding=rep)
 
+  dev = target_device(target)
+
   def loss(q, k, v):
-    assert attn.use_flash(None, t, d, jnp.bfloat16)
-    return jnp.sum(attn.attend_flash(q, k, v, None, jnp.bfloat16).astype(jnp.float32))
+    assert attn.use_flash(None, t, d, jnp.bfloat16, dev)
+    return jnp.sum(attn.attend_flash(q, k, v, None, jnp.bfloat16, dev=dev).astype(jnp.float32))
 
   f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
   with compiling_for(target):
@@ -267,10 +281,14 @@ def test_a_decode_step_linear_and_attention_compile_without_extra_kernels():
   rep = one_device_sharding(devices(target))
   x = jax.ShapeDtypeStruct((64, 1536), jnp.bfloat16, sharding=rep)
   w = jax.ShapeDtypeStruct((1536, 1536), jnp.bfloat16, sharding=rep)
+  from jetrl.kernels import resolve_plan
+
   rollout = get_recipe("jet").rollout
+  dev = target_device(target)
+  plan = resolve_plan(rollout, dev)
   with compiling_for(target):
     c = compile_program(
-      Program("linear", jax.jit(lambda a, b: linear(a, b, rollout)), (x, w), {}), target
+      Program("linear", jax.jit(lambda a, b: linear(a, b, rollout, plan)), (x, w), {}), target
     )
   kinds = sorted(k.kind for k in c.launches.kernels)
   # The weight's own quantization (once per rollout in the sampler) is in this program too.
@@ -278,7 +296,7 @@ def test_a_decode_step_linear_and_attention_compile_without_extra_kernels():
   q = jax.ShapeDtypeStruct((64, 1, 12, 128), jnp.bfloat16, sharding=rep)
   kv = jax.ShapeDtypeStruct((64, 2, 512, 128), jnp.bfloat16, sharding=rep)
   allowed = jax.ShapeDtypeStruct((64, 1, 512), jnp.bool_, sharding=rep)
-  f = jax.jit(lambda q, k, v, a: attn.attend(q, k, v, a, jnp.bfloat16))
+  f = jax.jit(lambda q, k, v, a: attn.attend(q, k, v, a, jnp.bfloat16, dev=dev))
   with compiling_for(target):
     c = compile_program(Program("attend", f, (q, kv, kv, allowed), {}), target)
   assert not any(k.kind == "cublas" for k in c.launches.kernels)
@@ -358,7 +376,7 @@ def test_the_decode_gemm_compiles_as_one_kernel_of_enough_programs():
   xs = jax.ShapeDtypeStruct((12, 64), jnp.float32, sharding=rep)
   w = jnp.zeros((1536, 2048), jnp.float32)
   with compiling_for(target):
-    plan = resolve_plan(rollout, KernelConfig(decode_gemm="pallas"))
+    plan = resolve_plan(rollout, target_device(target, KernelConfig(decode_gemm="pallas")))
     wq = plan.with_gemm_scales(prequantize_weight(w, rollout.fprop, k_major=True), rollout.fprop)
     spec = jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), wq

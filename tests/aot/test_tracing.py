@@ -60,7 +60,7 @@ def test_sample_jitted_outside_compiles_to_the_reports_decode_step():
     f = jax.jit(lambda p, k: sample(p, cfg, prompts, k, scfg, recipe.rollout))
     outside = _kn.kernels(f.trace(params, key).lower().compile().as_text(), (new,))
     (_, _, decode) = programs.rollout_programs(
-      cfg, recipe, list(t.devices), batch=4, prompt_len=8, new_tokens=new
+      cfg, recipe, list(t.devices), device=t.device, batch=4, prompt_len=8, new_tokens=new
     )
     report = compile_program(decode, t.target).launches
 
@@ -69,3 +69,8 @@ def test_sample_jitted_outside_compiles_to_the_reports_decode_step():
 
   assert loop(outside) == loop(report)
   assert loop(report)[("jetrl_fp8_ffi", new)] == 4 * cfg.n_layers  # q/k/v, o, gate/up, down
+  # Outside the context the same call traces for this machine again: nothing is left set.
+  f = jax.jit(lambda p, k: sample(p, cfg, prompts, k, scfg, recipe.rollout))
+  zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), abstract)
+  text = f.trace(zeros, jax.random.PRNGKey(0))
+  assert "jetrl_fp8_blockwise_gemm" not in text.lower().as_text()

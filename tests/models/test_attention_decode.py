@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jetrl.kernels import Device, resolve_plan
 from jetrl.kernels import attention as attn
 from jetrl.models.attention import causal_mask
-from jetrl.precision import target as _target
 
 
 def _reference(q, k, v, allowed):
@@ -59,18 +59,14 @@ def test_attend_one_is_attend_up_to_summation_order():
 def test_attend_takes_the_reductions_only_when_compiling_for_a_gpu():
   cd = jnp.bfloat16
   q, k, v, allowed = _inputs(cd)
-  dots = lambda: str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd))(q, k, v, allowed))
-  if jax.default_backend() == "cpu":
-    assert "dot_general" in dots()  # the CPU: attend's two dots
-  _target.push(_target.CompileTarget("gpu", "9.0"))
-  try:
-    assert "dot_general" not in dots()
-    # A prefill (several queries a row) keeps the dots on a GPU too.
-    q2 = jnp.concatenate([q, q], axis=1)
-    a2 = jnp.concatenate([allowed, allowed], axis=1)
-    assert "dot_general" in str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd))(q2, k, v, a2))
-  finally:
-    _target.pop()
+  dots = lambda dev: str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd, dev=dev))(q, k, v, allowed))
+  assert "dot_general" in dots(Device("cpu"))  # the CPU: attend's two dots
+  gpu = Device("gpu", "9.0", compiling=True)
+  assert "dot_general" not in dots(gpu)
+  # A prefill (several queries a row) keeps the dots on a GPU too.
+  q2 = jnp.concatenate([q, q], axis=1)
+  a2 = jnp.concatenate([allowed, allowed], axis=1)
+  assert "dot_general" in str(jax.make_jaxpr(lambda *a: attn.attend(*a, cd, dev=gpu))(q2, k, v, a2))
 
 
 def _self_attention_inputs(b=2, t=100, h=4, hkv=2, dh=16, seed=3):
@@ -142,23 +138,16 @@ def test_use_flash_only_for_a_gpu_and_long_enough_rows():
   from jetrl.precision import get_recipe
 
   bf = jnp.bfloat16
-  _target.push(_target.CompileTarget("cpu"))
-  try:
-    assert not attn.use_flash(None, 1024, 128, bf)
-  finally:
-    _target.pop()
-  _target.push(_target.CompileTarget("gpu", "9.0"))
-  try:
-    assert attn.use_flash(None, 1023, 128, bf) and attn.use_flash(
-      get_recipe("jet").train, 128, 64, bf
-    )
-    assert not attn.use_flash(None, 64, 128, bf)  # short rows: XLA's dense attention
-    assert not attn.use_flash(None, 1024, 96, bf)  # the kernel's tiles need a power of two
-    assert not attn.use_flash(get_recipe("jet_exact").train, 1024, 128, bf)  # exact sums
-    # A float32 model attends in float32 (the kernel's float32 dots are TF32 on a GPU).
-    assert not attn.use_flash(get_recipe("fp32").train, 1024, 128, jnp.float32)
-  finally:
-    _target.pop()
+  assert not attn.use_flash(None, 1024, 128, bf, Device("cpu"))
+  gpu = Device("gpu", "9.0", compiling=True)
+  assert attn.use_flash(None, 1023, 128, bf, gpu) and attn.use_flash(
+    get_recipe("jet").train, 128, 64, bf, gpu
+  )
+  assert not attn.use_flash(None, 64, 128, bf, gpu)  # short rows: XLA's dense attention
+  assert not attn.use_flash(None, 1024, 96, bf, gpu)  # the kernel's tiles need a power of two
+  assert not attn.use_flash(get_recipe("jet_exact").train, 1024, 128, bf, gpu)  # exact sums
+  # A float32 model attends in float32 (the kernel's float32 dots are TF32 on a GPU).
+  assert not attn.use_flash(get_recipe("fp32").train, 1024, 128, jnp.float32, gpu)
 
 
 def test_the_one_kernel_decode_attention_matches_float64():
@@ -191,16 +180,12 @@ def test_a_gpu_decode_step_attends_in_the_one_kernel():
   cache = M.init_cache(cfg, 2, 128)
   tok = jnp.zeros((2, 1), jnp.int32)
 
-  def step():
+  def step(dev):
     f = lambda p, c, x: M.forward_cached(
-      p, cfg, x, c, positions=jnp.zeros((2, 1), jnp.int32), token_mask=jnp.ones((2, 1), bool)
-    )
+      p, cfg, x, c, positions=jnp.zeros((2, 1), jnp.int32), token_mask=jnp.ones((2, 1), bool),
+      plan=resolve_plan(None, dev),
+    )  # fmt: skip
     return str(jax.make_jaxpr(f)(params, cache, tok))
 
-  if jax.default_backend() == "cpu":
-    assert "pallas_call" not in step()
-  _target.push(_target.CompileTarget("gpu", "9.0"))
-  try:
-    assert step().count("name=decode_attention") == cfg.n_layers
-  finally:
-    _target.pop()
+  assert "pallas_call" not in step(Device("cpu"))
+  assert step(Device("gpu", "9.0", compiling=True)).count("name=decode_attention") == cfg.n_layers

@@ -1,7 +1,7 @@
 """A GPU decode step's fused kernels (models/decode_attention.decode_step_attention,
 models/decode_fused.py) in interpret mode on the CPU: each against an independent reference
 (float64 numpy, the XLA forward's own ops, `quantize` bit for bit), and a whole decode step
-traced for a GPU and run here (`CompileTarget(interpret=True)`) against the CPU's forward."""
+traced for a GPU and run here (a plan for `Device("gpu", interpret=True)`) against the CPU's forward."""
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +13,8 @@ from jetrl.models import attention as attn
 from jetrl.kernels import decode_attention as da
 from jetrl.kernels import decode_fused as fu
 from jetrl.models.layers import apply_rope, rms_norm
-from jetrl.kernels import linear
+from jetrl.kernels import Device, linear, resolve_plan
 from jetrl.precision import QuantizedInput, get_recipe, prequantize_weight, quantize
-from jetrl.precision import target as _target
 from model_helpers import perturbed, tiny_config
 
 BF16, E4M3 = jnp.bfloat16, jnp.float8_e4m3fn
@@ -199,18 +198,16 @@ def decode_runs():
     _, cache = M.forward_cached(weights, CFG, tokens[:, :prompt], cache, positions=pos[:, :prompt],
                                 token_mask=jnp.ones((rows, prompt), bool), precision=prec)  # fmt: skip
 
-    def step():  # a new function each time: JAX caches a function's trace, not its platform
+    def step(plan=None):
       return lambda w, c, t: M.forward_cached(
-        w, CFG, t, c, positions=pos[:, prompt:], token_mask=ones, precision=prec, attend_slots=64
-      )
+        w, CFG, t, c, positions=pos[:, prompt:], token_mask=ones, precision=prec, attend_slots=64,
+        plan=plan,
+      )  # fmt: skip
 
     plain = jax.jit(step())(weights, cache, tokens[:, prompt:])
-    _target.push(_target.CompileTarget("gpu", interpret=True))
-    try:
-      jaxpr = str(jax.make_jaxpr(step())(weights, cache, tokens[:, prompt:]))
-      gpu = jax.jit(step())(weights, cache, tokens[:, prompt:])
-    finally:
-      _target.pop()
+    on_gpu = resolve_plan(prec, Device("gpu", interpret=True))  # a GPU's program, run here
+    jaxpr = str(jax.make_jaxpr(step(on_gpu))(weights, cache, tokens[:, prompt:]))
+    gpu = jax.jit(step(on_gpu))(weights, cache, tokens[:, prompt:])
     runs[recipe] = (plain, gpu, jaxpr)
   return runs
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from jetrl import models as M
+from jetrl.kernels import Device, KernelConfig
 from jetrl.kernels import attention as attn
 from jetrl.kernels import exact_ops
 from jetrl.models.params import LM_HEAD_GRID
@@ -141,8 +142,11 @@ def test_attention_full_and_over_a_gridded_cache_equal_the_reference(qkv):
     cd,
   )
   allowed_c = np.concatenate([allowed[:, -1:], np.zeros((B, 1, 3), bool)], -1)
-  step = jax.jit(lambda *a: attn.attend_grids(*a, cd))(q[:, -1:], kc, vc, ec, allowed_c)
-  np.testing.assert_array_equal(np.asarray(step), _ref_attend(q[:, -1:], k, v, allowed[:, -1:]))
+  # On the CPU's exact kernels where this process can run them, and on XLA's path: the same bits.
+  for dev in (Device("cpu"), Device("cpu", kernels=KernelConfig(exact_cpu_kernel=False))):
+    step = jax.jit(lambda *a: attn.attend_grids(*a, cd, dev))(q[:, -1:], kc, vc, ec, allowed_c)
+    want = _ref_attend(q[:, -1:], k, v, allowed[:, -1:])
+    np.testing.assert_array_equal(np.asarray(step), want)
 
 
 def test_lm_head_from_gridded_weights_equals_the_reference():

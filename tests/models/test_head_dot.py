@@ -7,9 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jetrl.kernels import head
+from jetrl.kernels import Device, head, resolve_plan
 from jetrl.models import layers
-from jetrl.precision import target as _target
 
 
 def _bf16(a):
@@ -45,13 +44,10 @@ def test_lm_head_takes_it_only_when_compiling_for_a_gpu():
   cfg = get_config("tiny")
   params = init_params(cfg, jax.random.PRNGKey(0))
   h = jnp.zeros((2, 3, cfg.d_model), jnp.bfloat16)
-  jaxpr = lambda: str(
-    jax.make_jaxpr(lambda p, x: layers.lm_head(x, p, cfg, jnp.bfloat16))(params, h)
+  jaxpr = lambda plan=None: str(
+    jax.make_jaxpr(lambda p, x: layers.lm_head(x, p, cfg, jnp.bfloat16, plan))(params, h)
   )
   if jax.default_backend() == "cpu":
     assert "custom_vjp" not in jaxpr()
-  _target.push(_target.CompileTarget("gpu", "9.0"))
-  try:
-    assert "custom_vjp" in jaxpr()
-  finally:
-    _target.pop()
+  assert "custom_vjp" not in jaxpr(resolve_plan(None, Device("cpu")))
+  assert "custom_vjp" in jaxpr(resolve_plan(None, Device("gpu", "9.0", compiling=True)))

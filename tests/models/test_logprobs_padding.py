@@ -8,8 +8,8 @@ import numpy as np
 
 from jetrl import models as M
 from jetrl.models import logprobs as lp
+from jetrl.kernels import Device, resolve_plan
 from jetrl.precision import get_recipe
-from jetrl.precision import target as _target
 from model_helpers import tiny_config
 
 CFG = tiny_config(vocab=50, d_model=32, heads=(4, 2, 8), d_ff=64, max_seq_len=64)
@@ -47,16 +47,11 @@ def test_padded_forward_gives_the_real_positions_own_values():
 def test_a_gpu_program_pads_its_tokens():
   params = M.init_params(CFG, jax.random.PRNGKey(0))
   tokens = jnp.zeros((2, 200), jnp.int32)
-  f = lambda p, t: lp.token_logprobs(p, CFG, t, t, precision=get_recipe("bf16").train)
-  _target.push(_target.CompileTarget("gpu", interpret=True))
-  try:
-    gpu = str(jax.make_jaxpr(f)(params, tokens))
-  finally:
-    _target.pop()
-  _target.push(_target.CompileTarget("cpu"))
-  try:
-    cpu = str(jax.make_jaxpr(lambda p, t: f(p, t))(params, tokens))
-  finally:
-    _target.pop()
+  bf16 = get_recipe("bf16").train
+  f = lambda dev: (
+    lambda p, t: lp.token_logprobs(p, CFG, t, t, precision=bf16, plan=resolve_plan(bf16, dev))
+  )
+  gpu = str(jax.make_jaxpr(f(Device("gpu", interpret=True)))(params, tokens))
+  cpu = str(jax.make_jaxpr(f(Device("cpu")))(params, tokens))
   q = "bf16[2,256,4,8]"  # the queries [B, T, H, Dh] of the padded rows
   assert q in gpu and q not in cpu

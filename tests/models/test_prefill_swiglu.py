@@ -1,4 +1,4 @@
-"""A rollout's prefill traced for a GPU and run here (`CompileTarget(interpret=True)`): with
+"""A rollout's prefill traced for a GPU and run here (a plan for `Device("gpu", interpret=True)`): with
 gate / up fused and the weights quantized once, SwiGLU's kernel writes h's FP8 groups for the
 down GEMM (`layers._quantized_swiglu_applies`). Against the unfused path, which writes h in
 bf16 and quantizes it in a pass of its own (`KernelConfig(fused_mlp=False)`): the same FP8 values, so the
@@ -12,8 +12,7 @@ import pytest
 from jetrl import models as M
 from jetrl.models import layers
 from jetrl.precision import get_recipe
-from jetrl.kernels import KernelConfig, resolve_plan
-from jetrl.precision import target as _target
+from jetrl.kernels import Device, KernelConfig, resolve_plan
 from model_helpers import perturbed, tiny_config
 
 BF16 = jnp.bfloat16
@@ -37,13 +36,10 @@ def weights():
 def _traced_for_a_gpu(fn, *args, fused: bool):
   """(jaxpr text, outputs) of fn(plan, *args) traced for a GPU and run here, with the plan of
   jet's rollout there, the fused MLP on or off."""
-  _target.push(_target.CompileTarget("gpu", interpret=True))
-  try:
-    plan = resolve_plan(get_recipe("jet").rollout, KernelConfig(fused_mlp=fused))
-    fresh = lambda: lambda *a: fn(plan, *a)  # a new function each time: JAX caches a trace
-    return str(jax.make_jaxpr(fresh())(*args)), jax.jit(fresh())(*args)
-  finally:
-    _target.pop()
+  gpu = Device("gpu", interpret=True, kernels=KernelConfig(fused_mlp=fused))
+  plan = resolve_plan(get_recipe("jet").rollout, gpu)
+  fresh = lambda: lambda *a: fn(plan, *a)  # a new function each time: JAX caches a trace
+  return str(jax.make_jaxpr(fresh())(*args)), jax.jit(fresh())(*args)
 
 
 def test_the_mlp_of_a_prefill_quantizes_h_in_swiglus_kernel(weights):

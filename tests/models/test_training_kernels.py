@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jetrl.models import get_config, init_params, token_logprobs
+from jetrl.kernels import Device, resolve_plan
 from jetrl.precision import get_recipe
-from jetrl.precision import target as _target
 
 # head size 128 and widths in whole 128-groups; 2 x 256 tokens: more rows than a decode step's
 CFG = dataclasses.replace(
@@ -32,9 +32,9 @@ def runs():
   params = init_params(CFG, jax.random.PRNGKey(0))
   tok = jnp.asarray(np.random.default_rng(0).integers(1, 128, (2, 257)), jnp.int32)
 
-  def grad(precision):
+  def grad(precision, plan=None):
     def loss(p):
-      lp, _ = token_logprobs(p, CFG, tok[:, :-1], tok[:, 1:], precision=precision)
+      lp, _ = token_logprobs(p, CFG, tok[:, :-1], tok[:, 1:], precision=precision, plan=plan)
       return jnp.sum(lp)
 
     return jax.grad(loss)
@@ -42,12 +42,9 @@ def runs():
   jet = get_recipe("jet").train
   ref = jax.jit(grad(None))(params)  # float32 model, no FP8
   cpu = jax.jit(grad(jet))(params)
-  _target.push(_target.CompileTarget("gpu", interpret=True))
-  try:
-    jaxpr = str(jax.make_jaxpr(grad(jet))(params))
-    gpu = jax.jit(grad(jet))(params)
-  finally:
-    _target.pop()
+  on_gpu = resolve_plan(jet, Device("gpu", interpret=True))  # a GPU's program, run here
+  jaxpr = str(jax.make_jaxpr(grad(jet, on_gpu))(params))
+  gpu = jax.jit(grad(jet, on_gpu))(params)
   return ref, cpu, gpu, jaxpr
 
 

@@ -32,7 +32,7 @@ def test_the_kernels_build_and_pass_their_self_check():
   # With a compiler present, a kernel that does not build or disagrees with the XLA path is a
   # failure here, not a silent fallback.
   assert cpu_kernels.unavailable_reason() is None
-  assert cpu_kernels.usable()
+  assert cpu_kernels.usable(current_device())
 
 
 def _bits(a):
@@ -120,7 +120,7 @@ def test_disabled_by_the_kernel_settings():
   keeps the XLA path: the exact forward GEMM of a plan resolved with it calls no kernel."""
   off = KernelConfig(exact_cpu_kernel=False)
   assert KernelConfig.from_env({"JETRL_EXACT_CPU_KERNEL": "0"}) == off
-  assert cpu_kernels.unavailable_reason() is None and cpu_kernels.usable()
+  assert cpu_kernels.unavailable_reason() is None and cpu_kernels.usable(current_device())
   assert not cpu_kernels.usable(current_device(off))
   x = jnp.ones((4, 256), jnp.float32)
   w = jnp.ones((256, 128), jnp.float32)

@@ -17,8 +17,7 @@ from jetrl.precision import (
   quantize,
 )
 from jetrl.kernels import gemm_pallas as gp
-from jetrl.kernels import KernelConfig, gemms, linear, resolve_plan
-from jetrl.precision import target as _target
+from jetrl.kernels import Device, KernelConfig, gemms, linear, resolve_plan
 
 
 def _f64(xq, xs, wq, ws):
@@ -86,20 +85,17 @@ def test_the_setting_routes_a_decode_step_gemm(monkeypatch):
   q, s = quantize(x, (1, 128))
   wq = prequantize_weight(jnp.ones((256, 128), jnp.float32), rollout.fprop, k_major=True)
   monkeypatch.setattr(gemms, "_choose", lambda *a, **k: "cublaslt")
+  gpu = lambda kernels: Device("gpu", "9.0", compiling=True, kernels=kernels)
   trace = lambda kernels: str(
     jax.make_jaxpr(
-      lambda a, b: linear(QuantizedInput(a, b), wq, rollout, resolve_plan(rollout, kernels))
+      lambda a, b: linear(QuantizedInput(a, b), wq, rollout, resolve_plan(rollout, gpu(kernels)))
     )(q, s.T)
   )
-  _target.push(_target.CompileTarget("gpu", "9.0"))
-  try:
-    default = trace(KernelConfig())
-    assert "jetrl_fp8_blockwise_gemm" in default and "fp8_decode_gemm" not in default
-    pallas = trace(KernelConfig(decode_gemm="pallas"))
-    assert "fp8_decode_gemm" in pallas and "jetrl_fp8_blockwise_gemm" not in pallas
-    with pytest.raises(ValueError, match="decode_gemm must be one of"):
-      KernelConfig(decode_gemm="triton")
-    with pytest.raises(ValueError, match="JETRL_DECODE_GEMM must be one of"):
-      KernelConfig.from_env({"JETRL_DECODE_GEMM": "triton"})
-  finally:
-    _target.pop()
+  default = trace(KernelConfig())
+  assert "jetrl_fp8_blockwise_gemm" in default and "fp8_decode_gemm" not in default
+  pallas = trace(KernelConfig(decode_gemm="pallas"))
+  assert "fp8_decode_gemm" in pallas and "jetrl_fp8_blockwise_gemm" not in pallas
+  with pytest.raises(ValueError, match="decode_gemm: 'triton' is not accepted"):
+    KernelConfig(decode_gemm="triton")
+  with pytest.raises(ValueError, match="JETRL_DECODE_GEMM must be one of"):
+    KernelConfig.from_env({"JETRL_DECODE_GEMM": "triton"})

@@ -17,6 +17,7 @@ from jetrl.models import layers
 from jetrl.kernels.exact_ops import exp64, log64, rms_norm, rsqrt32
 from jetrl.kernels import linear
 from jetrl.precision import RECIPES, Fp8Gemm, Precision, get_recipe, quantize_weight
+from jetrl.kernels import Device, cpu_kernels
 from jetrl.kernels.exact_gemm import fp8_fprop
 from jetrl.precision.exact import exact_sum, x64
 
@@ -37,7 +38,8 @@ def xw():
   return to_bf16(x), w
 
 
-_fprop = jax.jit(lambda x, w: fp8_fprop(x, *quantize_weight(w, G)[:2], G))
+_KERNEL = cpu_kernels.usable(Device("cpu"))  # the CPU kernels where this process can run them
+_fprop = jax.jit(lambda x, w: fp8_fprop(x, *quantize_weight(w, G)[:2], G, kernel=_KERNEL))
 
 
 def test_exact_gemm_equals_the_float64_blockwise_reference(xw):

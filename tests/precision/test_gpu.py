@@ -24,7 +24,6 @@ from jetrl.precision import (
   with_gemm_backend,
 )
 from jetrl.kernels import backend, cublaslt, linear
-from jetrl.precision import target as _target
 
 ON_GPU = backend.fp8_gpu_available()
 pytestmark = pytest.mark.skipif(not ON_GPU, reason="needs an FP8-capable NVIDIA GPU")
@@ -32,17 +31,13 @@ TOL = 1e-3
 
 
 def on_cpu(fn, *args):
-  """fn(*args) jitted for the CPU device, traced as a CPU program: the spec's arithmetic
-  (docs/numerics.md). On this GPU XLA's own quantization of a transposed (128 x 1) layout
+  """fn(*args) jitted for the CPU device, lowered as a CPU program (quantize's cast is chosen
+  when lowered: the CPU's), the GEMMs given on XLA: the spec's arithmetic (docs/numerics.md). On this GPU XLA's own quantization of a transposed (128 x 1) layout
   rounds a few values differently (double rounding through float16 at ties, seen on an H200
   with JAX 0.11.2: docs/device/2026-12-04-h200-1), so GPU XLA is no reference for it."""
   cpu = jax.devices("cpu")[0]
-  _target.push(_target.CompileTarget("cpu"))
-  try:
-    with jax.default_device(cpu):
-      return jax.jit(fn)(*(jax.device_put(a, cpu) for a in args))
-  finally:
-    _target.pop()
+  with jax.default_device(cpu):
+    return jax.jit(fn)(*(jax.device_put(a, cpu) for a in args))
 
 
 def cublaslt_ready():

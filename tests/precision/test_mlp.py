@@ -2,6 +2,8 @@
 where it applies, its kernels in the program, and its output and gradients against the
 unfused path and against a float64 MLP."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +11,7 @@ import pytest
 
 from jetrl.models import layers
 from jetrl.precision import get_recipe, prequantize_weight
-from jetrl.kernels import KernelConfig, current_device, mlp, resolve_plan
-from jetrl.precision import target as _target
+from jetrl.kernels import Device, KernelConfig, current_device, mlp, resolve_plan
 
 M, D, F = 512, 256, 384
 JET = get_recipe("jet").train
@@ -24,17 +25,12 @@ def _layer(rng):
   }
 
 
-class _Gpu:
-  def __enter__(self):
-    _target.push(_target.CompileTarget("gpu", interpret=True))
-
-  def __exit__(self, *exc):
-    _target.pop()
+GPU = Device("gpu", interpret=True)  # a GPU program run here, its kernels interpreted
 
 
 def _plan(precision, fused: bool = True):
-  """The plan for `precision` on the device traced for now, the fused MLP on or off."""
-  return resolve_plan(precision, KernelConfig(fused_mlp=fused))
+  """The plan for `precision` on GPU, the fused MLP on or off."""
+  return resolve_plan(precision, dataclasses.replace(GPU, kernels=KernelConfig(fused_mlp=fused)))
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +46,10 @@ def runs():
 
   out = {}
   for fused in (True, False):
-    with _Gpu():
-      plan = _plan(JET, fused)
-      grad = lambda: jax.value_and_grad(lambda a, b: loss(a, b, plan), argnums=(0, 1), has_aux=True)
-      jaxpr = str(jax.make_jaxpr(grad())(x, layer))
-      (_, y), (dx, dw) = jax.jit(grad())(x, layer)
+    plan = _plan(JET, fused)
+    grad = lambda: jax.value_and_grad(lambda a, b: loss(a, b, plan), argnums=(0, 1), has_aux=True)
+    jaxpr = str(jax.make_jaxpr(grad())(x, layer))
+    (_, y), (dx, dw) = jax.jit(grad())(x, layer)
     out[fused] = (jaxpr, y, dx, dw)
   return (x, layer, r), out
 
@@ -113,24 +108,24 @@ def test_where_it_applies():
   cpu = current_device()
   assert not mlp.applies(M, wg, wu, wd, JET, cpu)  # a CPU program: the XLA path
   assert not mlp.norm_applies(M, jnp.ones((D,)), wg, JET, cpu)
-  with _Gpu():
-    gpu = current_device(KernelConfig())
-    assert mlp.applies(M, wg, wu, wd, JET, gpu)
-    assert not mlp.applies(256, wg, wu, wd, JET, gpu)  # a decode step's rows
-    assert not mlp.applies(M + 64, wg, wu, wd, JET, gpu)  # rows off the 128-tile
-    assert not mlp.applies(M, wg[:, :320], wu[:, :320], wd[:320], JET, gpu)  # F off the tile
-    assert not mlp.applies(M, wg, wu, wd, get_recipe("bf16").train, gpu)
-    assert not mlp.applies(M, wg, wu, wd, get_recipe("jet").rollout, gpu)  # no backward
-    assert not mlp.applies(M, wg, wu, wd, get_recipe("jet_exact").train, gpu)  # exact sums
-    frozen = prequantize_weight(wg, JET.fprop)
-    assert not mlp.applies(M, frozen, wu, wd, JET, gpu)
-    norm = jnp.ones((D,), jnp.float32)
-    assert mlp.norm_applies(M, norm, wg, JET, gpu)
-    assert not mlp.norm_applies(M, norm[:128], wg, JET, gpu)  # a norm of another width
-    assert not mlp.norm_applies(M, norm, frozen, JET, gpu)
-    assert not mlp.norm_applies(M, norm, wg, get_recipe("bf16").train, gpu)
-    assert not mlp.applies(M, wg, wu, wd, JET, current_device(KernelConfig(fused_mlp=False)))
-    assert not _plan(JET, False).fused_mlp(M, wg, wu, wd) and _plan(JET).fused_mlp(M, wg, wu, wd)
+  gpu = GPU
+  assert mlp.applies(M, wg, wu, wd, JET, gpu)
+  assert not mlp.applies(256, wg, wu, wd, JET, gpu)  # a decode step's rows
+  assert not mlp.applies(M + 64, wg, wu, wd, JET, gpu)  # rows off the 128-tile
+  assert not mlp.applies(M, wg[:, :320], wu[:, :320], wd[:320], JET, gpu)  # F off the tile
+  assert not mlp.applies(M, wg, wu, wd, get_recipe("bf16").train, gpu)
+  assert not mlp.applies(M, wg, wu, wd, get_recipe("jet").rollout, gpu)  # no backward
+  assert not mlp.applies(M, wg, wu, wd, get_recipe("jet_exact").train, gpu)  # exact sums
+  frozen = prequantize_weight(wg, JET.fprop)
+  assert not mlp.applies(M, frozen, wu, wd, JET, gpu)
+  norm = jnp.ones((D,), jnp.float32)
+  assert mlp.norm_applies(M, norm, wg, JET, gpu)
+  assert not mlp.norm_applies(M, norm[:128], wg, JET, gpu)  # a norm of another width
+  assert not mlp.norm_applies(M, norm, frozen, JET, gpu)
+  assert not mlp.norm_applies(M, norm, wg, get_recipe("bf16").train, gpu)
+  off = dataclasses.replace(GPU, kernels=KernelConfig(fused_mlp=False))
+  assert not mlp.applies(M, wg, wu, wd, JET, off)
+  assert not _plan(JET, False).fused_mlp(M, wg, wu, wd) and _plan(JET).fused_mlp(M, wg, wu, wd)
 
 
 def test_a_bad_setting_is_refused():
@@ -166,14 +161,11 @@ def norm_runs():
 
   out = {}
   for fused in (True, False):
-    with _Gpu():
-      jaxpr = str(
-        jax.make_jaxpr(jax.grad(lambda a, b: loss(a, b, fused), argnums=(0, 1)))(x, layer)
-      )
-      out[fused] = (
-        jaxpr,
-        jax.jit(jax.grad(lambda a, b: loss(a, b, fused), argnums=(0, 1)))(x, layer),
-      )
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda a, b: loss(a, b, fused), argnums=(0, 1)))(x, layer))
+    out[fused] = (
+      jaxpr,
+      jax.jit(jax.grad(lambda a, b: loss(a, b, fused), argnums=(0, 1)))(x, layer),
+    )
   return (x, layer, r1, r2), out
 
 

@@ -3,7 +3,6 @@
 import pytest
 
 from jetrl import models as M
-from jetrl.precision import target as _target
 from jetrl.rl.remat import activation_bytes, device_memory_bytes, resolve_remat
 
 H200 = 140 << 30
@@ -27,10 +26,10 @@ def test_activation_bytes_by_hand():
 )
 def test_auto_remat_on_a_compile_target_uses_its_memory(model, rows, flash, want):
   c = M.get_config(model)
-  _target.push(_target.CompileTarget("gpu", "9.0", memory_bytes=H200))
-  try:
-    assert device_memory_bytes() == H200
-    assert resolve_remat("auto", c, rows, 1024, flash=flash) is want
-  finally:
-    _target.pop()
+  assert device_memory_bytes(H200) == H200
+  assert resolve_remat("auto", c, rows, 1024, flash=flash, memory_bytes=H200) is want
+  # A device of 4 x the activations' bytes or less recomputes them; one of 5 x stores them.
+  need = activation_bytes(c, rows, 1024, flash)
+  assert resolve_remat("auto", c, rows, 1024, flash=flash, memory_bytes=4 * need - 4)
+  assert not resolve_remat("auto", c, rows, 1024, flash=flash, memory_bytes=5 * need)
   assert resolve_remat("layer", c, 1, 8) and not resolve_remat("none", c, 16, 1024)

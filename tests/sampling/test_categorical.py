@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetrl.precision import target as _target
 from jetrl.sampling import categorical
 from jetrl.sampling.categorical import BLOCK, sample_categorical, sample_gumbel
 
@@ -98,16 +97,20 @@ def test_rounding_at_the_top_never_picks_padding():
   np.testing.assert_array_equal(_pick(cum, mass, jnp.zeros((2, 1))), [0, 1])
 
 
-def test_the_draw_follows_the_compile_target():
+def test_the_draw_follows_the_plans_device():
+  from jetrl.kernels import Device, resolve_plan
+  from jetrl.sampling.config import SamplingConfig
+  from jetrl.sampling.sampler import _choose
+
   logits = jnp.zeros((2, 300))
   key = jax.random.PRNGKey(0)
-  # A new function each time: a traced function's jaxpr is cached, the target is not its input.
-  here = str(jax.make_jaxpr(lambda k, x: categorical.draw(k, x))(key, logits))
-  if jax.default_backend() == "cpu":
-    assert "cumsum" in here  # the inverse-CDF draw's running sums
-  _target.push(_target.CompileTarget("gpu", "9.0"))
-  try:
-    on_gpu = str(jax.make_jaxpr(lambda k, x: categorical.draw(k, x))(key, logits))
-  finally:
-    _target.pop()
+  here = str(jax.make_jaxpr(lambda k, x: categorical.draw(k, x, False))(key, logits))
+  assert "cumsum" in here  # the inverse-CDF draw's running sums
+  on_gpu = str(jax.make_jaxpr(lambda k, x: categorical.draw(k, x, True))(key, logits))
   assert "argmax" in on_gpu and "cumsum" not in on_gpu
+  # The sampler's choice draws as its plan's device says, whatever this machine is.
+  cfg = SamplingConfig(max_new_tokens=4, temperature=1.0)
+  for platform, sums in (("gpu", False), ("cpu", True)):
+    plan = resolve_plan(None, Device(platform, "9.0" if platform == "gpu" else None))
+    choose = str(jax.make_jaxpr(lambda x, k: _choose(x, k, cfg, plan))(logits, key))
+    assert ("cumsum" in choose) == sums

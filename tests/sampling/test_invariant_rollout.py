@@ -14,13 +14,14 @@ from jetrl.data import char_tokenizer, get_task
 from jetrl.kernels import Device, resolve_plan
 from jetrl.models import token_logprobs
 from jetrl.precision import get_recipe
-from jetrl.precision import target as _target
 from jetrl.rl import make_train_batch, policy_logprobs
 from jetrl.sampling import SamplingConfig, sample
 from jetrl.train import pieces
 from jetrl.train.config import ModelSpec
 
 EXACT = get_recipe("jet_exact")
+GPU = Device("gpu", interpret=True)  # a GPU's programs, run here with their kernels interpreted
+TRAIN = resolve_plan(EXACT.train, GPU)
 TOK = char_tokenizer()
 IDS = pieces.token_ids(TOK)
 TEMPERATURE = 0.8
@@ -32,21 +33,13 @@ WIDTH = 40  # a row alone: prompt + completion, moved right by a random left pad
 
 
 @pytest.fixture(scope="module")
-def gpu():
-  """Programs traced from here on are a GPU's, run here with their kernels interpreted."""
-  _target.push(_target.CompileTarget("gpu", interpret=True))
-  yield
-  _target.pop()
-
-
-@pytest.fixture(scope="module")
-def run(gpu):
+def run():
   cfg, params = pieces.make_model(ModelSpec("tiny", 2), TOK, 0, 64)
   params = jax.tree_util.tree_map(lambda a: a * 3.0 if a.ndim >= 2 else a, params)
   problems = [get_task("addition", difficulty=1, length=n, seed=0).batch("test", 0, 1)[0]
               for n in (1, 2, 3)]  # fmt: skip
   prompts = [pieces.encode_prompt(TOK, p.prompt) for p in problems]
-  out = sample(params, cfg, prompts, jax.random.PRNGKey(0), SC, EXACT.rollout)
+  out = sample(params, cfg, prompts, jax.random.PRNGKey(0), SC, EXACT.rollout, kernels=GPU)
   return cfg, params, jax.tree_util.tree_map(np.asarray, out)
 
 
@@ -63,7 +56,9 @@ def test_the_programs_hold_the_invariant_kernels(run):
   cfg, params, _ = run
   tok = jnp.zeros((2, 8), jnp.int32)
   jaxpr = str(
-    jax.make_jaxpr(lambda p: token_logprobs(p, cfg, tok, tok, precision=EXACT.train))(params)
+    jax.make_jaxpr(lambda p: token_logprobs(p, cfg, tok, tok, precision=EXACT.train, plan=TRAIN))(
+      params
+    )
   )
   # a layer's q / k / v, o, gate, up and down GEMMs (the layers' scan: once), and the head
   assert jaxpr.count("name=fp8_blockwise_gemm") == 5
@@ -78,13 +73,14 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise(run):
   batch = make_train_batch(
     out.prompt_tokens, out.prompt_mask, out.tokens, m, out.logprobs, np.zeros(len(out.tokens))
   )
-  lp, _ = jax.jit(policy_logprobs, static_argnames=("model_config", "precision", "chunk_size"))(
+  static = ("model_config", "precision", "chunk_size", "plan")
+  lp, _ = jax.jit(policy_logprobs, static_argnames=static)(
     params, model_config=cfg, batch=batch, precision=EXACT.train,
-    temperature=np.float32(TEMPERATURE), chunk_size=16,
+    temperature=np.float32(TEMPERATURE), chunk_size=16, plan=TRAIN,
   )  # fmt: skip
   assert np.abs(np.asarray(lp) - out.logprobs)[m].max() == 0.0
 
-  one = jax.jit(token_logprobs, static_argnames=("config", "precision", "chunk_size"))
+  one = jax.jit(token_logprobs, static_argnames=("config", "precision", "chunk_size", "plan"))
   rng = np.random.default_rng(0)
   for r in range(len(out.tokens)):
     n = int(out.lengths[r])
@@ -98,7 +94,7 @@ def test_rollout_logprobs_equal_the_training_forward_bitwise(run):
     lp1, _ = one(
       params, cfg, row[None, :-1], row[None, 1:], precision=EXACT.train,
       positions=pos[None, :-1], attention_mask=mask[None, :-1],
-      temperature=np.float32(TEMPERATURE), chunk_size=64,
+      temperature=np.float32(TEMPERATURE), chunk_size=64, plan=TRAIN,
     )  # fmt: skip
     got = np.asarray(lp1)[0, pad + len(seq) - n - 1 : pad + len(seq) - 1]
     np.testing.assert_array_equal(got, out.logprobs[r, :n], err_msg=f"row {r} alone")

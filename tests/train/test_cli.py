@@ -312,6 +312,7 @@ def test_help_lists_every_flag_grouped_by_config():
     "--eval.*",
     "--checkpoint.*",
     "--logging.*",
+    "--kernels.*",
   ):
     assert f"\n{group}:" in text, group
   from jetrl.config.flags import flag_specs
@@ -371,7 +372,7 @@ def test_resumable_fields_are_the_ones_a_resume_may_change():
   """The fields marked resumable are those a resumed run may change (the lists from before
   they were marked on the fields): bookkeeping, evaluation cadence, checkpoints, logging."""
   common = {"workdir", "steps", "task.reward_timeout", "checkpoint", "logging", "mesh"}
-  common |= {"max_skipped_steps", "overwrite", "allow_schedule_change"}
+  common |= {"max_skipped_steps", "overwrite", "allow_schedule_change", "kernels"}
   assert set(resumable_paths(TrainConfig)) == common | {"eval.every", "eval.batch"}
   assert set(resumable_paths(SFTConfig)) == common | {"eval"}
 
@@ -401,6 +402,17 @@ def test_command_line_errors_help_and_renamed_flags(tmp_path, root):
   out = train("--help")
   assert out.returncode == 0 and "--optimizer.lr=0.0001" in out.stdout
   assert "Try --helpfull" not in out.stdout and "--sampling.*:" in out.stdout
+  out = train(f"--workdir={tmp_path}", "--kernels.decode_gemm=triton")
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert "error: --kernels.decode_gemm: 'triton' is not accepted" in out.stderr
+  # A JETRL_* variable gives a default: --help shows it; a bad one is named.
+  env["JETRL_FUSED_MLP"] = "0"
+  out = train("--help")
+  assert out.returncode == 0 and "--kernels.fused_mlp=false" in out.stdout, out.stdout[-2000:]
+  env["JETRL_FUSED_MLP"] = "yes"
+  out = train(f"--workdir={tmp_path}")
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert "error: JETRL_FUSED_MLP must be 0, 1 or unset" in out.stderr
 
 
 def test_a_failing_reward_function_ends_the_command_in_one_line(tmp_path, root):

@@ -152,7 +152,8 @@ def compile_program(program, target: Target, keep_text: bool = False) -> Compile
   """Lower and compile `program` for `target`; its kernels and memory plan."""
   before = _dumped_files()
   t0 = time.perf_counter()
-  with compiling_for(target):
+  graphs = program.device is None or program.device.kernels.cublaslt_graphs
+  with compiling_for(target, graphs):
     compiled = program.compile()
   dt = time.perf_counter() - t0
   text = compiled.as_text()

@@ -2,8 +2,10 @@
 
 Each builder returns `Program`s: the jitted function jetrl runs (the sampler's rollout weights,
 prefill and decode loop; the RL update step with its backward and optimizer; the SFT step),
-with `jax.ShapeDtypeStruct` arguments that carry the target's shardings. `Program.compile()`
-lowers and compiles it for the target; nothing is allocated or run.
+with `jax.ShapeDtypeStruct` arguments that carry the target's shardings, and the target's
+`jetrl.kernels.Device` (`jetrl.aot.targets.target_device`) passed to it as the device its plan
+is resolved for, as a run passes its kernel settings. `Program.compile()` lowers and compiles
+it for the target; nothing is allocated or run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jetrl.kernels import Device, resolve_plan
 from jetrl.models import ModelConfig, init_params
 from jetrl.models.lora import LoraConfig, init_adapters
 from jetrl.parallel import make_layout, make_mesh
@@ -44,6 +47,7 @@ class Program:
   kwargs: dict
   steps: tuple[int, ...] = ()
   tokens: int = 0  # tokens one call processes (for MFU: the update's rows x sequence)
+  device: Optional[Device] = None  # the device its plan is resolved for
 
   def compile(self):
     return self.fn.trace(*self.args, **self.kwargs).lower().compile()
@@ -77,6 +81,7 @@ def rollout_programs(
   recipe: Recipe,
   devices,
   *,
+  device: Device,
   batch: int,
   prompt_len: int,
   new_tokens: int,
@@ -85,27 +90,37 @@ def rollout_programs(
 ) -> list[Program]:
   """The sampler as `jetrl.sampling.sample` runs it on one device: the rollout weights (each
   projection quantized once per rollout), the prefill and the decode loop (its segments:
-  `decode_segments`, or `segments` to compile another split, such as one loop)."""
+  `decode_segments`, or `segments` to compile another split, such as one loop), for `device`
+  (the plan `sample` resolves there)."""
   rep = one_device_sharding(devices)
   scfg = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, prompt_len=prompt_len)
   prec = recipe.rollout
+  plan = resolve_plan(prec, device)
   params = _abstract(abstract_params(config, param_dtype), rep)
-  rw = jax.eval_shape(lambda p: _sampler.rollout_params(p, precision=prec, fuse=True), params)
+  rw_kw = dict(precision=prec, fuse=True, plan=plan)
+  rw = jax.eval_shape(lambda p: _sampler.rollout_params(p, **rw_kw), params)
   rparams = _abstract(rw, rep)
   tokens = _sds((batch, prompt_len), jnp.int32, rep)
   mask = _sds((batch, prompt_len), bool, rep)
   cache_dtype = _sampler.activation_dtype(prec, params)
-  pre_kw = dict(model_config=config, config=scfg, precision=prec, cache_dtype=cache_dtype)
+  pre_kw = dict(
+    model_config=config, config=scfg, precision=prec, cache_dtype=cache_dtype, plan=plan
+  )
   cache, logits = jax.eval_shape(
     lambda p, t, m: _sampler._prefill(p, t, m, **pre_kw), rparams, tokens, mask
   )
   segments = segments or _sampler.decode_segments(new_tokens)
   steps = tuple(b - a for a, b in zip((0,) + segments[:-1], segments))
-  dec_kw = dict(model_config=config, config=scfg, precision=prec, segments=segments)
+  dec_kw = dict(model_config=config, config=scfg, precision=prec, segments=segments, plan=plan)
   return [
-    Program("rollout_weights", _sampler.rollout_params, (params,), dict(precision=prec, fuse=True)),
+    Program("rollout_weights", _sampler.rollout_params, (params,), rw_kw, device=device),
     Program(
-      "prefill", _sampler._prefill, (rparams, tokens, mask), pre_kw, tokens=batch * prompt_len
+      "prefill",
+      _sampler._prefill,
+      (rparams, tokens, mask),
+      pre_kw,
+      tokens=batch * prompt_len,
+      device=device,
     ),
     Program(
       "decode",
@@ -120,6 +135,7 @@ def rollout_programs(
       dec_kw,
       steps=steps,
       tokens=batch * new_tokens,
+      device=device,
     ),
   ]
 
@@ -143,6 +159,7 @@ def update_program(
   recipe: Recipe,
   devices,
   *,
+  device: Device,
   rows: int,
   prompt_len: int,
   completion_len: int,
@@ -154,17 +171,26 @@ def update_program(
   """One RL update (`jetrl.rl.update_step`: forward, log-probs, loss, backward, AdamW) on
   `rows` rows of prompt + completion tokens; on several devices with the project's mesh and
   partition rules (`--mesh`, jetrl.parallel), as a multi-device run compiles it. `lora`
-  (rank > 0, one device): the update of a LoRA run, its adapters on a frozen base."""
+  (rank > 0, one device): the update of a LoRA run, its adapters on a frozen base. `device`:
+  what its plan is resolved for (`update_step(kernels=device)`)."""
   ucfg = update or UpdateConfig()
   params = abstract_params(config, jnp.float32)
   batch = _batch(rows, prompt_len, completion_len)
-  kw = dict(model_config=config, cfg=ucfg, optimizer=optimizer, precision=recipe.train)
+  kw = dict(
+    model_config=config, cfg=ucfg, optimizer=optimizer, precision=recipe.train, kernels=device
+  )
   if lora is not None and lora.enabled:
     if len(devices) != 1 or mesh:
       raise ValueError("a LoRA update compiles on one device (LoRA runs on one device)")
     state = jax.eval_shape(
       lambda p: init_lora_train_state(
-        p, init_adapters(config, lora, jax.random.PRNGKey(0)), lora, recipe.train, ucfg, optimizer
+        p,
+        init_adapters(config, lora, jax.random.PRNGKey(0)),
+        lora,
+        recipe.train,
+        ucfg,
+        optimizer,
+        device,
       ),
       params,
     )
@@ -184,7 +210,7 @@ def update_program(
       _abstract(batch, layout.batch_shardings(batch)),
       _sds((2,), jnp.uint32, layout.replicated),
     )
-  return Program("update", fn, args, kw, tokens=rows * (prompt_len + completion_len))
+  return Program("update", fn, args, kw, tokens=rows * (prompt_len + completion_len), device=device)
 
 
 def sft_program(
@@ -192,21 +218,29 @@ def sft_program(
   recipe: Recipe,
   devices,
   *,
+  device: Device,
   rows: int,
   prompt_len: int,
   completion_len: int,
   optimizer: OptimizerConfig = OptimizerConfig(),
 ) -> Program:
-  """One SFT step (`jetrl.train.sft.sft_step`) on one device."""
+  """One SFT step (`jetrl.train.sft.sft_step`) on one device, its plan resolved for `device`."""
   rep = one_device_sharding(devices)
   params = abstract_params(config, jnp.float32)
   opt_state = jax.eval_shape(lambda p: make_optimizer(optimizer, 1).init(p), params)
   batch = _batch(rows, prompt_len, completion_len)
-  kw = dict(model_config=config, precision=recipe.train, optimizer=optimizer, total_steps=1000)
+  kw = dict(
+    model_config=config,
+    precision=recipe.train,
+    optimizer=optimizer,
+    total_steps=1000,
+    kernels=device,
+  )
   return Program(
     "sft",
     sft_step,
     (_abstract(params, rep), _abstract(opt_state, rep), _abstract(batch, rep)),
     kw,
     tokens=rows * (prompt_len + completion_len),
+    device=device,
   )

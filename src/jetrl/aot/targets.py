@@ -193,29 +193,47 @@ def devices(target: Target) -> list:
   return devs[: target.devices]
 
 
-@contextlib.contextmanager
-def compiling_for(target: Target):
-  """Trace-time choices follow `target` inside (jetrl.precision.target): on a Hopper GPU the
-  FP8 GEMMs resolve to cuBLASLt (its handler registered for compiling only, never run) and
-  the Pallas kernels lower for Triton instead of running interpreted."""
+def target_device(target: Target, kernels=None):
+  """The `jetrl.kernels.Device` of `target`, a compile-only device, with the kernel settings
+  `kernels` (a `KernelConfig`; None: the environment's, `KernelConfig.from_env`): what the
+  programs compiled for it resolve their plans with (`jetrl.aot.programs`)."""
   # Local: this module is read before JAX is imported (compile.setup_environment sets JAX's
-  # environment first), and jetrl.precision imports JAX.
+  # environment first), and jetrl.kernels imports JAX.
+  from jetrl.kernels import Device, KernelConfig  # pylint: disable=import-outside-toplevel
+
+  return Device(
+    target.platform,
+    target.compute_capability,
+    memory_bytes=target.hbm_bytes,
+    compiling=True,
+    kernels=KernelConfig.from_env() if kernels is None else kernels,
+  )
+
+
+@contextlib.contextmanager
+def compiling_for(target: Target, graphs: bool = True, default=None):
+  """Inside, programs compile for `target`: for a Hopper GPU the cuBLASLt FP8 GEMM's handler
+  is registered for compiling only (never run; `graphs`: captured in CUDA graphs,
+  `KernelConfig.cublaslt_graphs`), and JAX's caches are cleared on entry and exit (programs
+  traced for this machine are not reused, nor the target's after). Which kernels a program
+  runs is its plan's, resolved for the target's `Device` (`target_device`), passed to it.
+  default: a `Device` that plans resolved without one are for inside (`tracing_for`'s, for
+  code outside jetrl that passes none: `jetrl.kernels.device.tracing`); None: this machine's."""
   from jetrl.kernels import cublaslt  # pylint: disable=import-outside-toplevel
-  from jetrl.precision import target as ptarget  # pylint: disable=import-outside-toplevel
+  from jetrl.kernels.device import tracing  # pylint: disable=import-outside-toplevel
 
   if target.platform == "gpu":
-    reason = cublaslt.load_for_compile()
+    reason = cublaslt.load_for_compile(graphs)
     if reason:
       print(f"note: the cuBLASLt FP8 GEMM cannot be registered ({reason}); Pallas instead")
   import jax  # pylint: disable=import-outside-toplevel
 
-  # Programs traced before (for the CPU) must not be reused: their trace-time choices differ.
   jax.clear_caches()
-  ptarget.push(
-    ptarget.CompileTarget(target.platform, target.compute_capability, memory_bytes=target.hbm_bytes)
-  )
   try:
-    yield
+    if default is None:
+      yield
+    else:
+      with tracing(default):
+        yield
   finally:
-    ptarget.pop()
     jax.clear_caches()

@@ -8,7 +8,11 @@
 Inside the context jetrl traces the program the target runs: the same kernel choices (on a
 Hopper GPU the cuBLASLt FP8 GEMM through its FFI registration, the Pallas kernels lowered for
 Triton) as `experiments/compile_report.py`, so the decode step compiled this way is the compile
-report's. Arguments must be placed on the target's compile-only devices: `t.devices`, or
+report's. The compile report passes the target's device to the programs it builds
+(`jetrl.aot.targets.target_device`); code outside jetrl that calls `sample` passes none, so
+inside this context (and only here) a plan resolved without a device is for the target's
+(`jetrl.kernels.device.tracing`). `t.device` is that device: passing it (`sample(...,
+kernels=t.device)`) gives the same program without relying on the context. Arguments must be placed on the target's compile-only devices: `t.devices`, or
 `t.sharding` (the first device, replicated). Programs traced before the context (for this
 machine) are not reused inside it, nor the target's after it (JAX's caches are cleared on
 entry and exit).
@@ -24,22 +28,25 @@ import dataclasses
 import os
 from typing import Any, Union
 
-from jetrl.aot.targets import TARGETS, Target, compiling_for, devices, get_target
+from jetrl.aot.targets import TARGETS, Target, compiling_for, devices, get_target, target_device
 
 
 @dataclasses.dataclass(frozen=True)
 class Tracing:
-  """What `tracing_for` yields: the target, its compile-only devices, a one-device sharding."""
+  """What `tracing_for` yields: the target, its compile-only devices, a one-device sharding,
+  and the `jetrl.kernels.Device` its programs are traced for."""
 
   target: Target
   devices: tuple
   sharding: Any
+  device: Any = None
 
 
 @contextlib.contextmanager
-def tracing_for(target: Union[str, Target]):
+def tracing_for(target: Union[str, Target], kernels=None):
   """A context under which jetrl traces the program `target` (a compile-report target name such
-  as "h200", "h100" or "tpu-v5e", or a `Target`) would run; yields a `Tracing`."""
+  as "h200", "h100" or "tpu-v5e", or a `Target`) would run, with the kernel settings `kernels`
+  (a `jetrl.kernels.KernelConfig`; None: the environment's); yields a `Tracing`."""
   if isinstance(target, str):
     if target not in TARGETS:
       raise ValueError(f"tracing_for: unknown target {target!r}; accepted: {', '.join(TARGETS)}")
@@ -54,5 +61,6 @@ def tracing_for(target: Union[str, Target]):
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
   sharding = NamedSharding(Mesh(devs[:1], ("x",)), P())
-  with compiling_for(target):
-    yield Tracing(target, devs, sharding)
+  dev = target_device(target, kernels)
+  with compiling_for(target, dev.kernels.cublaslt_graphs, default=dev):
+    yield Tracing(target, devs, sharding, dev)

@@ -130,13 +130,15 @@ def define_flags(
   *,
   exclude: Sequence[str] = (),
   module_name: Optional[str] = None,
+  config_file: bool = True,
 ) -> list[str]:
   """Defines `--config` and one flag per leaf field of `default`'s tree; returns their names.
 
   module_name: the module the flags belong to in absl's help (the entry point's, so that
-  absl lists them as the program's own flags)."""
+  absl lists them as the program's own flags). config_file: False for a program whose tree
+  is only a part of its flags (no `--config`)."""
   names = []
-  if CONFIG_FLAG not in flag_values:
+  if config_file and CONFIG_FLAG not in flag_values:
     flags.DEFINE_string(
       CONFIG_FLAG,
       None,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jetrl.kernels import decode_attention as _da
+from jetrl.kernels import cpu_kernels as _cpu_kernels
 from jetrl.kernels import exact_ops
 from jetrl.kernels.device import Device, current_device
 from jetrl.kernels.flash import flash_attention, flash_backward
@@ -52,9 +53,11 @@ def attend(
   chex.assert_shape(k, (b, hkv, s, dh))
   chex.assert_shape(v, (b, hkv, s, dh))
   chex.assert_shape(allowed, (b, t, s))
+  dev = current_device() if dev is None else dev
   if exact:
-    return exact_ops.attend(q, k, v, allowed, cd, reference=attend)
-  if t == 1 and (current_device() if dev is None else dev).gpu:
+    kernel = _cpu_kernels.usable(dev)
+    return exact_ops.attend(q, k, v, allowed, cd, reference=attend, kernel=kernel)
+  if t == 1 and dev.gpu:
     return attend_one(q, k, v, allowed, cd)
   g = h // hkv
   qg = q.reshape(b, t, hkv, g, dh)
@@ -217,8 +220,10 @@ def write_grids(
 
 
 def attend_grids(
-  q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array, cd
+  q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array, cd, dev: Device
 ) -> jax.Array:
   """`attend(..., exact=True)` over a gridded cache's keys kg, values vg and value exponents
-  fv [B, Hkv, S, 1] (`write_grids`): the same values, without re-gridding the cache."""
-  return exact_ops.attend_grids(q, kg, vg, fv, allowed, cd, reference=attend)
+  fv [B, Hkv, S, 1] (`write_grids`): the same values, without re-gridding the cache; on the
+  CPU kernels where `dev` can run them."""
+  kernel = _cpu_kernels.usable(dev)
+  return exact_ops.attend_grids(q, kg, vg, fv, allowed, cd, reference=attend, kernel=kernel)

@@ -11,8 +11,8 @@ Each `Fp8Gemm` carries a `gemm_backend` field (static under jit, like the rest o
   "pallas"            the Pallas kernel compiled for the GPU (Triton): FP8 operands into the dot
   "pallas_interpret"  the same kernel in Pallas interpret mode (runs anywhere, slowly; tests)
 
-A `KernelConfig.gemm_backend` (jetrl.kernels.device; from JETRL_GEMM_BACKEND where a run sets
-none) says what "auto" resolves to; an explicit field value always wins. `jetrl.precision.with_gemm_backend(recipe, name)` returns a copy of a
+A run's `--kernels.gemm_backend` (`KernelConfig.gemm_backend`, jetrl.kernels.device; default
+from JETRL_GEMM_BACKEND) says what "auto" resolves to; an explicit field value always wins. `jetrl.precision.with_gemm_backend(recipe, name)` returns a copy of a
 recipe whose every FP8 GEMM uses `name`.
 
 A GEMM that the chosen kernel cannot take (a block size other than 128 for cuBLASLt, a shape
@@ -84,11 +84,16 @@ def kernel_unsupported_reason(block: int) -> Optional[str]:
   return None
 
 
-def cublaslt_unsupported_reason(gemm) -> Optional[str]:
+def cublaslt_unsupported_reason(gemm, dev: Optional[Device] = None) -> Optional[str]:
   """Why cuBLASLt cannot serve this Fp8Gemm at all (None if it can, shape permitting)."""
   if gemm.scaling == "block" and gemm.block != 128:
     return f"block={gemm.block}: cuBLASLt scales 1x128 / 128x128 blocks only"
-  return cublaslt.unavailable_reason()
+  return cublaslt.unavailable_reason(_graphs(dev))
+
+
+def _graphs(dev: Optional[Device]) -> Optional[bool]:
+  """The CUDA-graph setting the cuBLASLt handler is registered with (None: the environment's)."""
+  return None if dev is None else dev.kernels.cublaslt_graphs
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,7 +104,7 @@ def _say_once(message: str) -> None:
 def _auto(dev: Device) -> str:
   if not fp8_gpu_available(dev):
     return "xla"
-  reason = cublaslt.unavailable_reason()
+  reason = cublaslt.unavailable_reason(_graphs(dev))
   if reason is None:
     return "cublaslt"
   _say_once(f"the cuBLASLt FP8 GEMM is unavailable ({reason}); FP8 GEMMs use the Pallas kernel")
@@ -119,7 +124,7 @@ def resolve(gemm, dev: Optional[Device] = None) -> str:
     name = dev.kernels.gemm_backend
     name = _auto(dev) if name == "auto" else name
   if name == "cublaslt":
-    reason = cublaslt_unsupported_reason(gemm)
+    reason = cublaslt_unsupported_reason(gemm, dev)
     if reason and explicit:
       raise ValueError(
         f"gemm_backend='cublaslt' cannot run this GEMM: {reason}; use "

@@ -103,7 +103,7 @@ class CacheStep:
       return self._attend_fp8(i, q, k, v)
     if self.grids:
       kc, vc, ec = _attn.write_grids(cache.k[i], cache.v[i], cache.v_exp[i], k, v, self.start, cd)
-      out = _attn.attend_grids(q, view(kc), view(vc), view(ec), self.allowed, cd)
+      out = _attn.attend_grids(q, view(kc), view(vc), view(ec), self.allowed, cd, plan.device)
       self.new_e.append(ec)
     else:
       kc = jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), self.start)

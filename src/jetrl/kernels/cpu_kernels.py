@@ -14,11 +14,11 @@ both against numpy references. The kernels are built on first use with -march=na
 (`ffi_build`), registered for XLA's CPU platform and checked bit for bit against the XLA path
 and an integer reference before anything uses them; when any of that fails,
 `unavailable_reason()` says why (with a warning) and the XLA path runs. They are used only in a
-process with one device (`usable()`): XLA cannot partition a custom call, and would gather
+process with one device (`usable(dev)`, for a plan's device): XLA cannot partition a custom call, and would gather
 its operands onto every device of a mesh.
 
-`KernelConfig.exact_cpu_kernel=False` (jetrl.kernels.device; JETRL_EXACT_CPU_KERNEL=0 where a
-run sets none) keeps the XLA path (the same bits, more slowly); JETRL_EXACT_CPU_THREADS=N sets
+`--kernels.exact_cpu_kernel=false` (`KernelConfig.exact_cpu_kernel`, jetrl.kernels.device;
+default from JETRL_EXACT_CPU_KERNEL) keeps the XLA path (the same bits, more slowly); JETRL_EXACT_CPU_THREADS=N sets
 the kernels' threads (default: XLA's intra-op threads; read by the library, no result depends
 on it).
 """
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetrl.kernels import ffi_build
-from jetrl.kernels.device import Device, current_device
+from jetrl.kernels.device import Device
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_cpu.cc"
 TARGET = "jetrl_exact_fp8_gemm"
@@ -182,11 +182,10 @@ def exact_dot(a: jax.Array, b: jax.Array, *, b_nk: bool) -> jax.Array:
   return call(a, b, b_nk=bool(b_nk))
 
 
-def usable(dev: Optional[Device] = None) -> bool:
-  """Whether code traced for `dev` (default: `current_device()`) should call the kernels: the
+def usable(dev: Device) -> bool:
+  """Whether code traced for `dev` (a plan's device) should call the kernels: the
   CPU backend, its `KernelConfig.exact_cpu_kernel` on, one device in the process (XLA would
   gather a custom call's operands onto every device), kernel built."""
-  dev = current_device() if dev is None else dev
   return (
     dev.platform == "cpu"
     and dev.kernels.exact_cpu_kernel

@@ -19,9 +19,10 @@ falls back to the Pallas kernel or to XLA and says so. Nothing here runs, or is 
 CUDA, on a machine without a GPU: `pip install` and the CPU tests never need it.
 
 Environment: JETRL_CACHE_DIR (where the built library is kept; default ~/.cache/jetrl),
-CXX (the compiler; default c++ or g++). `KernelConfig.cublaslt_graphs=False` (JETRL_CUBLASLT_GRAPHS=0,
-read with the other kernel settings, jetrl.kernels.device) keeps the call out of XLA's CUDA
-graphs; the handler is registered once a process, with the environment's setting.
+CXX (the compiler; default c++ or g++). `--kernels.cublaslt_graphs=false`
+(`KernelConfig.cublaslt_graphs`, jetrl.kernels.device; default from JETRL_CUBLASLT_GRAPHS) keeps
+the call out of XLA's CUDA graphs; the handler is registered once a process, with the setting
+of the first plan that runs it (a later plan's other setting is said once, not applied).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import logging
 import os
 import sys
 from pathlib import Path
@@ -124,19 +126,21 @@ class _State:
   compile_only = False  # registered for compiling only (`load_for_compile`): never runs
 
 
-def load_for_compile() -> Optional[str]:
+def load_for_compile(graphs: bool = True) -> Optional[str]:
   """Register the real handler for CUDA in a process that only compiles for a Hopper GPU it
   does not have (`jetrl.aot`): the library is built as for a GPU and loaded lazily, so its
   cuBLASLt calls stay unresolved (it is never executed here, and no CUDA library is needed).
   cuBLASLt is not here to be asked which shapes it has an algorithm for: every shape counts
   as supported (on the H200 runs in docs/device every GEMM shape of the product was).
+  graphs: whether the handler may be captured in CUDA graphs (`KernelConfig.cublaslt_graphs`).
   None when registered, else why not."""
   if _State.lib is not None:
+    _check_graphs(graphs)
     return None
   try:
     path = build(SOURCE)
     lib = ctypes.CDLL(str(path), mode=os.RTLD_LAZY)
-    _register(lib, "CUDA")
+    _register(lib, "CUDA", graphs)
   except Exception as e:  # pylint: disable=broad-except
     _State.reason = f"{type(e).__name__}: {e}"
     return _State.reason
@@ -147,11 +151,25 @@ def load_for_compile() -> Optional[str]:
   return None
 
 
-def _register(lib, platform: str) -> None:
-  graphs = KernelConfig.from_env().cublaslt_graphs  # the registration is the process's
+def _register(lib, platform: str, graphs: bool) -> None:
   symbol = lib.JetrlFp8BlockwiseGemmGraph if graphs else lib.JetrlFp8BlockwiseGemm
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(symbol), platform=platform)
   _State.info["cuda_graphs"] = graphs
+
+
+def _check_graphs(graphs: bool) -> None:
+  """Say (once) that a plan asks for the other CUDA-graph setting than the handler has."""
+  registered = _State.info.get("cuda_graphs")
+  if registered is not None and registered != graphs:
+    _say_once(
+      f"the cuBLASLt handler is registered with cublaslt_graphs={registered} (once a process); "
+      f"this plan's cublaslt_graphs={graphs} is not applied"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+  logging.getLogger("jetrl").warning("jetrl: %s", message)
 
 
 def _configure(lib) -> None:
@@ -173,14 +191,23 @@ def _configure(lib) -> None:
 
 
 def load(
-  *, _platform: str = "CUDA", _library: Optional[Path] = None, _skip_gpu_check: bool = False
+  graphs: Optional[bool] = None,
+  *,
+  _platform: str = "CUDA",
+  _library: Optional[Path] = None,
+  _skip_gpu_check: bool = False,
 ) -> Optional[str]:
   """Build, load, register and self-check the GEMM once; None when usable, else why not.
+  graphs: whether the handler may be captured in CUDA graphs (`KernelConfig.cublaslt_graphs`;
+  None: the environment's, `KernelConfig.from_env`).
 
   The keyword arguments exist for the CPU tests, which load the handler against a host-side
   stand-in for cuBLASLt.
   """
+  if graphs is None:
+    graphs = KernelConfig.from_env().cublaslt_graphs
   if _State.lib is not None:
+    _check_graphs(graphs)
     return None
   try:
     if not _skip_gpu_check:
@@ -200,7 +227,7 @@ def load(
         "with 1x128 / 128x128 FP8 scaling"
       )
       return _State.reason
-    _register(lib, _platform)
+    _register(lib, _platform, graphs)
     _State.lib = lib
     _State.reason = None
     problem = self_check()
@@ -212,11 +239,14 @@ def load(
 
 
 @functools.lru_cache(maxsize=None)
-def unavailable_reason() -> Optional[str]:
-  """Why the cuBLASLt GEMM cannot run in this process (None if it can); decided once."""
+def unavailable_reason(graphs: Optional[bool] = None) -> Optional[str]:
+  """Why the cuBLASLt GEMM cannot run in this process (None if it can); decided once (`load`:
+  the handler registered with the first caller's `graphs`)."""
   if _State.compile_only:
+    if graphs is not None:
+      _check_graphs(graphs)
     return None
-  return load()
+  return load(graphs)
 
 
 def info() -> dict:

@@ -20,15 +20,11 @@ from jetrl.precision.recipes import Fp8Gemm
 from jetrl.precision.weights import quantize_weight
 
 
-def fp8_fprop(
-  x2: jax.Array, q: jax.Array, s: jax.Array, g, *, kernel: Optional[bool] = None
-) -> jax.Array:
-  """`jetrl.precision.exact.fp8_fprop`: float32 [M, N] from x2 [M, K] and FP8 weights q, s.
-  `kernel` = True / False forces the CPU kernel / the XLA path; None: the kernel where it is
-  usable (`cpu_kernels.usable`)."""
+def fp8_fprop(x2: jax.Array, q: jax.Array, s: jax.Array, g, *, kernel: bool) -> jax.Array:
+  """`jetrl.precision.exact.fp8_fprop`: float32 [M, N] from x2 [M, K] and FP8 weights q, s;
+  `kernel`: in the CPU kernel (where the plan's device can run it, `Plan.exact_kernels`), else
+  by the XLA path (the same bits)."""
   xq, sx = _exact.fp8_fprop_input(x2, q, s, g)
-  if kernel is None:
-    kernel = _cpu_kernels.usable()
   if kernel:
     return _cpu_kernels.exact_fp8_gemm(xq, sx, q, s, g.block)
   return _exact.fp8_fprop_quantized(xq, sx, q, s, g)

@@ -77,7 +77,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, cd, reference) -> jax.
 
 
 def attend(
-  q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd, reference
+  q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cd, reference, *, kernel=False
 ) -> jax.Array:
   """Masked GQA attention with the shapes and meaning of `attention.attend` (`reference`).
 
@@ -91,7 +91,7 @@ def attend(
   chex.assert_shape(allowed, (b, t, s))
 
   def exact(q, k, v, allowed):
-    return _attend_grids(q, grid_keys(k, cd), *grid_values(v, cd), allowed, cd=cd)
+    return _attend_grids(q, grid_keys(k, cd), *grid_values(v, cd), allowed, cd=cd, kernel=kernel)
 
   return with_reference_vjp(exact, lambda *a: reference(*a, cd), q, k, v, allowed)
 
@@ -131,7 +131,15 @@ def _from_grid(n, e, bits, cd):
 
 
 def attend_grids(
-  q: jax.Array, kg: jax.Array, vg: jax.Array, fv: jax.Array, allowed: jax.Array, cd, reference
+  q: jax.Array,
+  kg: jax.Array,
+  vg: jax.Array,
+  fv: jax.Array,
+  allowed: jax.Array,
+  cd,
+  reference,
+  *,
+  kernel: bool = False,
 ) -> jax.Array:
   """`attend` on keys and values already on their grids (a KV cache's: `grid_keys`,
   `grid_values`); kg, vg [B, Hkv, S, Dh], fv [B, Hkv, S, 1]. The same values as `attend` on
@@ -143,7 +151,7 @@ def attend_grids(
   chex.assert_shape(fv, (b, hkv, s, 1))
   chex.assert_shape(allowed, (b, t, s))
   return with_reference_vjp(
-    lambda *a: _attend_grids(*a, cd=cd),
+    lambda *a: _attend_grids(*a, cd=cd, kernel=kernel),
     lambda q, k, v, f, a: reference(q, k, v, a, cd),
     q,
     kg,
@@ -153,12 +161,13 @@ def attend_grids(
   )
 
 
-def _dot64(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+def _dot64(spec: str, a: jax.Array, b: jax.Array, kernel: bool) -> jax.Array:
   """float64 einsum of operands whose sums are exact (any order, one value).
 
-  On the CPU (one device) the four contractions below run as one kernel call each
-  (`cpu_kernels.exact_dot`: an exact sum has one value, so the bits are the same)."""
-  if spec in _KERNEL_DOTS and _kernel_dtypes(a, b) and _cpu_kernels.usable():
+  With `kernel` (the plan's device can run the CPU kernels: `cpu_kernels.usable`) the four
+  contractions below run as one kernel call each (`cpu_kernels.exact_dot`: an exact sum has
+  one value, so the bits are the same)."""
+  if kernel and spec in _KERNEL_DOTS and _kernel_dtypes(a, b):
     return _KERNEL_DOTS[spec](a, b)
   return jnp.einsum(spec, a.astype(F64), b.astype(F64), preferred_element_type=F64)
 
@@ -195,7 +204,7 @@ _KERNEL_DOTS = {
 }
 
 
-def _attend_grids(q, kg, vg, fv, allowed, *, cd):
+def _attend_grids(q, kg, vg, fv, allowed, *, cd, kernel: bool):
   """The exact attention from gridded keys kg, values vg and value exponents fv.
 
   QK^T: the query on its grid (nq 2^(eq - a)) times a gridded key (nk 2^(ek - b)): every
@@ -218,11 +227,11 @@ def _attend_grids(q, kg, vg, fv, allowed, *, cd):
   scale = np.float64(np.float32(dh**-0.5))
   qv = _from_grid(*to_grid(qg.astype(cd), -1, qbits), qbits, jnp.float32)
   with x64():
-    if small and not _cpu_kernels.usable():
+    if small and not kernel:
       # XLA:CPU's batched float64 dots are slow for a few query rows: multiply-sum
       scores = jnp.sum(qv.astype(F64)[:, :, :, :, None] * kg.astype(F64)[:, :, None, None], -1)
     else:
-      scores = _dot64("bkgtd,bksd->bkgts", qv, kg)
+      scores = _dot64("bkgtd,bksd->bkgts", qv, kg, kernel)
     scores = jnp.where(allowed[:, None, None], scores, MASK_VALUE)
     top = jnp.max(scores, axis=-1, keepdims=True)  # order-free
     e = exp64((scores - top) * scale)
@@ -233,7 +242,7 @@ def _attend_grids(q, kg, vg, fv, allowed, *, cd):
     hi, ep = to_grid(pf, -1, PV_BITS[0])  # ep [B, Hkv, G, T, 1]
     lo = jnp.round((pf - hi * pow2(ep - PV_BITS[0])) * pow2(2 * PV_BITS[0] - ep))
     w = jnp.concatenate([hi, lo], axis=2) * pow2(-f)  # [B, Hkv, 2G, T, S]
-    pv = _dot64("bkgts,bksd->bkgtd", w, vg)
+    pv = _dot64("bkgts,bksd->bkgtd", w, vg, kernel)
     out = pv[:, :, :g] * pow2(ep - PV_BITS[0]) + pv[:, :, g:] * pow2(ep - 2 * PV_BITS[0])
     out = out.astype(cd)
   return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h * dh)
@@ -251,12 +260,12 @@ def grid_lm_head(w: jax.Array, tied: bool, cd) -> jax.Array:
   return _from_grid(n, e, bits, cd)
 
 
-def _logits(h: jax.Array, w: jax.Array, tied: bool, cd) -> jax.Array:
+def _logits(h: jax.Array, w: jax.Array, tied: bool, cd, kernel: bool) -> jax.Array:
   """float32 logits [..., V] = h [..., D] @ w ([D, V], or [V, D] when tied), exact dots."""
-  return _logits_grids(h, grid_lm_head(w, tied, cd), tied, cd)
+  return _logits_grids(h, grid_lm_head(w, tied, cd), tied, cd, kernel)
 
 
-def _logits_grids(h: jax.Array, wg: jax.Array, tied: bool, cd) -> jax.Array:
+def _logits_grids(h: jax.Array, wg: jax.Array, tied: bool, cd, kernel: bool) -> jax.Array:
   """`_logits` with the weights on their grids (`grid_lm_head`). Each product of a gridded
   hidden state (unit 2^(eh - a)) and a gridded vocabulary entry (2^(ew - b)) is a multiple of
   2^(eh + ew - a - b) below 2^(eh + ew); D of them stay within 53 bits: the float64 dot of
@@ -264,27 +273,32 @@ def _logits_grids(h: jax.Array, wg: jax.Array, tied: bool, cd) -> jax.Array:
   bits = dot_bits(h.shape[-1])[0]
   hg = _from_grid(*to_grid(h.astype(cd), -1, bits), bits, jnp.float32)
   with x64():
-    return _dot64("...d,vd->...v" if tied else "...d,dv->...v", hg, wg).astype(jnp.float32)
+    spec = "...d,vd->...v" if tied else "...d,dv->...v"
+    return _dot64(spec, hg, wg, kernel).astype(jnp.float32)
 
 
-def lm_head(h: jax.Array, w: jax.Array, tied: bool, cd, reference) -> jax.Array:
-  """float32 logits of `layers.lm_head` (`reference(h, w)`) with exact dots."""
-  return with_reference_vjp(lambda a, b: _logits(a, b, tied, cd), reference, h, w)
+def lm_head(h: jax.Array, w: jax.Array, tied: bool, cd, reference, *, kernel=False) -> jax.Array:
+  """float32 logits of `layers.lm_head` (`reference(h, w)`) with exact dots (kernel: in the
+  CPU kernels, `_dot64`)."""
+  return with_reference_vjp(lambda a, b: _logits(a, b, tied, cd, kernel), reference, h, w)
 
 
-def lm_head_grids(h: jax.Array, wg: jax.Array, tied: bool, cd, reference) -> jax.Array:
+def lm_head_grids(
+  h: jax.Array, wg: jax.Array, tied: bool, cd, reference, *, kernel: bool = False
+) -> jax.Array:
   """`lm_head` from weights already on their grids (`grid_lm_head`): the same logits."""
-  return with_reference_vjp(lambda a, b: _logits_grids(a, b, tied, cd), reference, h, wg)
+  exact = lambda a, b: _logits_grids(a, b, tied, cd, kernel)
+  return with_reference_vjp(exact, reference, h, wg)
 
 
-def matmul(h: jax.Array, w: jax.Array, cd, reference) -> jax.Array:
+def matmul(h: jax.Array, w: jax.Array, cd, reference, *, kernel: bool = False) -> jax.Array:
   """float32 h [..., K] @ w [K, N] with exact dots (`_logits`), differentiated as
   `reference(h, w)`: the LoRA adapters' GEMMs. A small K (the rank) gives grids finer than
   float32 holds, so the grids are computed in float64 too, inside the function."""
 
   def exact(a, b):
     with x64():
-      return _logits(a, b, False, cd)
+      return _logits(a, b, False, cd, kernel)
 
   return with_reference_vjp(exact, reference, h, w)
 
@@ -347,15 +361,18 @@ def chunk_stats(
   reference,
   top_k=None,
   top_p: float = 1.0,
+  *,
+  kernel: bool = False,
 ):
   """(log p(target), entropy) [B, C] from hidden states h [B, C, D] (`logprobs._chunk_stats`),
   under top-k / top-p truncation when they cut (`jetrl.precision.truncation`).
 
   reference(h, targets, w, temperature) is the standard computation, used for the VJP.
+  kernel: the head's exact dots in the CPU kernels (`_dot64`).
   """
 
   def exact(h, targets, w, temperature):
-    z, inv_t = _logits(h, w, tied, cd), inverse_temperature(temperature)
+    z, inv_t = _logits(h, w, tied, cd, kernel), inverse_temperature(temperature)
     keep = truncated_keep(z, targets, inv_t, top_k, top_p)
     return log_softmax_stats(z, targets, inv_t, keep)
 

@@ -75,15 +75,17 @@ def dense(h: jax.Array, w: jax.Array, tied: bool, cd, dot16: bool) -> jax.Array:
   )
 
 
-def logits(h, w, tied: bool, cd, impl: str, grids=None) -> jax.Array:
+def logits(h, w, tied: bool, cd, impl: str, grids=None, *, kernel: bool = False) -> jax.Array:
   """float32 logits [..., V] of hidden states h [..., D] by the head block `impl`; grids: a
-  rollout's gridded head (`exact_ops.grid_lm_head`), which the exact head reads instead of w."""
+  rollout's gridded head (`exact_ops.grid_lm_head`), which the exact head reads instead of w;
+  kernel: the exact head's dots in the CPU kernels (`cpu_kernels.usable` for the plan's
+  device)."""
   reference = lambda a, w_: dense(a, w_, tied, cd, impl == "dot16")
   if impl != "exact":
     return reference(h, w)
   if grids is not None:
-    return exact_ops.lm_head_grids(h, grids, tied, cd, reference=reference)
-  return exact_ops.lm_head(h, w, tied, cd, reference=reference)
+    return exact_ops.lm_head_grids(h, grids, tied, cd, reference=reference, kernel=kernel)
+  return exact_ops.lm_head(h, w, tied, cd, reference=reference, kernel=kernel)
 
 
 def stats_of_logits(z, targets, keep=None):
@@ -102,13 +104,18 @@ def stats_of_logits(z, targets, keep=None):
   return z_target - lse, entropy, lse
 
 
-def chunk_stats(h, targets, w, tied: bool, cd, temperature, impl: str, top_k=None, top_p=1.0):
+def chunk_stats(
+  h, targets, w, tied: bool, cd, temperature, impl: str, top_k=None, top_p=1.0, *, kernel=False
+):
   """(logp [B, C], entropy [B, C]) of hidden states [B, C, D] under the head w by `impl`
-  ("exact": the batch-invariant head and log-softmax, exact_ops), of the distribution truncated
-  by top-k / top-p when they cut (`jetrl.precision.truncation`)."""
+  ("exact": the batch-invariant head and log-softmax, exact_ops, its dots in the CPU kernels
+  with `kernel`), of the distribution truncated by top-k / top-p when they cut
+  (`jetrl.precision.truncation`)."""
   if impl == "exact":
     ref = lambda hc, tc, w_, temp: chunk_stats(hc, tc, w_, tied, cd, temp, "xla", top_k, top_p)
-    return exact_ops.chunk_stats(h, targets, w, temperature, tied, cd, ref, top_k, top_p)
+    return exact_ops.chunk_stats(
+      h, targets, w, temperature, tied, cd, ref, top_k, top_p, kernel=kernel
+    )
   z = logits(h, w, tied, cd, impl) / temperature  # float32 [B, C, V]
   keep = None
   if truncation.is_truncated(top_k, top_p, z.shape[-1]):

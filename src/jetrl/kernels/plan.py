@@ -120,12 +120,17 @@ class Plan(XlaGemms):
   def matmul_cd(self, a, b, cd):
     return _gemms.matmul_cd(a, b, cd, self.device)
 
+  @property
+  def exact_kernels(self) -> bool:
+    """Whether the batch-invariant blocks' exact sums run in the CPU kernels on the plan's
+    device (`cpu_kernels.usable`: the same bits as XLA's path, faster)."""
+    return _cpu_kernels.usable(self.device)
+
   def fprop(self, x2, w: QuantizedWeight, g, cd, exact: bool):
     if exact and self.blocks.linear == "invariant":  # one tile configuration, K in order
       return _inv_gemm.fp8_fprop(x2, w, g, cd, interpret=self.device.interpret_kernels)
     if exact:  # batch-invariant: exact float64 block sums in a fixed order
-      kernel = _cpu_kernels.usable(self.device)
-      return _exact_gemm.fp8_fprop(x2, *w.kn(), g, kernel=kernel)
+      return _exact_gemm.fp8_fprop(x2, *w.kn(), g, kernel=self.exact_kernels)
     return _gemms.fprop(x2, w, g, cd, self.device)
 
   def fprop_quantized(self, x: QuantizedInput, w: QuantizedWeight, g, cd):
@@ -216,7 +221,7 @@ class Plan(XlaGemms):
     plain = Precision(self.precision.compute_dtype)
     if self.blocks.linear in _INVARIANT:
       reference = lambda a, w: _precision_linear(a, w, plain, gemms=self).astype(jnp.float32)
-      return exact_ops.matmul(x, m, cd, reference).astype(cd)
+      return exact_ops.matmul(x, m, cd, reference, kernel=self.exact_kernels).astype(cd)
     return _precision_linear(x, m, plain, gemms=self)
 
   def router(self, x, w, cd):
@@ -334,7 +339,7 @@ class Plan(XlaGemms):
     if self.blocks.head == "invariant":
       w = w if grids is None else grids  # a rollout's head, in cd once
       return _inv_head.logits(h, w, tied, cd, interpret=self.device.interpret_kernels)
-    return _head.logits(h, w, tied, cd, self.blocks.head, grids)
+    return _head.logits(h, w, tied, cd, self.blocks.head, grids, kernel=self.exact_kernels)
 
   def head_stats(self, w, tied: bool, cd, temperature, top_k=None, top_p: float = 1.0):
     """f(h, targets) -> (logp, entropy) [B, C] of a chunk of hidden states [B, C, D]: on a
@@ -344,7 +349,7 @@ class Plan(XlaGemms):
     cut = _truncation.is_truncated(top_k, top_p, w.shape[0 if tied else -1])
     if self.blocks.head == "dot16" and not cut:
       return lambda hc, tc: _head.head_stats(hc, w, tc, temperature, tied, cd)
-    impl = self.blocks.head
+    impl, kernel = self.blocks.head, self.exact_kernels
     if impl == "invariant":
       stats = lambda hc, tc: _inv_head.chunk_stats(
         hc, tc, w, tied, cd, temperature, interpret=self.device.interpret_kernels, top_k=top_k,
@@ -352,7 +357,9 @@ class Plan(XlaGemms):
       )  # fmt: skip
       return jax.checkpoint(stats) if cut else stats
     return jax.checkpoint(
-      lambda hc, tc: _head.chunk_stats(hc, tc, w, tied, cd, temperature, impl, top_k, top_p)
+      lambda hc, tc: _head.chunk_stats(
+        hc, tc, w, tied, cd, temperature, impl, top_k, top_p, kernel=kernel
+      )
     )
 
 

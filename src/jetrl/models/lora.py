@@ -34,7 +34,7 @@ import numpy as np
 from jetrl.config import ConfigError, check_fields, field
 from jetrl.models.config import ModelConfig
 from jetrl.models.params import LINEAR_WEIGHTS, param_shapes
-from jetrl.kernels.plan import Plan, plan_for, resolve_plan
+from jetrl.kernels.plan import Plan, plan_for
 from jetrl.precision import Precision, QuantizedWeight, prequantize_weight
 
 # --lora.targets name -> the projection's params name (and its Hugging Face module name).
@@ -198,9 +198,10 @@ def quantizes_base(precision: Optional[Precision]) -> bool:
   return (f.scaling, f.block, f.fmt, f.pow2_scale) == (d.scaling, d.block, d.fmt, d.pow2_scale)
 
 
-def freeze_base(base, precision: Optional[Precision]):
+def freeze_base(base, precision: Optional[Precision], plan: Optional[Plan] = None):
   """The frozen base for training under `precision`: its projection weights quantized once
-  in the layout the training fprop reads (see the module doc), or unchanged."""
+  in the layout the training fprop of `plan` reads (default: the plan resolved for it now;
+  see the module doc), or unchanged."""
   if "router" in base["layers"]:
     raise ValueError(
       "freeze_base: the base is a mixture of experts; LoRA on a mixture of experts is not "
@@ -209,7 +210,7 @@ def freeze_base(base, precision: Optional[Precision]):
   if not quantizes_base(precision):
     return base
   g = precision.fprop
-  k_major = resolve_plan(precision).weight_k_major(g)  # as linear's own forward
+  k_major = plan_for(precision, plan).weight_k_major(g)  # as linear's own forward
   layers = dict(base["layers"])
   for name in LINEAR_WEIGHTS:
     w = layers[name]

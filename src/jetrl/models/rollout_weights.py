@@ -29,7 +29,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from jetrl.kernels.plan import resolve_plan
+from jetrl.kernels.plan import Plan, plan_for
 from jetrl.models.layers import activation_dtype, fusable
 from jetrl.models.lora import LoraWeight
 from jetrl.models.params import (
@@ -42,13 +42,14 @@ from jetrl.models.params import (
 from jetrl.precision import Precision, QuantizedWeight, prequantize_weight
 
 
-def prequantize_linear_weights(params, precision: Optional[Precision]):
-  """params with FP8 projection weights for `precision`; unchanged if it has no FP8 fprop."""
+def prequantize_linear_weights(params, precision: Optional[Precision], plan: Optional[Plan] = None):
+  """params with FP8 projection weights for `precision`, in the layout the GEMMs of `plan`
+  read (default: the plan resolved for it now); unchanged if it has no FP8 fprop."""
   if precision is None or precision.fprop is None:
     return params
   g = precision.fprop
   # Scales padded once as the GEMM kernel reads them (a rollout's weights serve only fprop).
-  plan = resolve_plan(precision)
+  plan = plan_for(precision, plan)
   quant = lambda w: plan.with_gemm_scales(
     prequantize_weight(w, g, k_major=plan.k_major(g, False)), g
   )
@@ -74,18 +75,22 @@ def fuse_projections(params, precision: Optional[Precision]):
   return dict(params, layers=layers)
 
 
-def rollout_weights(params, precision: Optional[Precision], *, fuse: bool = True):
-  """The params a rollout reads (see the module doc)."""
+def rollout_weights(
+  params, precision: Optional[Precision], *, fuse: bool = True, plan: Optional[Plan] = None
+):
+  """The params a rollout reads (see the module doc), for the kernels of `plan` (default: the
+  plan resolved for `precision` now; the sampler passes its own)."""
+  plan = plan_for(precision, plan)
   if fuse:
     params = fuse_projections(params, precision)
-  params = with_head_grid(params, precision)
-  return unstack_layers(prequantize_linear_weights(params, precision))
+  params = with_head_grid(params, precision, plan)
+  return unstack_layers(prequantize_linear_weights(params, precision, plan))
 
 
-def with_head_grid(params, precision: Optional[Precision]):
-  """params with LM_HEAD_GRID where the precision's head reads its weights on a grid
+def with_head_grid(params, precision: Optional[Precision], plan: Optional[Plan] = None):
+  """params with LM_HEAD_GRID where the plan's head reads its weights on a grid
   (`Plan.head_grid`: the exact LM head's, tied: from "embed"), else unchanged."""
   tied = "lm_head" not in params
   w = params["embed"] if tied else params["lm_head"]
-  grid = resolve_plan(precision).head_grid(w, tied, activation_dtype(precision, params))
+  grid = plan_for(precision, plan).head_grid(w, tied, activation_dtype(precision, params))
   return params if grid is None else dict(params, **{LM_HEAD_GRID: grid})

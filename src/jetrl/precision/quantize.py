@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetrl.precision import target as _target
 from jetrl.precision.formats import E4M3, fp8_max
 
 
@@ -73,19 +72,27 @@ def _pow2_ceil(v: jax.Array) -> jax.Array:
 def cast_to_fp8(x: jax.Array, dtype) -> jax.Array:
   """Round float32 values in [-FMAX, FMAX] (or NaN) to an FP8 dtype, nearest even.
 
-  Bit-identical to `x.astype(dtype)` (tested exhaustively around every FP8 value). On the CPU
-  it is written with integer ops on the float32 bits (XLA's CPU convert to FP8 is several times
-  slower); elsewhere it is the native convert (one instruction per two values on Hopper). The
-  result is a real FP8 array.
+  Bit-identical to `x.astype(dtype)` (tested exhaustively around every FP8 value). In a
+  program compiled for the CPU it is written with integer ops on the float32 bits (XLA's CPU
+  convert to FP8 is several times slower); for any other platform it is the native convert
+  (one instruction per two values on Hopper). Which one is decided when the program is
+  lowered, for the platform it is lowered for (`jax.lax.platform_dependent`): no argument and
+  no global state says it. The result is a real FP8 array.
   """
-  if _target.platform() != "cpu":
-    return x.astype(jnp.float32).astype(dtype)
+  x = x.astype(jnp.float32)
+  return jax.lax.platform_dependent(
+    x, cpu=lambda v: _cast_bits(v, dtype), default=lambda v: v.astype(dtype)
+  )
+
+
+def _cast_bits(x: jax.Array, dtype) -> jax.Array:
+  """`cast_to_fp8` with integer ops on the float32 bits (the CPU's)."""
   if np.dtype(dtype) == np.dtype(E4M3):
     mbits, bias, nan_code = 3, 7, 0x7F
   else:  # E5M2 (fp8_max has already rejected anything else)
     mbits, bias, nan_code = 2, 15, 0x7E
   shift = 23 - mbits
-  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
   sign = (bits >> 31).astype(jnp.uint8) << 7
   mag = bits & jnp.uint32(0x7FFFFFFF)
   # Round the float32 mantissa to `mbits` bits, ties to even (a carry bumps the exponent).

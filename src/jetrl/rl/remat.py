@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import jax
 
-from jetrl.precision import target as _target
-
 REMAT_POLICIES = ("auto", "none", "layer")
 
 # Fraction of device memory the stored activations of one micro-batch may take before "auto"
@@ -31,12 +29,12 @@ def activation_bytes(model_config, rows: int, seq_len: int, flash: bool = False)
   return int(rows * seq_len * c.n_layers * per_token)
 
 
-def device_memory_bytes() -> int:
-  """The device's memory: a compile target's (jetrl.aot), else the default device's limit
-  (16 GiB where the backend does not say)."""
-  target = _target.compile_target()
-  if target is not None and target.memory_bytes:
-    return target.memory_bytes
+def device_memory_bytes(known: int = 0) -> int:
+  """The device's memory: `known` where it is given (a plan's device, `Device.memory_bytes`:
+  a compile target's, jetrl.aot), else this machine's default device's limit (16 GiB where
+  the backend does not say)."""
+  if known:
+    return int(known)
   try:
     stats = jax.devices()[0].memory_stats() or {}
   except Exception:  # pylint: disable=broad-except
@@ -44,7 +42,14 @@ def device_memory_bytes() -> int:
   return int(stats.get("bytes_limit", 16 << 30))
 
 
-def resolve_remat(policy: str, model_config, rows: int, seq_len: int, flash: bool = False) -> bool:
+def resolve_remat(
+  policy: str,
+  model_config,
+  rows: int,
+  seq_len: int,
+  flash: bool = False,
+  memory_bytes: int = 0,
+) -> bool:
   """Whether the update recomputes each layer in the backward pass.
 
   "auto": yes when one micro-batch's activations (`activation_bytes`) would take more than
@@ -52,8 +57,9 @@ def resolve_remat(policy: str, model_config, rows: int, seq_len: int, flash: boo
   for one), no for small models and batches (the
   tests, the CPU demo), where recomputing only costs time. flash: the forward attends with
   the flash-attention kernel (`attention.use_flash`), which stores no probabilities.
+  memory_bytes: the device's memory where the plan's device says it (0: ask this machine's).
   """
   if policy != "auto":
     return policy == "layer"
   need = activation_bytes(model_config, rows, seq_len, flash)
-  return need > REMAT_MEMORY_FRACTION * device_memory_bytes()
+  return need > REMAT_MEMORY_FRACTION * device_memory_bytes(memory_bytes)

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 
+from jetrl.kernels import Device, KernelConfig, resolve_plan
 from jetrl.models.lora import LoraConfig, freeze_base
 from jetrl.precision import Precision
 from jetrl.rl.optimizer import OptimizerConfig, SkipNonFiniteState, make_optimizer
@@ -60,10 +61,13 @@ def init_lora_train_state(
   precision: Optional[Precision],
   cfg: UpdateConfig = UpdateConfig(),
   optimizer: OptimizerConfig = OptimizerConfig(),
+  kernels: Union[KernelConfig, Device, None] = None,
 ) -> TrainState:
   """The train state of a LoRA run: the adapters (in the master dtype) are the params and
   the optimizer's state; the base, cast to the master dtype, is frozen (quantized once under
-  an FP8 training precision, `jetrl.models.lora.freeze_base`) and serves as the reference."""
+  an FP8 training precision, `jetrl.models.lora.freeze_base`, in the layout the update's plan
+  for `kernels` reads: the settings or the device, as `update_step` takes them) and serves as
+  the reference."""
   if not lora.enabled:
     raise ValueError("init_lora_train_state: LoraConfig.rank is 0; use init_train_state")
   dtype = jnp.dtype(cfg.master_dtype)
@@ -72,5 +76,5 @@ def init_lora_train_state(
   return TrainState(
     params=adapters,
     opt_state=make_optimizer(optimizer, 1).init(adapters),
-    frozen=freeze_base(copy(base), precision),
+    frozen=freeze_base(copy(base), precision, resolve_plan(precision, kernels)),
   )

@@ -44,13 +44,13 @@ shardings).
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jetrl.kernels import KernelConfig, resolve_plan
+from jetrl.kernels import Device, KernelConfig, resolve_plan
 from jetrl.models.layers import activation_dtype
 from jetrl.models.lora import LoraConfig, attach
 from jetrl.precision import Precision
@@ -347,7 +347,7 @@ def train_step(
   split_tokens: Any = None,
   top_k: Optional[int] = None,
   top_p: float = 1.0,
-  kernels: Optional[KernelConfig] = None,
+  kernels: Union[KernelConfig, Device, None] = None,
 ):
   """One RL update on a rollout batch (not jitted: see `update_step`).
 
@@ -359,8 +359,10 @@ def train_step(
     (`jetrl.precision.truncation`; docs/numerics.md, "Log-probs under top-k / top-p").
   lora: a LoRA run's config (rank > 0): `state` is `init_lora_train_state`'s, the adapters
     are trained on its frozen base.
-  kernels: the kernel settings (`jetrl.kernels.KernelConfig`; None: the environment's); the
-    plan (`jetrl.kernels.resolve_plan`) is resolved from them once per trace.
+  kernels: the kernel settings (`jetrl.kernels.KernelConfig`, a run's `--kernels.*`; None: the
+    environment's) for the device traced for, or a `jetrl.kernels.Device` (a compile-only
+    target's, `jetrl.aot`); the plan (`jetrl.kernels.resolve_plan`) is resolved from them once
+    per trace, and says the device's memory to the rematerialisation choice.
   split_tokens: on a mesh, `Layout.token_split`: each layer's activations keep their rows on
     the devices that hold the batch's rows (`jetrl.parallel.sharded_update_step` passes it).
   Returns (new_state, metrics of float32 scalars; `learning_rate` is the rate of this
@@ -390,6 +392,7 @@ def train_step(
       flash=plan.use_flash(
         batch.inputs.shape[1], model_config.head_dim, activation_dtype(precision, state.params)
       ),
+      memory_bytes=plan.device.memory_bytes,
     ),
     max_tokens=cfg.max_tokens or batch.targets.shape[1],
     lora=lora if lora is not None and lora.enabled else None,

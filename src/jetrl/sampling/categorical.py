@@ -18,8 +18,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jetrl.precision import target as _target
-
 BLOCK = 128
 
 
@@ -66,12 +64,13 @@ def sample_gumbel(key: jax.Array, logits: jax.Array) -> jax.Array:
   return jax.random.categorical(key, logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
 
 
-def draw(key: jax.Array, logits: jax.Array) -> jax.Array:
-  """The sampler's draw for the platform the program is compiled for. On a GPU, Gumbel-max:
+def draw(key: jax.Array, logits: jax.Array, gpu: bool) -> jax.Array:
+  """The sampler's draw for the platform the program is compiled for (`gpu`: a GPU's, as the
+  plan's device says, `jetrl.kernels.Plan.gpu`). On a GPU, Gumbel-max:
   one kernel over the logits where the inverse-CDF draw takes eight (its reductions and
   running sums; docs/benchmarks.md, "Compiled programs"), and generating V random numbers
   costs a GPU little. Elsewhere the inverse-CDF draw, which needs two random numbers a row
   (on a CPU, generating V of them costs more than a small model's decode step)."""
-  if _target.platform() == "gpu":
+  if gpu:
     return sample_gumbel(key, logits)
   return sample_categorical(key, logits)

@@ -23,7 +23,7 @@ with one array per layer and over weights sliced per layer once per rollout
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ from jetrl.models import (
   positions_from_mask,
   rollout_weights,
 )
-from jetrl.kernels import KernelConfig, Plan, resolve_plan
+from jetrl.kernels import Device, KernelConfig, Plan, resolve_plan
 from jetrl.kernels.plan import plan_for
 from jetrl.precision import truncation
 from jetrl.models.layers import activation_dtype
@@ -126,7 +126,8 @@ def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, plan: Pla
     return tok, plan.choice_logprobs(logits, logits, tok, 0.0)
   scaled = logits / config.temperature
   keep = plan.choice_keep(logits, scaled, config.temperature, config.top_k, config.top_p)
-  tok = draw(key, scaled if keep is None else jnp.where(keep, scaled, -jnp.inf)).astype(jnp.int32)
+  kept = scaled if keep is None else jnp.where(keep, scaled, -jnp.inf)
+  tok = draw(key, kept, plan.gpu).astype(jnp.int32)
   if keep is not None:
     keep = truncation.with_targets(keep, tok)  # the drawn token is in the set already
   return tok, plan.choice_logprobs(logits, scaled, tok, config.temperature, keep)
@@ -295,14 +296,15 @@ def _decode(
   return (s.tokens, s.logprobs, mask, s.lengths, reason, s.routes), s.cache
 
 
-@functools.partial(jax.jit, static_argnames=("precision", "fuse"))
-def rollout_params(params, precision: Optional[Precision], fuse: bool = True):
+@functools.partial(jax.jit, static_argnames=("precision", "fuse", "plan"))
+def rollout_params(params, precision: Optional[Precision], fuse: bool = True, plan=None):
   """The params a rollout reads (`jetrl.models.rollout_weights`): each projection weight
   quantized once with the fprop's own quantizer (bit-identical to what the training forward
   computes from the same params), q / k / v and gate / up fused, and the layers sliced once
   into a tuple (a loop over stacked layers copies each layer's slice at every decode step).
-  Costs one copy of the layer weights (FP8 ones under an FP8 recipe) for the rollout."""
-  return rollout_weights(params, precision, fuse=fuse)
+  Costs one copy of the layer weights (FP8 ones under an FP8 recipe) for the rollout. plan:
+  the sampler's (default: resolved for `precision` now)."""
+  return rollout_weights(params, precision, fuse=fuse, plan=plan)
 
 
 def sample(
@@ -314,7 +316,7 @@ def sample(
   precision: Optional[Precision] = None,
   *,
   layout=None,
-  kernels: Optional[KernelConfig] = None,
+  kernels: Union[KernelConfig, Device, None] = None,
 ) -> Rollout:
   """Sample `config.n` completions per prompt with the rollout `precision`.
 
@@ -325,9 +327,10 @@ def sample(
   layout: a `jetrl.parallel.Layout` (params placed on it): prompt rows go over its batch
     axes and the KV cache is pinned to its cache sharding (batch over the batch axes, kv
     heads over `tensor`). None: whatever `jit` propagates from the params (one device).
-  kernels: the kernel settings (`jetrl.kernels.KernelConfig`; None: the environment's): the
-    plan (`jetrl.kernels.resolve_plan`) is resolved once here, for the device traced for, and
-    passed to the prefill and the decode loop.
+  kernels: the kernel settings (`jetrl.kernels.KernelConfig`, a run's `--kernels.*`; None: the
+    environment's) for the device traced for, or a `jetrl.kernels.Device` (a compile-only
+    target's, `jetrl.aot`): the plan (`jetrl.kernels.resolve_plan`) is resolved once here
+    and passed to the rollout weights, the prefill and the decode loop.
   """
   if precision is not None and not isinstance(precision, Precision):
     raise TypeError(f"sample: precision must be a Precision or None, got {type(precision)}")
@@ -342,7 +345,7 @@ def sample(
       len(tokens) * config.n, value_exponents=plan.grids_cache, scales=plan.kv_fp8
     )
   # Fused projections change which columns a tensor-parallel layout splits: single device only.
-  params = rollout_params(params, precision=precision, fuse=layout is None)
+  params = rollout_params(params, precision=precision, fuse=layout is None, plan=plan)
   cache, logits = _prefill(
     params,
     tokens_in,

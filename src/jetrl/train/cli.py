@@ -23,6 +23,10 @@ config from them and calls `run_fn(config)`.
   once (`jetrl.train.interrupt`). Before the steps, Ctrl-C stops at once with one line too.
 * A flag name from before the configuration had sub-configs is refused with its new name
   (the field says which names it had: `field(..., former=...)`).
+* The kernel settings (`--kernels.*`, `jetrl.kernels.KernelConfig`) take their defaults from
+  the JETRL_* variables where they are set (`jetrl.kernels.device.kernel_defaults`, the one
+  place a run reads them): `--help` shows those defaults, a line says which variable set what, and a flag or a
+  `--config` file still overrides them.
 * In a run of several processes, any other error (a collective that lost a process) prints its
   traceback and ends the process at once with code 1, without waiting for the others at JAX's
   shutdown (docs/scaling.md).
@@ -44,6 +48,7 @@ from absl import logging as absl_logging
 from jetrl.config import ConfigError, FlagError, former_names
 from jetrl.config.flags import CONFIG_FLAG, config_from_flags, define_flags, grouped_help
 from jetrl.config.tree import closest
+from jetrl.kernels.device import kernel_defaults
 from jetrl.train.interrupt import EXIT_CODE as INTERRUPT_EXIT_CODE
 from jetrl.train.interrupt import RunInterrupted
 
@@ -144,6 +149,10 @@ def main(
   errors: exception types a run raises for a failed run (not a usage error): their message is
   printed and the exit code is 1."""
   line_buffered()
+  try:
+    default, kernel_notes = kernel_defaults(default)
+  except ValueError as e:  # a JETRL_* kernel variable with a bad value
+    fail(str(e))
   names = define_flags(default, FLAGS, exclude=exclude, module_name=sys.argv[0])
   if any(a in HELP_ARGS for a in sys.argv[1:]):
     print(usage(default, doc, exclude))
@@ -155,6 +164,8 @@ def main(
     if len(argv) > 1:
       fail(f"unexpected arguments: {argv[1:]}")
     quiet_third_party_logs()
+    for note in kernel_notes:
+      print(f"{program()}: {note}", flush=True)
     try:
       config = config_from_flags(default, FLAGS, exclude=exclude)
       run_fn(config)

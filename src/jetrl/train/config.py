@@ -13,6 +13,7 @@ per concern, shared between the two where the concern is the same:
   eval        EvalConfig         greedy evaluation on held-out problems
   checkpoint  CheckpointConfig   how often, how many kept
   logging     LoggingConfig      metric records, TensorBoard, plots
+  kernels     KernelConfig       which kernels compute the numbers (jetrl.kernels.device)
 
 (the nodes of this package are `jetrl.train.nodes`). Every leaf is a flag of
 `experiments/train.py` / `experiments/sft.py` named by its path (`--optimizer.lr`). Each node
@@ -43,6 +44,7 @@ from jetrl.config import (
   replace,
   to_dict,
 )
+from jetrl.kernels import KernelConfig
 from jetrl.models.lora import LoraConfig
 from jetrl.parallel.mesh import parse_mesh
 from jetrl.precision import RECIPES, Recipe, get_recipe
@@ -73,6 +75,7 @@ __all__ = [
   "TrainConfig",
   "Tree",
   "WorkdirRun",
+  "KERNELS_HELP",
   "given_task_config",
 ]
 
@@ -93,6 +96,13 @@ class Tree:
 
   def to_dict(self) -> dict[str, Any]:
     return to_dict(self)
+
+
+KERNELS_HELP = (
+  "Which kernels compute the numbers where several compute the same ones (the float32 sums "
+  "may run in another order; may change on resume). Each default comes from its JETRL_* "
+  "variable where set (jetrl.kernels.device)."
+)
 
 
 def recipe_field(default: str, what: str = "Precision recipe.") -> Any:
@@ -226,6 +236,7 @@ class TrainConfig(WorkdirRun):
     CheckpointConfig, "Checkpoints (a rerun resumes).", resumable=True
   )
   logging: LoggingConfig = node(LoggingConfig, "Metrics, TensorBoard, plots.", resumable=True)
+  kernels: KernelConfig = node(KernelConfig, KERNELS_HELP, resumable=True)
 
   def __post_init__(self):
     super().__post_init__()
@@ -317,6 +328,7 @@ class SFTConfig(WorkdirRun):
   logging: LoggingConfig = node(
     LoggingConfig(every=10), "Metrics, TensorBoard, plots.", resumable=True
   )
+  kernels: KernelConfig = node(KernelConfig, KERNELS_HELP, resumable=True)
 
   def __post_init__(self):
     super().__post_init__()

@@ -32,7 +32,8 @@ from jetrl.train.progress import ticking
 from jetrl.sampling import GenerationConfig
 from jetrl.train import evaluation, pieces, validation
 from jetrl.train.checkpoint import load_params_from
-from jetrl.train.config import RunConfig, recipe_field, seed_field
+from jetrl.kernels import KernelConfig
+from jetrl.train.config import KERNELS_HELP, RunConfig, recipe_field, seed_field
 from jetrl.train.memory import check_eval_memory, eval_bytes
 from jetrl.train.nodes import EvalConfig, ModelSpec, TaskConfig, given_task_config
 
@@ -62,6 +63,7 @@ class EvalRunConfig(RunConfig):
   task: TaskConfig = node(TaskConfig, "The task, its prompt format and reward.")
   sampling: GenerationConfig = node(GenerationConfig, "The generation budget per problem.")
   eval: EvalConfig = node(EvalConfig(every=None), "How many held-out problems, how many a call.")
+  kernels: KernelConfig = node(KernelConfig, KERNELS_HELP)
 
   def check_paths(self) -> None:
     validation.check_init_from(self.init_from)
@@ -128,7 +130,7 @@ def run_eval(cfg: EvalRunConfig, *, task=None, log=print) -> dict:
       f"{jax.devices()[0].platform}"
     )
     t0 = time.time()
-    run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg)
+    run_pieces = pieces.Pieces(recipe, tok, encode, loaded, width, mcfg, kernels=cfg.kernels)
     table = [] if cfg.table_path is not None else None
     with ticking("compiling the sampler (first batch only) and evaluating", log) as clock:
       res = evaluation.evaluate(

@@ -74,7 +74,7 @@ def evaluate(
       prompt_len=prompt_width(prompts),
     )
     key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
-    out = sample(params, mcfg, prompts, key, sc, precision, layout=layout)
+    out = sample(params, mcfg, prompts, key, sc, precision, layout=layout, kernels=pieces.kernels)
     rewards, right, lens, _ = score_rollout(task, tok, chunk, out, sc.n)
     scores += list(rewards)
     correct += list(right)

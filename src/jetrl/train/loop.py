@@ -141,7 +141,7 @@ def _pieces(cfg: TrainConfig, log, given, reward) -> pieces.Pieces:
       + (f" and --mesh={cfg.mesh}" if cfg.mesh else "")
       + " (set --lora.rank=0 for full fine-tuning on a mesh, or run on one device)",
     )
-  return pieces.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
+  return pieces.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout, cfg.kernels)
 
 
 def _initial_state(cfg: TrainConfig, p: pieces.Pieces, log) -> TrainState:
@@ -152,7 +152,7 @@ def _initial_state(cfg: TrainConfig, p: pieces.Pieces, log) -> TrainState:
     key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), LORA_INIT_STREAM)
     adapters = init_adapters(p.mcfg, cfg.lora, key)
     state = init_lora_train_state(
-      params, adapters, cfg.lora, p.recipe.train, cfg.update, cfg.optimizer
+      params, adapters, cfg.lora, p.recipe.train, cfg.update, cfg.optimizer, p.kernels
     )
     return jax.device_put(state, jax.local_devices()[0])
   if p.layout is not None:

@@ -34,6 +34,7 @@ from jetrl.data import (
 )
 from jetrl.data.prompts import has_chat_template
 from jetrl.data.registry import task_class
+from jetrl.kernels import KernelConfig
 from jetrl.data.tokenizer import Tokenizer
 from jetrl.parallel.rules import Layout
 from jetrl.precision import Recipe
@@ -350,6 +351,7 @@ class Pieces:
   mcfg: ModelConfig
   layout: Optional[Layout] = None  # training layout on the mesh (None: one device, no --mesh)
   sample_layout: Optional[Layout] = None  # sampling layout (the params without FSDP)
+  kernels: KernelConfig = KernelConfig()  # the run's --kernels.*: every plan is resolved with it
 
   def rollout_params(self, params):
     """`params` placed for the sampler (a device-to-device copy when the layouts differ)."""

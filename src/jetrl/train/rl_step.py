@@ -69,6 +69,7 @@ class RLStep:
         self.sampling,
         self.pieces.recipe.rollout,
         layout=self.pieces.sample_layout,
+        kernels=self.pieces.kernels,
       )
       jax.block_until_ready(out.tokens)
     del rollout_params
@@ -117,6 +118,7 @@ class RLStep:
         top_p=cfg.sampling.top_p,
         bin_edges=self.bin_edges,
         lora=cfg.lora if cfg.lora.enabled else None,
+        kernels=self.pieces.kernels,
       )
       jax.block_until_ready(state.params)
     t_update = time.time() - t1

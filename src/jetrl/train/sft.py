@@ -26,6 +26,7 @@ import optax
 
 from jetrl.config import FlagError
 from jetrl.data.synthetic import misreport
+from jetrl.kernels import resolve_plan
 from jetrl.train.progress import ticking
 from jetrl.rl.batch import make_train_batch, policy_logprobs
 from jetrl.rl.masking import masked_mean
@@ -115,15 +116,21 @@ def _sft_step(
   optimizer: OptimizerConfig,
   total_steps: int,
   split_tokens=None,
+  kernels=None,
 ):
   """One optimizer step on the mean token log-likelihood of the gold solutions.
 
   Returns (params, opt_state, loss, grad norm, ok, learning rate); a step whose loss,
   gradients or result is not finite is skipped (params and optimizer state unchanged, `ok`
-  False). split_tokens: on a mesh, where the activations' rows live (`Layout.token_split`)."""
+  False). split_tokens: on a mesh, where the activations' rows live (`Layout.token_split`).
+  kernels: the kernel settings (`--kernels.*`, a `KernelConfig`) or a `Device`, as
+  `jetrl.rl.update_step` takes them (None: the environment's)."""
+  plan = resolve_plan(precision, kernels)
 
   def loss_fn(p):
-    logp, _ = policy_logprobs(p, model_config, batch, precision, split_tokens=split_tokens)
+    logp, _ = policy_logprobs(
+      p, model_config, batch, precision, split_tokens=split_tokens, plan=plan
+    )
     return -masked_mean(logp, batch.mask)
 
   opt = make_optimizer(optimizer, total_steps)
@@ -137,7 +144,7 @@ def _sft_step(
   return new_params, new_opt, loss, optax.tree.norm(grads), ok, lr
 
 
-_STATIC = ("model_config", "precision", "optimizer", "total_steps", "split_tokens")
+_STATIC = ("model_config", "precision", "optimizer", "total_steps", "split_tokens", "kernels")
 sft_step = jax.jit(_sft_step, static_argnames=_STATIC, donate_argnames=("params", "opt_state"))
 
 
@@ -194,7 +201,9 @@ def _pieces(cfg: SFTConfig, log, given, reward):
   layout, sample_layout = pieces.layouts(
     cfg.mesh, mcfg, recipe, {"--batch_size": cfg.batch_size}, log
   )
-  run_pieces = pieces.Pieces(recipe, tok, encode, task, width, mcfg, layout, sample_layout)
+  run_pieces = pieces.Pieces(
+    recipe, tok, encode, task, width, mcfg, layout, sample_layout, cfg.kernels
+  )
   return run_pieces, train_tasks
 
 
@@ -244,6 +253,7 @@ class SFTStep:
         precision=self.p.recipe.train,
         optimizer=self.cfg.optimizer,
         total_steps=self.cfg.steps,
+        kernels=self.p.kernels,
       )
       ok = bool(ok)  # waits for the step
     loop.state = {"params": params, "opt_state": opt_state}
