@@ -110,7 +110,7 @@ def test_an_fp8_kv_cache_keeps_the_rollout_bitwise_on_a_gpu(run):
     max_new_tokens=6, temperature=TEMPERATURE, stop_ids=(IDS.eos,), pad_id=IDS.pad, prompt_len=8
   )
   out = jax.tree_util.tree_map(
-    np.asarray, sample(params, cfg, prompts, jax.random.PRNGKey(1), sc, kv8.rollout)
+    np.asarray, sample(params, cfg, prompts, jax.random.PRNGKey(1), sc, kv8.rollout, kernels=GPU)
   )
   assert out.mask.sum() >= 6
   batch = make_train_batch(
@@ -118,12 +118,12 @@ def test_an_fp8_kv_cache_keeps_the_rollout_bitwise_on_a_gpu(run):
   )
   lp, _ = policy_logprobs(
     params, model_config=cfg, batch=batch, precision=kv8.train,
-    temperature=np.float32(TEMPERATURE), chunk_size=16,
+    temperature=np.float32(TEMPERATURE), chunk_size=16, plan=resolve_plan(kv8.train, GPU),
   )  # fmt: skip
   assert np.abs(np.asarray(lp) - out.logprobs)[out.mask].max() == 0.0
   plain, _ = policy_logprobs(
     params, model_config=cfg, batch=batch, precision=EXACT.train,
-    temperature=np.float32(TEMPERATURE), chunk_size=16,
+    temperature=np.float32(TEMPERATURE), chunk_size=16, plan=TRAIN,
   )  # fmt: skip
   assert (
     np.abs(np.asarray(plain) - out.logprobs)[out.mask].max() > 0.0
