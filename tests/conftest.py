@@ -17,11 +17,10 @@ import pathlib
 import pytest
 
 # XLA's cheaper LLVM pipeline (the same HLO programs and the same IEEE operations; about 20% less
-# compile time) is opt-in (JETRL_TEST_FAST_XLA=1): with it, XLA:CPU's compiler crashed with a
-# segmentation fault in three full-suite runs (2026-12-07, each while compiling an FP8 program
-# late in a long-lived test process), since FP8's cast lowers with both platforms' branches
-# (`jax.lax.platform_dependent`, jetrl.precision.quantize). Not on a machine with an NVIDIA GPU,
-# nor when XLA_FLAGS already sets an optimization level.
+# compile time) is opt-in (JETRL_TEST_FAST_XLA=1): XLA:CPU's compiler crashed in full-suite runs
+# (2026-12-07, each compiling an FP8 program late in a long-lived test process) while FP8's cast
+# lowered both platforms' branches (jetrl.precision.quantize.cast_to_fp8). Not on a machine with
+# an NVIDIA GPU, nor when XLA_FLAGS already sets an optimization level.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if (
   os.environ.get("JETRL_TEST_FAST_XLA") == "1"
