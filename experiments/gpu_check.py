@@ -340,24 +340,20 @@ def main(argv):
   bench2_json = out / "bench_device_2.json"
   n_parts = len(FLAGS.parts)
   for i, part in enumerate(FLAGS.parts):
-    if part == "bench":
-      limit = min(left(), FLAGS.budget_s * FLAGS.bench_share)
+    if part in ("bench", "bench2"):  # the device benchmark, or its second run
+      share, extra = (
+        (FLAGS.bench_share, FLAGS.bench_flags)
+        if part == "bench"
+        else (FLAGS.bench2_share, FLAGS.bench2_flags)
+      )
+      limit = min(left(), FLAGS.budget_s * share)
       cmd = [
         sys.executable,
         "experiments/bench_device.py",
-        f"--json_out={bench_json}",
+        f"--json_out={bench_json if part == 'bench' else bench2_json}",
         f"--time_budget_s={max(30.0, limit - 25):.0f}",
-      ] + shlex.split(FLAGS.bench_flags)
-      result["parts"].append(run_part("bench", cmd, limit, out, _env()))
-    elif part == "bench2":
-      limit = min(left(), FLAGS.budget_s * FLAGS.bench2_share)
-      cmd = [
-        sys.executable,
-        "experiments/bench_device.py",
-        f"--json_out={bench2_json}",
-        f"--time_budget_s={max(30.0, limit - 25):.0f}",
-      ] + shlex.split(FLAGS.bench2_flags)
-      result["parts"].append(run_part("bench2", cmd, limit, out, _env()))
+      ] + shlex.split(extra)
+      result["parts"].append(run_part(part, cmd, limit, out, _env()))
     elif part == "peers":
       if not FLAGS.peers or not Path(FLAGS.peers).exists():
         result["parts"].append(
