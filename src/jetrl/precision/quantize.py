@@ -74,17 +74,15 @@ def cast_to_fp8(x: jax.Array, dtype) -> jax.Array:
 
   Bit-identical to `x.astype(dtype)` (tested exhaustively around every FP8 value). In a
   program compiled for the CPU it is written with integer ops on the float32 bits (XLA's CPU
-  convert to FP8 is several times slower); in a process whose JAX runs on another platform it
-  is the native convert (one instruction per two values on Hopper). A program compiled from a
-  CPU process for a device it lacks (`jetrl.aot`) holds the integer ops too: the same bits.
-  (Lowering both branches with `jax.lax.platform_dependent` put a `case` in every FP8
-  program, and XLA:CPU's compiler then crashed on some of them in long-lived processes.)
-  The result is a real FP8 array.
+  convert to FP8 is several times slower); for any other platform it is the native convert
+  (one instruction per two values on Hopper). Which one is decided when the program is
+  lowered, for the platform it is lowered for (`jax.lax.platform_dependent`): no argument and
+  no global state says it. The result is a real FP8 array.
   """
   x = x.astype(jnp.float32)
-  if jax.default_backend() == "cpu":
-    return _cast_bits(x, dtype)
-  return x.astype(dtype)
+  return jax.lax.platform_dependent(
+    x, cpu=lambda v: _cast_bits(v, dtype), default=lambda v: v.astype(dtype)
+  )
 
 
 def _cast_bits(x: jax.Array, dtype) -> jax.Array:
