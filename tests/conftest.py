@@ -180,34 +180,15 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: rank.get(where(item), len(rank)))  # stable: other orders kept
 
 
-# Every program XLA:CPU compiles holds about six memory mappings for its code for as long as JAX
-# caches it, and a test process compiles thousands. Linux caps a process's mappings
-# (vm.max_map_count, 65530 by default): at the cap LLVM cannot map a new program's code, the
-# compile fails ("Failed to materialize symbols: ... xla_jit_dylib"), and the process died in
-# the unwinder while raising that error (four full-suite runs, each late in a long-lived
-# worker, at 65469 mappings). So after any test that leaves the process past half the cap,
-# JAX's caches are cleared: later tests recompile what they need, and nothing else changes.
-def _mappings() -> int:
-  with open("/proc/self/maps", "rb") as f:
-    return sum(1 for _ in f)
-
-
-def _map_limit() -> int:
-  try:
-    with open("/proc/sys/vm/max_map_count") as f:
-      return int(f.read())
-  except (OSError, ValueError):
-    return 65530
-
-
-_MAP_BUDGET = _map_limit() // 2 if os.path.exists("/proc/self/maps") else None
-
-
+# A test process compiles thousands of programs: past half of Linux's cap on its memory mappings
+# it clears JAX's caches after a test (jetrl.kernels.code_memory says why; at the cap four
+# full-suite runs lost a worker, at 65469 mappings).
 @pytest.fixture(autouse=True)
 def _bounded_code_mappings():
   yield
-  if _MAP_BUDGET is not None and _mappings() > _MAP_BUDGET:
-    jax.clear_caches()
+  from jetrl.kernels.code_memory import bound_code_mappings  # pylint: disable=import-outside-toplevel
+
+  bound_code_mappings()
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import jax
 
 from jetrl import parallel
+from jetrl.kernels.code_memory import bound_code_mappings
 from jetrl.train import pieces, resume
 from jetrl.train.config import given_task_config
 from jetrl.train.hooks import (
@@ -335,6 +336,7 @@ def run_guarded(cfg, task, log, body):
   cfg = cfg.replace(workdir=resolve_workdir(cfg.workdir, log))  # a link: its folder, once
   new = not os.path.exists(cfg.workdir)
   lock = take_workdir(cfg.workdir, log)
+  bound_code_mappings(log=log)  # runs one after another in one process (studies, sweeps)
   reward = None
   try:
     reward = pieces.load_user_reward(cfg.task, log)
