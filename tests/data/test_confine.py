@@ -30,15 +30,17 @@ def _child(code: str) -> subprocess.CompletedProcess:
 
 
 def test_a_limit_is_never_raised_past_the_hard_limit_in_force():
+  # Open files, not core size: a shell's `ulimit -c 0` leaves a hard core limit of 0 that no
+  # child may raise to the test's starting point, while every system allows 200 open files.
   out = _child(
-    "resource.setrlimit(resource.RLIMIT_CORE, (100, 100))\n"
-    "c.set_limit(resource.RLIMIT_CORE, 5000)\n"
-    "print(resource.getrlimit(resource.RLIMIT_CORE))\n"
-    "c.set_limit(resource.RLIMIT_CORE, 7, 50)\n"
-    "print(resource.getrlimit(resource.RLIMIT_CORE))\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))\n"
+    "c.set_limit(resource.RLIMIT_NOFILE, 5000)\n"
+    "print(resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    "c.set_limit(resource.RLIMIT_NOFILE, 64, 100)\n"
+    "print(resource.getrlimit(resource.RLIMIT_NOFILE))\n"
   )
   assert out.returncode == 0, out.stderr
-  assert out.stdout.split("\n")[:2] == ["(100, 100)", "(7, 50)"]
+  assert out.stdout.split("\n")[:2] == ["(200, 200)", "(64, 100)"]
 
 
 def test_a_confined_process_writes_no_file_and_allocates_no_more_than_its_memory(tmp_path):
