@@ -305,3 +305,28 @@ def test_more_steps_on_a_finished_run_say_that_it_is_extended(tmp_path, tiny_sft
   assert "extending a finished run from 2 to 3 steps (--steps=3)" in lines
   # Records every 10 steps and at each run's end: the first run's 2, the extension's 3.
   assert [r["step"] for r in read_jsonl(str(tmp_path / "sft_metrics.jsonl"))] == [2, 3]
+
+
+def test_a_run_starts_by_bounding_its_process_s_code_mappings(
+  tmp_path, tiny_train_config, monkeypatch
+):
+  """Runs trained one after another in one process (a study, a sweep) would reach Linux's cap
+  on memory mappings with their compiled programs: each run's start clears JAX's caches past
+  half of it, and says so (jetrl.kernels.code_memory)."""
+  import jax
+  import jax.numpy as jnp
+
+  from jetrl.kernels import code_memory
+  from jetrl.train import driver
+
+  f = jax.jit(lambda x: x + 1)
+  f(jnp.ones(2)).block_until_ready()
+  assert f._cache_size() == 1
+  monkeypatch.setattr(code_memory, "mappings", lambda: 10**9)  # as if past the cap
+  lines = []
+  done = driver.run_guarded(
+    tiny_train_config(tmp_path / "run"), None, lines.append, lambda *args: "body ran"
+  )
+  assert done == "body ran"
+  assert f._cache_size() == 0  # cleared before the body
+  assert any("vm.max_map_count" in line for line in lines), lines

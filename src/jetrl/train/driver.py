@@ -336,9 +336,9 @@ def run_guarded(cfg, task, log, body):
   cfg = cfg.replace(workdir=resolve_workdir(cfg.workdir, log))  # a link: its folder, once
   new = not os.path.exists(cfg.workdir)
   lock = take_workdir(cfg.workdir, log)
-  bound_code_mappings(log=log)  # runs one after another in one process (studies, sweeps)
   reward = None
   try:
+    bound_code_mappings(log=log)  # runs one after another in one process (studies, sweeps)
     reward = pieces.load_user_reward(cfg.task, log)
     return body(cfg, log, task, reward)
   finally:
