@@ -37,16 +37,20 @@ def setup(tiny_model):
   return cfg, params, batch
 
 
-def step(state, batch, key, ucfg, lr, precision, model_config):
+def step(state, batch, key, ucfg, lr, precision, model_config, **optimizer):
   return update_step(
     state,
     batch,
     key,
     model_config=model_config,
     cfg=ucfg,
-    optimizer=OptimizerConfig(lr=lr),
+    optimizer=OptimizerConfig(lr=lr, **optimizer),
     precision=precision,
   )
+
+
+def _flat(tree) -> np.ndarray:
+  return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)])
 
 
 def seq_logprob(params, cfg, batch, precision):
@@ -133,7 +137,6 @@ def test_loss_gradient_matches_hand_derivation(setup):
   )
   lp_new, vjp = jax.vjp(lp, moved)
   mask = np.asarray(batch.mask).astype(bool)
-  flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
   cases = [("grpo", "recompute", "tis"), ("grpo", "recompute", "mis"), ("grpo", "rollout", "none")]
   cases += [("gspo", "recompute", "tis"), ("cispo", "recompute", "mis")]
   for loss, old_logp, is_method in cases:
@@ -173,7 +176,7 @@ def test_loss_gradient_matches_hand_derivation(setup):
     if is_method == "mis":
       assert 0 < (w[mask] == 0).mean() < 1
     (ref,) = vjp(jnp.asarray(g, jnp.float32))
-    got, want = flat(grads), flat(ref)
+    got, want = _flat(grads), _flat(ref)
     scale = np.abs(want).max()
     assert scale > 0
     np.testing.assert_allclose(
@@ -303,18 +306,8 @@ def test_auto_old_logp_runs_one_forward_fewer_with_the_same_update_and_metrics(s
       train_step, model_config=cfg, cfg=ucfg, optimizer=OptimizerConfig(lr=1e-3), precision=prec
     )
     dots[old] = _dots(fn, state, batch, jax.random.PRNGKey(0))
-    state, m = update_step(
-      state,
-      batch,
-      jax.random.PRNGKey(0),
-      model_config=cfg,
-      cfg=ucfg,
-      optimizer=OptimizerConfig(lr=1e-3, eps=1.0),
-      precision=prec,
-    )
-    new[old] = np.concatenate(
-      [np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(state.params)]
-    ) - np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(params)])
+    state, m = step(state, batch, jax.random.PRNGKey(0), ucfg, 1e-3, prec, cfg, eps=1.0)
+    new[old] = _flat(state.params) - _flat(params)
     metrics[old] = {k: float(np.asarray(v)) for k, v in m.items() if np.ndim(v) == 0}
   forward = _dots(lambda p: policy_logprobs(p, cfg, batch, prec)[0], params)
   assert forward > 0 and dots["recompute"] - dots["auto"] == forward, (dots, forward)
