@@ -3,7 +3,7 @@
   python experiments/round4.py --root=runs/round4                 # run (resumes; several may share --root)
   python experiments/round4.py --root=runs/round4 --plan          # every job, in order, and its state
   python experiments/round4.py --root=runs/round4 --keep=docs/study/round4/data
-  python experiments/round4.py --judge=docs/study/round4/data --json_out=docs/study/round4/verdicts.json
+  python experiments/round4.py --judge=docs/study/round4/data --report=docs/study/round4
 
 Running refuses to start while the pre-registration (docs/study/round4/prereg.md, the design
 `jetrl.study.round4_design` and the analysis `jetrl.study.prereg4`) is uncommitted, or once it
@@ -12,7 +12,9 @@ workers (processes with distinct --worker names) may share one --root and each t
 job nobody holds. --keep copies what the judge reads of every finished run (summaries, metric
 records, configs, the commit that ran it, timings) to a folder meant to be committed; --judge
 computes the verdicts from such a folder alone, checking that the pre-registration's commit
-precedes every run's.
+precedes every run's. --report (with --judge) writes the verdicts, results.md (the summary
+table, every comparison, the machines) and the figures (learning curves by arm with 95%
+intervals, the effects against the margin, the crossover's effect against its dose) there.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, os.path.join(REPO, "src"))
 
 from jetrl.study import prereg4, round4  # noqa: E402
 from jetrl.study import round4_design as design  # noqa: E402
+from jetrl.study import round4_report as report  # noqa: E402
 from jetrl.study.config import sft_dir  # noqa: E402
 from jetrl.study.provenance import PreregError, precedes  # noqa: E402
 from jetrl.study.summary import summarize_run  # noqa: E402
@@ -42,6 +45,12 @@ flags.DEFINE_integer("max_jobs", None, "Stop after this many jobs (none: run unt
 flags.DEFINE_string("keep", None, "Copy the finished runs' kept files to this folder.")
 flags.DEFINE_string("judge", None, "Judge the kept runs in this folder.")
 flags.DEFINE_string("json_out", None, "With --judge: write the verdicts here.")
+flags.DEFINE_string(
+  "report",
+  None,
+  "With --judge: write verdicts.json, results.md and the figures to this folder "
+  "(docs/study/round4 for the committed report).",
+)
 
 RUN_FILES = (
   "summary.json",
@@ -185,6 +194,7 @@ def judge(folder: str) -> dict:
     prereg_commit=registered,
     primary_warm_starts=dict(used=list(chosen), left_out_by_the_gate=list(left_out)),
     machines=kinds,
+    progress=progress(folder),
     primary={o: prereg4.judge_primary(part("primary"), 9, o) for o in prereg4.OUTCOMES},
     primary_one_machine_kind=prereg4.judge_primary(one_kind, 9, "primary"),
     crossover={o: prereg4.judge_crossover(part("crossover"), 9, o) for o in prereg4.OUTCOMES},
@@ -202,12 +212,47 @@ def judge(folder: str) -> dict:
   return out
 
 
+def progress(folder: str) -> dict:
+  """Per part: its runs done and planned, and why the length part did not run if its gate
+  failed."""
+  out: dict = {}
+  for job in round4.jobs(folder):
+    p = out.setdefault(job["part"], dict(done=0, planned=0))
+    p["planned"] += 1
+    p["done"] += int(round4.job_done(folder, job))
+  if "length" in out and round4.length_gate(folder) is False:
+    out["length"]["note"] = f"not run: its warm start failed the gate ({design.LENGTH_GATE})"
+  return out
+
+
 def _has_outcome(row: dict, outcome: str) -> bool:
   try:
     prereg4.OUTCOMES[outcome](row)
   except ValueError:
     return False
   return True
+
+
+def write_report(folder: str, out_dir: str, verdicts: dict, text: str) -> None:
+  """verdicts.json, results.md and the figures (jetrl.study.round4_report) under out_dir."""
+  tiny, smol = rows(folder)
+  os.makedirs(out_dir, exist_ok=True)
+  figures = report.write_figures(tiny, smol, verdicts, out_dir)
+  command = f"python experiments/round4.py --judge={folder} --report={out_dir}"
+  md = report.results_markdown(verdicts, figures, command, _head())
+  for name, body in (("verdicts.json", text + "\n"), ("results.md", md + "\n")):
+    tmp = os.path.join(out_dir, f".{name}.tmp")
+    with open(tmp, "w") as f:
+      f.write(body)
+    os.replace(tmp, os.path.join(out_dir, name))
+  print(f"report: {out_dir}/results.md, verdicts.json and {len(figures)} figures")
+
+
+def _head() -> str:
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  res = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
+  return res.stdout.strip() or "unknown"
 
 
 def plan(root: str) -> None:
@@ -222,14 +267,18 @@ def main(argv):
   unknown = [p for p in FLAGS.parts if p not in design.PARTS]
   if unknown:
     raise app.UsageError(f"--parts: {unknown} unknown; choose from {list(design.PARTS)}")
+  if FLAGS.report and not FLAGS.judge:
+    raise app.UsageError("--report writes the judge's report: give --judge=<kept runs> with it")
   if FLAGS.judge:
     verdicts = judge(FLAGS.judge)
     text = json.dumps(verdicts, indent=1, default=float)
+    if FLAGS.report:
+      write_report(FLAGS.judge, FLAGS.report, verdicts, text)
     if FLAGS.json_out:
       with open(FLAGS.json_out, "w") as f:
         f.write(text + "\n")
       print(f"verdicts: {FLAGS.json_out}")
-    else:
+    elif not FLAGS.report:
       print(text)
     return 0
   if FLAGS.plan:

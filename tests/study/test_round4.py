@@ -272,11 +272,27 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   assert os.path.exists(
     os.path.join(kept, "w0", "runs", "L9", "bf16@recompute", "seed1", "machine.json")
   )
-  out = str(tmp_path / "v.json")
-  res = run(f"--judge={kept}", f"--json_out={out}")
+  out, rep = str(tmp_path / "v.json"), str(tmp_path / "report")
+  res = run(f"--judge={kept}", f"--json_out={out}", f"--report={rep}")
   assert res.returncode == 0, res.stderr[-2000:]
   with open(out) as f:
     v = json.load(f)
+  with open(os.path.join(rep, "verdicts.json")) as f:
+    assert json.load(f) == v
+  # the report: 12 of the primary's 81 runs are done, said as interim; the table's interval is
+  # the hand-computed one in points; the learning curves are drawn (PNG files)
+  with open(os.path.join(rep, "results.md")) as f:
+    md = f.read()
+  m, lo, hi = _t_interval(list(diffs.values()))
+  assert f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = 4)" in md
+  assert "**Interim:** primary: 12 of 81 runs" in md and "crossover: 0 of 40 runs" in md
+  for name in ("primary_curves.png", "effects.png"):
+    with open(os.path.join(rep, name), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert f"![{name}]({name})" in md
+  assert not os.path.exists(os.path.join(rep, "dose_effect.png"))  # no crossover run yet
+  res = run(f"--report={rep}")
+  assert res.returncode != 0 and "--report writes the judge's report" in res.stderr
   m, lo, hi = _t_interval(list(diffs.values()))
   p = v["primary"]["primary"]["primary"]
   assert p["n"] == 4 and p["mean"] == pytest.approx(m) and p["lo"] == pytest.approx(lo)
