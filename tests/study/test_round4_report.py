@@ -74,6 +74,7 @@ def test_the_summary_table_states_the_primary_interval_call_and_progress():
     crossover={o: prereg4.judge_crossover([], 9, o) for o in prereg4.OUTCOMES},
     length={o: prereg4.judge_length([], 20, o) for o in prereg4.OUTCOMES},
     smollm2=prereg4.judge_smollm2([]),
+    primary_warm_starts=dict(used=[0, 16, 17], left_out_by_the_gate=list(range(1, 16))),
     progress=dict(
       primary=dict(done=27, planned=81),
       crossover=dict(done=0, planned=40),
@@ -88,6 +89,7 @@ def test_the_summary_table_states_the_primary_interval_call_and_progress():
   # bf16 - bf16@recompute is +1 point on every unit: the line says so
   rc = [line for line in table.splitlines() if "`bf16` - `bf16@recompute`" in line][0]
   assert "+1.0 [+1.0, +1.0]" in rc
+  assert "the 3 of 18 SFT seeds that answer at length 9" in table
   assert "| 0 of 40 runs | not judged |" in table
   assert "not run: its warm start failed the gate" in table
   md = report.results_markdown(verdicts, [], "python experiments/round4.py", "abc" * 14)

@@ -76,6 +76,17 @@ def _progress(verdicts: Mapping, part: str) -> str:
   return text + (f"; {p['note']}" if p.get("note") else "")
 
 
+def _warm_start_caveat(verdicts: Mapping) -> str:
+  ws = verdicts.get("primary_warm_starts") or {}
+  used, left = ws.get("used") or [], ws.get("left_out_by_the_gate") or []
+  if not left:
+    return "other SFT recipes"
+  return (
+    f"the warm starts are the {len(used)} of {len(used) + len(left)} SFT seeds that answer "
+    "at length 9 at all (the gate): other SFT recipes"
+  )
+
+
 def summary_table(verdicts: Mapping) -> str:
   """The newcomer's table (README and results.md): recipe, what learning showed (the paired
   interval in points of bf16-scored held-out accuracy, with its call), what is open."""
@@ -100,7 +111,7 @@ def summary_table(verdicts: Mapping) -> str:
       )
       + f" | {'holds on each' if held else 'does not hold on each'} "
       f"(ANOVA p {het.get('p') if het.get('p') is None else round(het['p'], 3)}) | "
-      "three warm starts that answer at length 9 at all (3 of 18 SFT seeds) |"
+      f"{_warm_start_caveat(verdicts)} |"
     )
   fam = prim.get("secondary_family") or {}
   for name in ("jet - bf16@recompute", "bf16 - bf16@recompute"):
@@ -132,7 +143,7 @@ def summary_table(verdicts: Mapping) -> str:
   smol = (verdicts.get("smollm2") or {}).get("against_bf16") or {}
   for arm in ("jet", "fp8_rollout"):
     c = smol.get(arm)
-    c = dict(c, call="reported (3 seeds)") if c and c.get("n", 0) >= 2 else None
+    c = dict(c, call=f"reported ({c['n']} seeds)") if c and c.get("n", 0) >= 2 else None
     rows.append(
       _row(
         f"SmolLM2-135M LoRA: gain of `{arm}` - gain of `bf16`",
