@@ -109,6 +109,12 @@ def keep(root: str, dest: str) -> None:
       if not (job["part"] == "primary" and round4.warm_start_feasible(root, job["warm"]) is False):
         _keep_checkpoint(src_sft, dst_sft)  # one the gate left out never serves again
     done += 1
+  # The gate's evidence for each warm start it left out, from a run that may not have finished
+  # (an unfinished run is not kept otherwise): the kept folder decides the gate as the runs did.
+  for warm in round4.primary_warm_starts(root)[1]:
+    path, _ = round4.gate_evidence(root, warm)
+    rel = os.path.relpath(os.path.dirname(path), root)
+    _copy(os.path.dirname(path), os.path.join(dest, rel), ["eval.jsonl"])
   for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     if name.startswith("timing_") or name == "prereg.json":
       _copy(root, dest, [name])
@@ -197,6 +203,7 @@ def judge(folder: str) -> dict:
     progress=progress(folder),
     primary={o: prereg4.judge_primary(part("primary"), 9, o) for o in prereg4.OUTCOMES},
     primary_one_machine_kind=prereg4.judge_primary(one_kind, 9, "primary"),
+    primary_rl_effect=report.rl_effect(part("primary")),
     crossover={o: prereg4.judge_crossover(part("crossover"), 9, o) for o in prereg4.OUTCOMES},
     length={o: prereg4.judge_length(part("length"), 20, o) for o in prereg4.OUTCOMES},
     smollm2=prereg4.judge_smollm2(smol),

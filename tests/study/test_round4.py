@@ -258,6 +258,12 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
       f.write("weights")
     with open(os.path.join(sft, "sft_summary.json"), "w") as f:
       f.write('{"eval_accuracy": 0.4}')
+  # warm start 2's gate run answered nothing before RL and was stopped (no summary): left out
+  gate = os.path.join(root, "w2", "runs", "L9", "bf16", "seed0")
+  os.makedirs(gate)
+  with open(os.path.join(gate, "eval.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 0, "eval_accuracy": 0.0, "eval_accuracy_bf16": 0.0}) + "\n")
+  assert round4.primary_warm_starts(root) == ((0, 1, 3), (2,))
   with open(os.path.join(root, "prereg.json"), "w") as f:
     json.dump({"commit": head, "head": head, "blobs": {}}, f)
   script = os.path.join(repo, "experiments", "round4.py")
@@ -272,6 +278,8 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   assert os.path.exists(
     os.path.join(kept, "w0", "runs", "L9", "bf16@recompute", "seed1", "machine.json")
   )
+  # the kept folder decides the gate as the runs did, though w2's gate run did not finish
+  assert round4.primary_warm_starts(kept) == ((0, 1, 3), (2,))
   out, rep = str(tmp_path / "v.json"), str(tmp_path / "report")
   res = run(f"--judge={kept}", f"--json_out={out}", f"--report={rep}")
   assert res.returncode == 0, res.stderr[-2000:]

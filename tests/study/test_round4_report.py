@@ -96,6 +96,25 @@ def test_the_summary_table_states_the_primary_interval_call_and_progress():
   assert "**Interim:** primary: 27 of 81 runs" in md and table in md
 
 
+def test_rl_effect_is_each_arms_change_from_its_own_start():
+  # warm start 0: accuracy rises by 0.1 + 0.01 s; warm start 1: it falls by 0.05 + 0.02 s
+  rows = []
+  for s in range(4):
+    for w, change in ((0, 0.1 + 0.01 * s), (1, -0.05 - 0.02 * s)):
+      r = _row("bf16", w, s, 0.3 + change)
+      r["eval_accuracy_bf16"] = [0.3, 0.3 + change, 0.3 + change, 0.3 + change]
+      rows.append(r)
+  eff = report.rl_effect(rows)
+  m, lo, hi = _t([0.1 + 0.01 * s for s in range(4)])
+  assert eff["0"]["bf16"]["mean"] == pytest.approx(m) and eff["0"]["bf16"]["lo"] == pytest.approx(
+    lo
+  )
+  assert eff["1"]["bf16"]["hi"] == pytest.approx(_t([-0.05 - 0.02 * s for s in range(4)])[2])
+  assert eff["0"]["bf16"]["start"] == pytest.approx(0.3)
+  text = report._rl_effect_text(dict(primary_rl_effect=eff))
+  assert "raised held-out accuracy on w0" in text and "lowered held-out accuracy on w1" in text
+
+
 def test_figures_are_written_for_the_parts_that_have_runs(tmp_path):
   rows = [_row(a, w, s, 0.3 + 0.01 * s) for a in ("bf16", "jet") for w in (0, 1) for s in range(3)]
   smol = [
@@ -109,3 +128,19 @@ def test_figures_are_written_for_the_parts_that_have_runs(tmp_path):
   for p in made:
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_and_the_study_page_state_the_committed_round4_summary():
+  """README's and docs/precision_study.md's round-4 table is the one the report computes from
+  the committed verdicts (docs/study/round4/verdicts.json), line for line."""
+  import json
+  import os
+
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  with open(os.path.join(repo, "docs", "study", "round4", "verdicts.json")) as f:
+    table = report.summary_table(json.load(f))
+  for doc in ("README.md", os.path.join("docs", "precision_study.md")):
+    with open(os.path.join(repo, doc)) as f:
+      text = f.read()
+    missing = [line for line in table.splitlines() if line not in text]
+    assert not missing, f"{doc} lacks the report's lines: {missing}"

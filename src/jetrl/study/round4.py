@@ -78,6 +78,13 @@ MAX_WARM_SEED = 20
 def warm_start_feasible(root: str, warm: int) -> Optional[bool]:
   """None until a length-9 run of warm start `warm` has evaluated its step 0; then whether its
   bf16-scored held-out accuracy there reaches WARM_GATE (every arm evaluates the same params)."""
+  found = gate_evidence(root, warm)
+  return None if found is None else found[1] >= WARM_GATE
+
+
+def gate_evidence(root: str, warm: int) -> Optional[tuple[str, float]]:
+  """(the eval.jsonl, finished run or not, whose step-0 evaluation decides warm start `warm`'s
+  gate; its bf16-scored accuracy), or None while no length-9 run has evaluated its step 0."""
   base = os.path.join(warm_dir(root, warm), "runs", "L9")
   if not os.path.isdir(base):
     return None
@@ -95,7 +102,7 @@ def warm_start_feasible(root: str, warm: int) -> Optional[bool]:
       except ValueError:
         continue
       if first.get("step") == 0 and "eval_accuracy_bf16" in first:
-        return float(first["eval_accuracy_bf16"]) >= WARM_GATE
+        return path, float(first["eval_accuracy_bf16"])
   return None
 
 

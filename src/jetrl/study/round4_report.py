@@ -76,6 +76,44 @@ def _progress(verdicts: Mapping, part: str) -> str:
   return text + (f"; {p['note']}" if p.get("note") else "")
 
 
+def rl_effect(rows: Sequence[dict]) -> dict:
+  """Descriptive, not a verdict: per warm start and arm, what RL did to the primary outcome —
+  its value minus the run's own step-0 bf16-scored accuracy, with the 95% t interval over
+  seeds. {warm (str): {arm: interval with "start" (mean step-0 accuracy)}}."""
+  from jetrl.study.prereg4 import OUTCOMES  # pylint: disable=import-outside-toplevel
+
+  out: dict = {}
+  for w in sorted({int(r["warm"]) for r in rows}):
+    for arm in _arms([r for r in rows if int(r["warm"]) == w]):
+      mine = [r for r in rows if int(r["warm"]) == w and r["recipe"] == arm]
+      start = [r["eval_accuracy_bf16"][0] for r in mine]
+      gain = [OUTCOMES["primary"](r) - a for r, a in zip(mine, start)]
+      out.setdefault(str(w), {})[arm] = dict(paired_interval(gain), start=float(np.mean(start)))
+  return out
+
+
+def _direction(c: Mapping) -> str:
+  if c.get("n", 0) < 2:
+    return "unknown"
+  return "raised" if c["lo"] > 0 else "lowered" if c["hi"] < 0 else "did not clearly change"
+
+
+def _rl_effect_text(verdicts: Mapping) -> str:
+  """Which warm starts RL raised bf16's held-out accuracy on, and which it lowered it on."""
+  eff = verdicts.get("primary_rl_effect") or {}
+  by: dict[str, list[str]] = {}
+  for w, arms in sorted(eff.items(), key=lambda kv: int(kv[0])):
+    if "bf16" in arms:
+      by.setdefault(_direction(arms["bf16"]), []).append(f"w{w}")
+  if not by:
+    return ""
+  parts = [f"{d} held-out accuracy on {', '.join(ws)}" for d, ws in by.items()]
+  text = "RL under bf16 " + "; ".join(parts)
+  if by.get("lowered"):
+    text += " (there the arms are compared on what they lose)"
+  return text
+
+
 def _warm_start_caveat(verdicts: Mapping) -> str:
   ws = verdicts.get("primary_warm_starts") or {}
   used, left = ws.get("used") or [], ws.get("left_out_by_the_gate") or []
@@ -111,7 +149,8 @@ def summary_table(verdicts: Mapping) -> str:
       )
       + f" | {'holds on each' if held else 'does not hold on each'} "
       f"(ANOVA p {het.get('p') if het.get('p') is None else round(het['p'], 3)}) | "
-      f"{_warm_start_caveat(verdicts)} |"
+      + "; ".join(t for t in (_rl_effect_text(verdicts), _warm_start_caveat(verdicts)) if t)
+      + " |"
     )
   fam = prim.get("secondary_family") or {}
   for name in ("jet - bf16@recompute", "bf16 - bf16@recompute"):
@@ -196,13 +235,17 @@ def curves_figure(rows: Sequence[dict], path: str, title: str) -> str | None:
       acc = [r["eval_accuracy_bf16"] or r["eval_accuracy"] for r in mine]
       m, lo, hi = _band(acc)
       x = np.asarray(mine[0]["eval_steps"][: len(m)])
-      axes[i, 0].plot(x, m, "o-", color=c, label=f"{arm} (n = {len(mine)})")
+      axes[i, 0].plot(x, m, "o-", color=c, label=arm)
       axes[i, 0].fill_between(x, lo, hi, color=c, alpha=0.15)
       m, lo, hi = _band([r["reward_series"] for r in mine])
       x = np.asarray(mine[0]["step_series"][: len(m)])
-      axes[i, 1].plot(x, m, "-", color=c, label=f"{arm} (n = {len(mine)})")
+      axes[i, 1].plot(x, m, "-", color=c, label=arm)
       axes[i, 1].fill_between(x, lo, hi, color=c, alpha=0.15)
-    axes[i, 0].set_title(f"{title}, {name}: held-out accuracy (bf16-scored)", fontsize=9)
+    per_arm = sorted({sum(r["recipe"] == a for r in rs) for a in _arms(rs)})
+    runs = "/".join(str(k) for k in per_arm)
+    axes[i, 0].set_title(
+      f"{title}, {name} ({runs} runs per arm): held-out accuracy (bf16-scored)", fontsize=9
+    )
     axes[i, 0].set_ylabel("accuracy")
     axes[i, 1].set_title(f"{title}, {name}: training reward", fontsize=9)
     axes[i, 1].set_ylabel("mean reward")
@@ -395,6 +438,21 @@ def results_markdown(verdicts: Mapping, figures: Sequence[str], command: str, co
       f"{ws.get('left_out_by_the_gate')}.",
       "",
     ]
+  eff = verdicts.get("primary_rl_effect") or {}
+  if eff:
+    out += [
+      "## What RL did on each warm start (descriptive, not a verdict)",
+      "",
+      "The primary outcome minus the run's own step-0 accuracy (bf16-scored), mean over seeds "
+      "with its 95% t interval, in points.",
+      "",
+      "| warm start | arm | step-0 accuracy | change [95% CI] | |",
+      "|---|---|---:|---|---|",
+    ]
+    for w, arms in sorted(eff.items(), key=lambda kv: int(kv[0])):
+      for arm, c in arms.items():
+        out.append(f"| w{w} | {arm} | {c['start']:.3f} | {interval_text(c)} | {_direction(c)} |")
+    out += [""]
   out += ["## Every comparison", ""]
   for outcome, name in (("primary", "held-out accuracy"), ("secondary", "training reward")):
     items = _effects(verdicts, outcome)
