@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jetrl.study.prereg4 import OUTCOMES
 from jetrl.study.stats import paired_interval
 from jetrl.train.plots import off_screen
 
@@ -80,8 +81,6 @@ def rl_effect(rows: Sequence[dict]) -> dict:
   """Descriptive, not a verdict: per warm start and arm, what RL did to the primary outcome —
   its value minus the run's own step-0 bf16-scored accuracy, with the 95% t interval over
   seeds. {warm (str): {arm: interval with "start" (mean step-0 accuracy)}}."""
-  from jetrl.study.prereg4 import OUTCOMES  # pylint: disable=import-outside-toplevel
-
   out: dict = {}
   for w in sorted({int(r["warm"]) for r in rows}):
     for arm in _arms([r for r in rows if int(r["warm"]) == w]):
