@@ -180,8 +180,8 @@ def machines(tiny: list[dict]) -> dict:
   return out
 
 
-def judge(folder: str) -> dict:
-  tiny, smol = rows(folder)
+def judge(folder: str, tiny: list[dict], smol: list[dict]) -> dict:
+  """The verdicts of the kept runs in `folder` (`rows(folder)`: tiny, smol)."""
   with open(os.path.join(folder, "prereg.json")) as f:
     registered = json.load(f)["commit"]
   late = [
@@ -240,26 +240,18 @@ def _has_outcome(row: dict, outcome: str) -> bool:
   return True
 
 
-def write_report(folder: str, out_dir: str, verdicts: dict, text: str) -> None:
+def write_report(folder: str, out_dir: str, tiny, smol, verdicts: dict, text: str) -> None:
   """verdicts.json, results.md and the figures (jetrl.study.round4_report) under out_dir."""
-  tiny, smol = rows(folder)
   os.makedirs(out_dir, exist_ok=True)
   figures = report.write_figures(tiny, smol, verdicts, out_dir)
   command = f"python experiments/round4.py --judge={folder} --report={out_dir}"
-  md = report.results_markdown(verdicts, figures, command, _head())
+  md = report.results_markdown(verdicts, figures, command, round4.head_commit(REPO))
   for name, body in (("verdicts.json", text + "\n"), ("results.md", md + "\n")):
     tmp = os.path.join(out_dir, f".{name}.tmp")
     with open(tmp, "w") as f:
       f.write(body)
     os.replace(tmp, os.path.join(out_dir, name))
   print(f"report: {out_dir}/results.md, verdicts.json and {len(figures)} figures")
-
-
-def _head() -> str:
-  import subprocess  # pylint: disable=import-outside-toplevel
-
-  res = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
-  return res.stdout.strip() or "unknown"
 
 
 def plan(root: str) -> None:
@@ -277,10 +269,11 @@ def main(argv):
   if FLAGS.report and not FLAGS.judge:
     raise app.UsageError("--report writes the judge's report: give --judge=<kept runs> with it")
   if FLAGS.judge:
-    verdicts = judge(FLAGS.judge)
+    tiny, smol = rows(FLAGS.judge)
+    verdicts = judge(FLAGS.judge, tiny, smol)
     text = json.dumps(verdicts, indent=1, default=float)
     if FLAGS.report:
-      write_report(FLAGS.judge, FLAGS.report, verdicts, text)
+      write_report(FLAGS.judge, FLAGS.report, tiny, smol, verdicts, text)
     if FLAGS.json_out:
       with open(FLAGS.json_out, "w") as f:
         f.write(text + "\n")

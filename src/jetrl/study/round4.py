@@ -212,7 +212,8 @@ def release(folder: str) -> None:
 # Running --------------------------------------------------------------------------------------
 
 
-def _commit(repo: str) -> str:
+def head_commit(repo: str) -> str:
+  """The commit checked out in `repo` (HEAD)."""
   return subprocess.run(
     ["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
   ).stdout.strip()
@@ -318,7 +319,7 @@ def run_job(root: str, job: dict, repo: str, log: Callable, worker: str) -> None
     if not is_done(cfg, job["length"], job["arm"], job["seed"]):
       raise RuntimeError(f"{folder}: the run ended without its summary.json")
   _record_time(root, worker, job_name(job), time.time() - t0)
-  _finish(folder, _commit(repo))
+  _finish(folder, head_commit(repo))
 
 
 def work(

@@ -389,6 +389,11 @@ def write_figures(tiny: Sequence[dict], smol: Sequence[dict], verdicts: Mapping,
   return [p for p in made if p]
 
 
+def _num(x) -> str:
+  """A statistic to 3 significant digits ("n/a" when absent)."""
+  return "n/a" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
 def _call_rows(title: str, items: Sequence[tuple[str, Mapping]]) -> list[str]:
   out = [
     f"### {title}",
@@ -398,9 +403,8 @@ def _call_rows(title: str, items: Sequence[tuple[str, Mapping]]) -> list[str]:
   ]
   for label, c in items:
     p = c.get("p_holm", c.get("p"))
-    p_text = "n/a" if p is None or not math.isfinite(p) else f"{p:.3g}"
     call = c.get("call", "") + ("; drop shown" if c.get("drop_shown") else "")
-    out.append(f"| {label} | {interval_text(c)} | {p_text} | {call} |")
+    out.append(f"| {label} | {interval_text(c)} | {_num(p)} | {call} |")
   return out + [""]
 
 
@@ -461,8 +465,9 @@ def results_markdown(verdicts: Mapping, figures: Sequence[str], command: str, co
   if prim.get("heterogeneity"):
     h = prim["heterogeneity"]
     out += [
-      f"Across warm starts (one-way ANOVA of the paired differences): F = {h.get('F')}, "
-      f"p = {h.get('p')}; holds on each warm start: {prim.get('holds_on_each_warm_start')}.",
+      f"Across warm starts (one-way ANOVA of the paired differences): F = {_num(h.get('F'))}, "
+      f"p = {_num(h.get('p'))}; holds on each warm start: "
+      f"{prim.get('holds_on_each_warm_start')}.",
       "",
     ]
   one = (verdicts.get("primary_one_machine_kind") or {}).get("primary")
