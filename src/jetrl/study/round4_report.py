@@ -158,7 +158,8 @@ def summary_table(verdicts: Mapping) -> str:
   cross = (verdicts.get("crossover") or {}).get("primary") or {}
   if cross.get("verdict"):
     rows.append(
-      f"| rollout mismatch alone (the exact trainer; {len(cross.get('units', []))} seeds) | "
+      f"| rollout mismatch alone (the exact trainer; {len(cross.get('units', []))} seeds, "
+      f"{_progress(verdicts, 'crossover')}) | "
       f"the three rows below | **{cross['verdict']}** | each rollout's dose is measured "
       "(mean per-token \\|Δ log p\\|); the E5M2 rollout's decides |"
     )
