@@ -15,6 +15,8 @@ computes the verdicts from such a folder alone, checking that the pre-registrati
 precedes every run's. --report (with --judge) writes the verdicts, results.md (the summary
 table, every comparison, the machines) and the figures (learning curves by arm with 95%
 intervals, the effects against the margin, the crossover's effect against its dose) there.
+Each job's first line, and --plan's last, says how many jobs are left and about how much of one
+worker's time they need at the pace so far (each part's median timed run).
 """
 
 from __future__ import annotations
@@ -255,9 +257,12 @@ def write_report(folder: str, out_dir: str, tiny, smol, verdicts: dict, text: st
 
 
 def plan(root: str) -> None:
+  todo = []
   for i, job in enumerate(round4.jobs(root)):
-    state = "done" if round4.job_done(root, job) else "to run"
-    print(f"{i + 1:4d} {round4.job_name(job):55s} {state}")
+    done = round4.job_done(root, job)
+    todo += [] if done else [job]
+    print(f"{i + 1:4d} {round4.job_name(job):55s} {'done' if done else 'to run'}")
+  print(f"{len(todo)} jobs to run: {round4.time_left(root, todo)}")
 
 
 def main(argv):

@@ -51,6 +51,24 @@ def test_the_rounds_jobs_are_in_the_registered_order():
   assert names[-1] == "w0/L20/fp8_rollout/seed5"
 
 
+def test_time_left_is_each_parts_jobs_times_its_median_timed_run(tmp_path):
+  root = str(tmp_path)
+  with open(os.path.join(root, "timing_w1.json"), "w") as f:
+    json.dump({"w0/L9/bf16/seed0": 100.0, "w0/L9/jet/seed0": 300.0, "sft/w0/sft/x": 999.0}, f)
+  with open(os.path.join(root, "timing_w2.json"), "w") as f:
+    json.dump({"w0/L9/bf16@recompute/seed0": 200.0, "w0/L9/jet_exact/seed0": 50.0}, f)
+  all_jobs = round4.jobs(root)
+  todo = all_jobs[3:9] + all_jobs[81:85] + all_jobs[121:123]
+  # primary: 6 jobs x median(100, 200, 300) = 1200 s; crossover: 4 x 50 = 200 s; 1400 s = 0.39 h
+  assert round4.time_left(root, todo) == (
+    "about 0.4 h of one worker's time at the pace so far, "
+    "not counting jobs with no timed run yet (smollm2 2)"
+  )
+  assert round4.time_left(root, all_jobs[81:85]) == (
+    "about 0.1 h of one worker's time at the pace so far"
+  )
+
+
 # Pre-registration ----------------------------------------------------------------------------
 
 

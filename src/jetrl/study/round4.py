@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -232,6 +233,40 @@ def _record_time(root: str, worker: str, name: str, seconds: float) -> None:
   os.replace(tmp, path)
 
 
+def timings(root: str) -> dict[str, float]:
+  """Seconds per finished job (and warm start), from every worker's timing file under root."""
+  out: dict[str, float] = {}
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    if name.startswith("timing_") and name.endswith(".json"):
+      with open(os.path.join(root, name)) as f:
+        out.update(json.load(f))
+  return out
+
+
+def time_left(root: str, todo: list[dict]) -> str:
+  """How much one worker's time the jobs in `todo` still need at the pace so far: each part's
+  jobs times the median time of its jobs already timed (any worker). Parts with none timed yet,
+  and warm starts still to train, are named, not guessed."""
+  timed = timings(root)
+  pace: dict[str, list[float]] = {}
+  for job in jobs(root, left_out=True):
+    if job_name(job) in timed:
+      pace.setdefault(job["part"], []).append(timed[job_name(job)])
+  seconds, untimed = 0.0, []
+  for part in design.PARTS:
+    n = sum(j["part"] == part for j in todo)
+    if not n:
+      continue
+    if part in pace:
+      seconds += n * statistics.median(pace[part])
+    else:
+      untimed.append(f"{part} {n}")
+  text = f"about {seconds / 3600:.1f} h of one worker's time at the pace so far"
+  if untimed:
+    text += f", not counting jobs with no timed run yet ({', '.join(untimed)})"
+  return text
+
+
 def machine_info() -> dict:
   """The CPU a run ran on: runs are deterministic on one kind of CPU, not across kinds (a warm
   start retrained on another CPU ends elsewhere; docs/study/round4/amendments.md)."""
@@ -367,7 +402,7 @@ def work(
       try:
         if not job_done(root, job):
           left = len(todo)
-          log(f"[{worker}] {job_name(job)}: running ({left} jobs left)")
+          log(f"[{worker}] {job_name(job)}: running ({left} jobs left; {time_left(root, todo)})")
           run_job(root, job, repo, log, worker)
           ran += 1
       finally:
