@@ -288,6 +288,15 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   run = lambda *a: subprocess.run(
     [sys.executable, script, *a], cwd=repo, capture_output=True, text=True, timeout=300
   )
+  with open(os.path.join(root, "timing_w1.json"), "w") as f:
+    json.dump({"w0/L9/bf16/seed0": 300.0, "w0/L9/jet/seed0": 600.0, "w1/L9/jet/seed1": 900.0}, f)
+  res = run(f"--root={root}", "--plan")
+  assert res.returncode == 0, res.stderr[-2000:]
+  # 12 of the primary's 81 runs done: 69 left x the median timed run (600 s) = 11.5 h
+  assert res.stdout.splitlines()[-1] == (
+    "136 jobs to run: about 11.5 h of one worker's time at the pace so far, not counting jobs "
+    "with no timed run yet (crossover 40, smollm2 9, length 18)"
+  )
   res = run(f"--root={root}", f"--keep={kept}")
   assert res.returncode == 0, res.stderr[-2000:]
   assert os.path.exists(
