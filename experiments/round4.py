@@ -136,7 +136,8 @@ def rows(root: str) -> tuple[list[dict], list[dict]]:
     if job["part"] == "smollm2":
       with open(folder + ".json") as f:
         row = json.load(f)["rows"][0]
-      smol.append(dict(recipe=job["arm"], seed=job["seed"], commit=commit, machine=machine, **row))
+      # the runner's recipe, seed, commit and machine over the script's own record of the run
+      smol.append(row | dict(recipe=job["arm"], seed=job["seed"], commit=commit, machine=machine))
       continue
     cfg = round4.study_config(job["part"], job["warm"], root)
     tiny.append(
@@ -209,6 +210,9 @@ def judge(folder: str, tiny: list[dict], smol: list[dict]) -> dict:
     crossover={o: prereg4.judge_crossover(part("crossover"), 9, o) for o in prereg4.OUTCOMES},
     length={o: prereg4.judge_length(part("length"), 20, o) for o in prereg4.OUTCOMES},
     smollm2=prereg4.judge_smollm2(smol),
+    smollm2_runs=[
+      {k: r[k] for k in ("recipe", "seed", "before", "after", "commit", "machine")} for r in smol
+    ],
     runs=[
       {
         k: r[k]

@@ -284,6 +284,15 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   assert round4.primary_warm_starts(root) == ((0, 1, 3), (2,))
   with open(os.path.join(root, "prereg.json"), "w") as f:
     json.dump({"commit": head, "head": head, "blobs": {}}, f)
+  # SmolLM2: seeds 0 and 1 of each recipe, as experiments/lora_arithmetic.py records them
+  smol = {("bf16", 0): (0.30, 0.50), ("bf16", 1): (0.20, 0.30), ("jet", 0): (0.25, 0.55)}
+  smol |= {("jet", 1): (0.25, 0.45), ("fp8_rollout", 0): (0.30, 0.40)}
+  smol |= {("fp8_rollout", 1): (0.20, 0.40)}
+  for (recipe, seed), (before, after) in smol.items():
+    folder = round4.smollm2_dir(root, recipe, seed)
+    _fake_run(folder, after, head, "17")
+    with open(folder + ".json", "w") as f:
+      json.dump({"rows": [{"seed": seed, "before": before, "after": after, "minutes": 1.0}]}, f)
   script = os.path.join(repo, "experiments", "round4.py")
   run = lambda *a: subprocess.run(
     [sys.executable, script, *a], cwd=repo, capture_output=True, text=True, timeout=300
@@ -292,10 +301,11 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
     json.dump({"w0/L9/bf16/seed0": 300.0, "w0/L9/jet/seed0": 600.0, "w1/L9/jet/seed1": 900.0}, f)
   res = run(f"--root={root}", "--plan")
   assert res.returncode == 0, res.stderr[-2000:]
-  # 12 of the primary's 81 runs done: 69 left x the median timed run (600 s) = 11.5 h
+  # 12 of the primary's 81 runs done: 69 left x the median timed run (600 s) = 11.5 h; 6 of
+  # SmolLM2's 9 done
   assert res.stdout.splitlines()[-1] == (
-    "136 jobs to run: about 11.5 h of one worker's time at the pace so far, not counting jobs "
-    "with no timed run yet (crossover 40, smollm2 9, length 18)"
+    "130 jobs to run: about 11.5 h of one worker's time at the pace so far, not counting jobs "
+    "with no timed run yet (crossover 40, smollm2 3, length 18)"
   )
   res = run(f"--root={root}", f"--keep={kept}")
   assert res.returncode == 0, res.stderr[-2000:]
@@ -321,6 +331,13 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   m, lo, hi = _t_interval(list(diffs.values()))
   assert f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = 4)" in md
   assert "**Interim:** primary: 12 of 81 runs" in md and "crossover: 0 of 40 runs" in md
+  # SmolLM2: jet's gains 30 and 20 points (t interval 25 +- 12.706 x 7.07 / sqrt 2), bf16's
+  # 20 and 10: +10 [+10, +10] over bf16
+  m, lo, hi = _t_interval([0.55, 0.45])
+  assert (
+    f"| jet | 0.250 / 0.250 | 0.550 / 0.450 | 0.250 [0.250, 0.250] | {m:.3f} [{lo:.3f}, {hi:.3f}] "
+    "| +25.0 [-38.5, +88.5] (n = 2) | +10.0 [+10.0, +10.0] (n = 2) |" in md
+  )
   for name in ("primary_curves.png", "effects.png"):
     with open(os.path.join(rep, name), "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -46,6 +46,34 @@ def interval_text(c: Mapping) -> str:
   return f"{pts(c['mean'])} [{pts(c['lo'])}, {pts(c['hi'])}] (n = {c['n']})"
 
 
+def level_text(values: Sequence[float]) -> str:
+  """An accuracy's mean over seeds with its 95% t interval, three decimals."""
+  c = paired_interval(values)
+  if c["n"] < 2:
+    return f"{c['mean']:.3f} (n = {c['n']})" if c["n"] else "none"
+  return f"{c['mean']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}]"
+
+
+def smollm2_table(runs: Sequence[Mapping], smol: Mapping) -> list[str]:
+  """Per recipe: accuracy before and after per seed and as a mean with its interval, the gain
+  and the paired difference of gains against bf16 (prereg4.judge_smollm2's), in points."""
+  out = [
+    "| recipe | before, seeds in order | after | before, mean [95% CI] | after, mean [95% CI] "
+    "| gain, points [95% CI] | gain - bf16's gain, points [95% CI] |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for recipe, gain in smol["gain"].items():
+    mine = sorted((r for r in runs if r["recipe"] == recipe), key=lambda r: r["seed"])
+    before, after = [r["before"] for r in mine], [r["after"] for r in mine]
+    vs = smol.get("against_bf16", {}).get(recipe)
+    out.append(
+      f"| {recipe} | {' / '.join(f'{x:.3f}' for x in before)} "
+      f"| {' / '.join(f'{x:.3f}' for x in after)} | {level_text(before)} | {level_text(after)} "
+      f"| {interval_text(gain)} | {interval_text(vs) if vs else ''} |"
+    )
+  return out
+
+
 def what_is_open(c: Mapping | None) -> str:
   """What a call leaves open, from its interval alone."""
   if not c or c.get("call") is None:
@@ -480,10 +508,8 @@ def results_markdown(verdicts: Mapping, figures: Sequence[str], command: str, co
     ]
   smol = verdicts.get("smollm2") or {}
   if smol.get("gain"):
-    out += ["### SmolLM2-135M-Instruct LoRA: gain in greedy held-out accuracy", ""]
-    out += ["| recipe | gain [95% CI] |", "|---|---|"]
-    out += [f"| {r} | {interval_text(c)} |" for r, c in smol["gain"].items()]
-    out += [""]
+    out += ["### SmolLM2-135M-Instruct LoRA: greedy held-out accuracy before and after", ""]
+    out += smollm2_table(verdicts.get("smollm2_runs") or [], smol) + [""]
   machines = verdicts.get("machines") or {}
   if machines:
     out += ["## Machines", ""]
