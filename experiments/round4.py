@@ -117,6 +117,14 @@ def keep(root: str, dest: str) -> None:
     path, _ = round4.gate_evidence(root, warm)
     rel = os.path.relpath(os.path.dirname(path), root)
     _copy(os.path.dirname(path), os.path.join(dest, rel), ["eval.jsonl"])
+  # The length part's warm start once it has finished: the gate's evidence, whether or not any
+  # length run follows it (a warm start the gate stopped keeps no checkpoint).
+  if round4.length_gate(root) is not None:
+    src_sft = round4.length_warm_start_dir(root)
+    dst_sft = os.path.join(dest, os.path.relpath(src_sft, root))
+    _copy(src_sft, dst_sft, SFT_FILES + ("sft_metrics.jsonl",))
+    if round4.length_gate(root):
+      _keep_checkpoint(src_sft, dst_sft)
   for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     if name.startswith("timing_") or name == "prereg.json":
       _copy(root, dest, [name])
@@ -233,8 +241,9 @@ def progress(folder: str) -> dict:
     p = out.setdefault(job["part"], dict(done=0, planned=0))
     p["planned"] += 1
     p["done"] += int(round4.job_done(folder, job))
-  if "length" in out and round4.length_gate(folder) is False:
-    out["length"]["note"] = f"not run: its warm start failed the gate ({design.LENGTH_GATE})"
+  note = round4.length_gate_note(folder)
+  if "length" in out and note:
+    out["length"]["note"] = note
   return out
 
 
@@ -261,12 +270,20 @@ def write_report(folder: str, out_dir: str, tiny, smol, verdicts: dict, text: st
 
 
 def plan(root: str) -> None:
-  todo = []
+  todo, gated = [], 0
+  gate_note = round4.length_gate_note(root)
   for i, job in enumerate(round4.jobs(root)):
-    done = round4.job_done(root, job)
-    todo += [] if done else [job]
-    print(f"{i + 1:4d} {round4.job_name(job):55s} {'done' if done else 'to run'}")
+    if round4.job_done(root, job):
+      state = "done"
+    elif job["part"] == "length" and gate_note:
+      state, gated = "not run (its warm start failed the gate)", gated + 1
+    else:
+      state = "to run"
+      todo.append(job)
+    print(f"{i + 1:4d} {round4.job_name(job):55s} {state}")
   print(f"{len(todo)} jobs to run: {round4.time_left(root, todo)}")
+  if gated:
+    print(f"the length part's {gated} jobs: {gate_note}")
 
 
 def main(argv):

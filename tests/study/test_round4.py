@@ -307,8 +307,29 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
     "130 jobs to run: about 11.5 h of one worker's time at the pace so far, not counting jobs "
     "with no timed run yet (crossover 40, smollm2 3, length 18)"
   )
+  # the length part's warm start answers nothing at length 20: its 18 runs are not run
+  length_sft = round4.length_warm_start_dir(root)
+  os.makedirs(os.path.join(length_sft, "checkpoints", "400"))
+  for name, text in (("sft_summary.json", '{"eval_accuracy": 0.0}'), ("sft_metrics.jsonl", "{}")):
+    with open(os.path.join(length_sft, name), "w") as f:
+      f.write(text)
+  gate_note = (
+    "not run: its warm start's held-out accuracy at length 20 is 0.000, below the gate 0.05"
+  )
+  res = run(f"--root={root}", "--plan")
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert res.stdout.splitlines()[-2:] == [
+    "112 jobs to run: about 11.5 h of one worker's time at the pace so far, not counting jobs "
+    "with no timed run yet (crossover 40, smollm2 3)",
+    f"the length part's 18 jobs: {gate_note}",
+  ]
   res = run(f"--root={root}", f"--keep={kept}")
   assert res.returncode == 0, res.stderr[-2000:]
+  # the gate's evidence is kept (the kept folder decides the gate as the runs did), not its
+  # checkpoint (it serves no run)
+  kept_sft = round4.length_warm_start_dir(kept)
+  assert sorted(os.listdir(kept_sft)) == ["sft_metrics.jsonl", "sft_summary.json"]
+  assert round4.length_gate(kept) is False
   assert os.path.exists(
     os.path.join(kept, "w1", "sft", "mix3_9", "checkpoints", "300", "params", "blob")
   )
@@ -331,6 +352,9 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   m, lo, hi = _t_interval(list(diffs.values()))
   assert f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = 4)" in md
   assert "**Interim:** primary: 12 of 81 runs" in md and "crossover: 0 of 40 runs" in md
+  assert f"**Not run, by its pre-registered gate:** length, 0 of 18 runs ({gate_note})" in md
+  assert "**Interim:** primary: 12 of 81 runs; crossover: 0 of 40 runs; smollm2: 6 of 9 runs." in md
+  assert v["progress"]["length"] == dict(done=0, planned=18, note=gate_note)
   # SmolLM2: jet's gains 30 and 20 points (t interval 25 +- 12.706 x 7.07 / sqrt 2), bf16's
   # 20 and 10: +10 [+10, +10] over bf16
   m, lo, hi = _t_interval([0.55, 0.45])

@@ -302,14 +302,39 @@ def warm_start_ready(root: str, job: dict) -> bool:
   return os.path.exists(os.path.join(sft_dir(cfg, job["length"]), "sft_summary.json"))
 
 
-def length_gate(root: str) -> Optional[bool]:
-  """None while the length part's warm start is missing; else whether it passed the gate."""
+def length_warm_start_dir(root: str) -> str:
+  """The length part's warm start (its SFT folder) under root."""
   cfg = study_config("length", 0, root)
-  path = os.path.join(sft_dir(cfg, cfg.lengths[0]), "sft_summary.json")
+  return sft_dir(cfg, cfg.lengths[0])
+
+
+def length_gate_accuracy(root: str) -> Optional[float]:
+  """The length part's warm start's held-out accuracy at its length (what the gate reads), or
+  None while that warm start has not finished."""
+  path = os.path.join(length_warm_start_dir(root), "sft_summary.json")
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    return float(json.load(f)["eval_accuracy"]) >= design.LENGTH_GATE
+    return float(json.load(f)["eval_accuracy"])
+
+
+def length_gate(root: str) -> Optional[bool]:
+  """None while the length part's warm start is missing; else whether it passed the gate."""
+  acc = length_gate_accuracy(root)
+  return None if acc is None else acc >= design.LENGTH_GATE
+
+
+def length_gate_note(root: str) -> Optional[str]:
+  """Why the length part is not run (its warm start failed the gate, with the accuracy the gate
+  read), or None while that is not so."""
+  acc = length_gate_accuracy(root)
+  if acc is None or acc >= design.LENGTH_GATE:
+    return None
+  length = study_config("length", 0, root).lengths[0]
+  return (
+    f"not run: its warm start's held-out accuracy at length {length} is {acc:.3f}, below the "
+    f"gate {design.LENGTH_GATE}"
+  )
 
 
 def train_warm_start(root: str, job: dict, log: Callable, worker: str) -> None:
@@ -413,7 +438,7 @@ def work(
       return ran
     if not progressed:
       if all(j["part"] == "length" and length_gate(root) is False for j in todo):
-        log(f"[{worker}] the length part's warm start failed its gate: not run")
+        log(f"[{worker}] the length part: {length_gate_note(root)}")
         return ran
       time.sleep(poll_s)
 

@@ -105,6 +105,11 @@ def _progress(verdicts: Mapping, part: str) -> str:
   return text + (f"; {p['note']}" if p.get("note") else "")
 
 
+def _not_run(verdicts: Mapping, part: str) -> bool:
+  """Whether `part` was not run by a pre-registered rule (its progress carries why)."""
+  return bool((verdicts.get("progress", {}).get(part) or {}).get("note"))
+
+
 def rl_effect(rows: Sequence[dict]) -> dict:
   """Descriptive, not a verdict: per warm start and arm, what RL did to the primary outcome —
   its value minus the run's own step-0 bf16-scored accuracy, with the 95% t interval over
@@ -202,10 +207,19 @@ def summary_table(verdicts: Mapping) -> str:
       )
     )
   length = (verdicts.get("length") or {}).get("primary") or {}
+  gated = _not_run(verdicts, "length")
   for arm in ("jet", "fp8_rollout"):
     c = (length.get("arms") or {}).get(arm)
     rows.append(
-      _row(f"length 20 (~430 tokens): `{arm}` - `bf16`", c, _progress(verdicts, "length"))
+      _row(
+        f"length 20 (~430 tokens): `{arm}` - `bf16`",
+        c,
+        _progress(verdicts, "length"),
+        "all of it: the registered warm start answers nothing at length 20, so a later round "
+        "needs another setting, pre-registered anew"
+        if gated
+        else None,
+      )
     )
   smol = (verdicts.get("smollm2") or {}).get("against_bf16") or {}
   for arm in ("jet", "fp8_rollout"):
@@ -456,6 +470,18 @@ def results_markdown(verdicts: Mapping, figures: Sequence[str], command: str, co
   ]
   progress = verdicts.get("progress") or {}
   unfinished = [p for p, v in progress.items() if v["done"] < v["planned"]]
+  not_run = [p for p in unfinished if _not_run(verdicts, p)]
+  unfinished = [p for p in unfinished if p not in not_run]
+  if not_run:
+    out += [
+      "**Not run, by its pre-registered gate:** "
+      + "; ".join(
+        f"{p}, {progress[p]['done']} of {progress[p]['planned']} runs ({progress[p]['note']})"
+        for p in not_run
+      )
+      + " (prereg.md, *The length*).",
+      "",
+    ]
   if unfinished:
     out += [
       "**Interim:** "
