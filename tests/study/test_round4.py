@@ -393,3 +393,19 @@ def test_a_warm_start_that_answers_nothing_is_replaced_by_the_next_seed(tmp_path
   assert not any(n.startswith(("w1/", "w2/")) for n in names)
   kept = [round4.job_name(j) for j in round4.jobs(root, left_out=True) if j["part"] == "primary"]
   assert len(kept) == 135 and "w1/L9/jet/seed8" in kept
+
+
+def test_a_warm_starts_evaluation_at_its_length_is_its_own_sft_evaluation(
+  tmp_path, tiny_sft_config
+):
+  """round4.warm_start_eval samples as the SFT's own evaluation does: at the SFT's length it
+  gives the sft_summary.json that run_sft wrote (accuracy and mean completion length, exactly)."""
+  from jetrl.train import EvalConfig, run_sft
+
+  sft = tiny_sft_config(tmp_path, eval=EvalConfig(every=None, size=4, temperature=0.7, samples=2))
+  run_sft(sft, log=lambda *a, **k: None)
+  with open(tmp_path / "sft_summary.json") as f:
+    own = json.load(f)
+  res = round4.warm_start_eval(sft, sft.task.length)
+  assert (res["eval_accuracy"], res["eval_length"]) == (own["eval_accuracy"], own["eval_length"])
+  assert own["eval_length"] > 0

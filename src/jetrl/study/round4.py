@@ -42,6 +42,7 @@ from jetrl.study.config import (
   train_config,
 )
 from jetrl.study.provenance import check as check_prereg
+from jetrl.train.evaluate import EvalRunConfig, run_eval
 from jetrl.train.loop import run
 from jetrl.train.sft import run_sft
 from jetrl.train.workdir import pid_alive
@@ -316,6 +317,23 @@ def length_gate_accuracy(root: str) -> Optional[float]:
     return None
   with open(path) as f:
     return float(json.load(f)["eval_accuracy"])
+
+
+def warm_start_eval(sft, length: int) -> dict:
+  """A finished warm start's held-out evaluation at task `length`, sampled as its own SFT
+  evaluation samples it (the same recipe, seed, problems, budget and temperature): at the SFT's
+  length this is its sft_summary.json. {eval_accuracy, eval_reward, eval_length, ...}."""
+  cfg = EvalRunConfig(
+    recipe=sft.recipe,
+    init_from=sft.workdir,
+    seed=sft.seed,
+    model=sft.model,
+    task=replace(sft.task, {"length": int(length)}),
+    sampling=sft.sampling,
+    eval=replace(sft.eval, {"every": None, "also_bf16": False}),
+    kernels=sft.kernels,
+  )
+  return run_eval(cfg, log=lambda *a, **k: None)
 
 
 def length_gate(root: str) -> Optional[bool]:
