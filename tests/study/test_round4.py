@@ -352,7 +352,10 @@ def test_keep_copies_what_the_judge_reads_and_the_judge_pairs_units(tmp_path):
   m, lo, hi = _t_interval(list(diffs.values()))
   assert f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = 4)" in md
   assert "**Interim:** primary: 12 of 81 runs" in md and "crossover: 0 of 40 runs" in md
-  assert f"**Not run, by its pre-registered gate:** length, 0 of 18 runs ({gate_note})" in md
+  assert (
+    "**Not run, by its pre-registered gate:** length (0 of 18 runs): its warm start's held-out "
+    "accuracy at length 20 is 0.000, below the gate 0.05 (prereg.md, *The length*)." in md
+  )
   assert "**Interim:** primary: 12 of 81 runs; crossover: 0 of 40 runs; smollm2: 6 of 9 runs." in md
   assert v["progress"]["length"] == dict(done=0, planned=18, note=gate_note)
   # SmolLM2: jet's gains 30 and 20 points (t interval 25 +- 12.706 x 7.07 / sqrt 2), bf16's

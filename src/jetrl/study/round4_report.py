@@ -476,7 +476,8 @@ def results_markdown(verdicts: Mapping, figures: Sequence[str], command: str, co
     out += [
       "**Not run, by its pre-registered gate:** "
       + "; ".join(
-        f"{p}, {progress[p]['done']} of {progress[p]['planned']} runs ({progress[p]['note']})"
+        f"{p} ({progress[p]['done']} of {progress[p]['planned']} runs): "
+        + progress[p]["note"].removeprefix("not run: ")
         for p in not_run
       )
       + " (prereg.md, *The length*).",
