@@ -3,7 +3,7 @@ does the length part's registered warm start (400 SFT steps at lengths 20, 3 and
 noise 0.5; `jetrl.study.round4_design.LENGTH`) answer at length 20 under other SFT seeds, and
 what does it answer at the shorter lengths it also saw?
 
-  python experiments/length_warm_starts.py --root=runs/length_warm_starts --seeds=0,1,2,3 \
+  python experiments/length_warm_starts.py --root=runs/length_warm_starts --seeds=0,1,2,3,4,5 \
       --out=docs/study/round4/length_warm_starts.json
 
 For each SFT seed: trains that warm start under --root (skipped when its sft_summary.json is
@@ -31,7 +31,7 @@ from jetrl.train.sft import run_sft  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("root", "runs/length_warm_starts", "Folder of the warm starts.")
-flags.DEFINE_list("seeds", ["0", "1", "2", "3"], "SFT seeds to train and evaluate.")
+flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4", "5"], "SFT seeds to train and evaluate.")
 flags.DEFINE_list("lengths", ["3", "9", "20"], "Task lengths to evaluate each warm start at.")
 flags.DEFINE_string("out", None, "Also write the accuracies as JSON here.")
 
