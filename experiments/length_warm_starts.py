@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "src"))
 
 from jetrl.study import round4  # noqa: E402
 from jetrl.study.config import sft_config  # noqa: E402
+from jetrl.train.run_files import write_atomic  # noqa: E402
 from jetrl.train.sft import run_sft  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -58,11 +59,9 @@ def main(argv):
   for r in rows:
     print(f"| {r['sft_seed']} | " + " | ".join(f"{a:.3f}" for a in r["accuracy"].values()) + " |")
   if FLAGS.out:
-    tmp = FLAGS.out + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(dict(command=" ".join(sys.argv), rows=rows), f, indent=1)
-      f.write("\n")
-    os.replace(tmp, FLAGS.out)
+    write_atomic(
+      FLAGS.out, json.dumps(dict(command=" ".join(sys.argv), rows=rows), indent=1) + "\n"
+    )
     print(f"wrote {FLAGS.out}")
   return 0
 

@@ -119,11 +119,12 @@ def keep(root: str, dest: str) -> None:
     _copy(os.path.dirname(path), os.path.join(dest, rel), ["eval.jsonl"])
   # The length part's warm start once it has finished: the gate's evidence, whether or not any
   # length run follows it (a warm start the gate stopped keeps no checkpoint).
-  if round4.length_gate(root) is not None:
+  passed = round4.length_gate(root)
+  if passed is not None:
     src_sft = round4.length_warm_start_dir(root)
     dst_sft = os.path.join(dest, os.path.relpath(src_sft, root))
     _copy(src_sft, dst_sft, SFT_FILES + ("sft_metrics.jsonl",))
-    if round4.length_gate(root):
+    if passed:
       _keep_checkpoint(src_sft, dst_sft)
   for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     if name.startswith("timing_") or name == "prereg.json":
